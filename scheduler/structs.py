@@ -1,0 +1,565 @@
+"""drover's domain model: the values the schedulers reason about and the state store keeps.
+
+Every record is a frozen, slotted dataclass: a snapshot of the state store shares these
+objects with the live store, so nobody may change one in place; derive a new value with
+``dataclasses.replace``. Field names match ``proto/drover/v1/structs.proto`` one for one
+(``server/codec.py`` converts by reflection). Durations are nanoseconds, times are Unix
+nanoseconds: the scheduler never reads a clock, the caller passes ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+# ---------------------------------------------------------------------------------------
+# Vocabulary. Strings, as in Nomad's API, so logs and JSON read the same everywhere.
+
+JOB_TYPE_SERVICE: Final = "service"
+JOB_TYPE_BATCH: Final = "batch"
+JOB_TYPE_SYSTEM: Final = "system"
+JOB_TYPE_SYSBATCH: Final = "sysbatch"
+JOB_TYPES: Final = (JOB_TYPE_SERVICE, JOB_TYPE_BATCH, JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)
+
+JOB_STATUS_PENDING: Final = "pending"
+JOB_STATUS_RUNNING: Final = "running"
+JOB_STATUS_DEAD: Final = "dead"
+
+NODE_STATUS_INIT: Final = "initializing"
+NODE_STATUS_READY: Final = "ready"
+NODE_STATUS_DOWN: Final = "down"
+NODE_STATUS_DISCONNECTED: Final = "disconnected"
+NODE_STATUSES: Final = (NODE_STATUS_INIT, NODE_STATUS_READY, NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED)
+
+NODE_ELIGIBLE: Final = "eligible"
+NODE_INELIGIBLE: Final = "ineligible"
+NODE_ELIGIBILITIES: Final = (NODE_ELIGIBLE, NODE_INELIGIBLE)
+
+ALLOC_DESIRED_RUN: Final = "run"
+ALLOC_DESIRED_STOP: Final = "stop"
+ALLOC_DESIRED_EVICT: Final = "evict"
+
+ALLOC_CLIENT_PENDING: Final = "pending"
+ALLOC_CLIENT_RUNNING: Final = "running"
+ALLOC_CLIENT_COMPLETE: Final = "complete"
+ALLOC_CLIENT_FAILED: Final = "failed"
+ALLOC_CLIENT_LOST: Final = "lost"
+ALLOC_CLIENT_UNKNOWN: Final = "unknown"
+ALLOC_CLIENT_STATUSES: Final = (
+    ALLOC_CLIENT_PENDING,
+    ALLOC_CLIENT_RUNNING,
+    ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_FAILED,
+    ALLOC_CLIENT_LOST,
+    ALLOC_CLIENT_UNKNOWN,
+)
+ALLOC_CLIENT_TERMINAL: Final = frozenset({ALLOC_CLIENT_COMPLETE, ALLOC_CLIENT_FAILED, ALLOC_CLIENT_LOST})
+
+EVAL_STATUS_PENDING: Final = "pending"
+EVAL_STATUS_COMPLETE: Final = "complete"
+EVAL_STATUS_FAILED: Final = "failed"
+EVAL_STATUS_BLOCKED: Final = "blocked"
+EVAL_STATUS_CANCELED: Final = "canceled"
+EVAL_TERMINAL: Final = frozenset({EVAL_STATUS_COMPLETE, EVAL_STATUS_FAILED, EVAL_STATUS_CANCELED})
+
+TRIGGER_JOB_REGISTER: Final = "job-register"
+TRIGGER_JOB_DEREGISTER: Final = "job-deregister"
+TRIGGER_NODE_UPDATE: Final = "node-update"
+TRIGGER_NODE_DRAIN: Final = "node-drain"
+TRIGGER_ALLOC_STOP: Final = "alloc-stop"
+TRIGGER_RETRY_FAILED_ALLOC: Final = "alloc-failure"
+TRIGGER_PERIODIC_JOB: Final = "periodic-job"
+TRIGGER_ROLLING_UPDATE: Final = "rolling-update"
+TRIGGER_QUEUED_ALLOCS: Final = "queued-allocs"
+TRIGGER_FAILED_FOLLOW_UP: Final = "failed-eval-follow-up"
+TRIGGER_MAX_PLANS: Final = "max-plan-attempts"
+TRIGGER_RECONNECT: Final = "reconnect"
+
+DEFAULT_NAMESPACE: Final = "default"
+DEFAULT_PRIORITY: Final = 50
+MIN_PRIORITY: Final = 1
+MAX_PRIORITY: Final = 100
+
+# ---------------------------------------------------------------------------------------
+# Jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cpu_mhz: int = 100
+    memory_mb: int = 300
+    disk_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    label: str = ""
+    value: int = 0
+    to: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkResource:
+    reserved_ports: tuple[Port, ...] = ()
+    dynamic_ports: tuple[Port, ...] = ()
+    mbits: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    attribute: str = ""
+    operator: str = "="
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    attribute: str = ""
+    operator: str = "="
+    value: str = ""
+    weight: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    attribute: str = ""
+    weight: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStrategy:
+    max_parallel: int = 1
+    stagger_ns: int = 30_000_000_000
+    min_healthy_time_ns: int = 10_000_000_000
+    healthy_deadline_ns: int = 300_000_000_000
+    auto_revert: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReschedulePolicy:
+    attempts: int = 0
+    interval_ns: int = 0
+    delay_ns: int = 30_000_000_000
+    delay_function: str = "exponential"
+    max_delay_ns: int = 3_600_000_000_000
+    unlimited: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    attempts: int = 2
+    interval_ns: int = 1_800_000_000_000
+    delay_ns: int = 15_000_000_000
+    mode: str = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicConfig:
+    enabled: bool = True
+    spec: str = ""
+    time_zone: str = "UTC"
+    prohibit_overlap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterizedConfig:
+    payload: str = "optional"
+    meta_required: tuple[str, ...] = ()
+    meta_optional: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DisconnectStrategy:
+    """What happens to a group's allocs when their node stops heartbeating (seed 003)."""
+
+    lost_after_ns: int = 0
+    reconcile: str = "best_score"
+    replace: bool = True
+    stop_on_client_after_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    name: str = ""
+    driver: str = "mock"
+    config_json: str = "{}"
+    resources: Resources | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    constraints: tuple[Constraint, ...] = ()
+    kill_timeout_ns: int = 5_000_000_000
+    leader: bool = False
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskGroup:
+    name: str = ""
+    count: int = 1
+    tasks: tuple[Task, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    affinities: tuple[Affinity, ...] = ()
+    spreads: tuple[Spread, ...] = ()
+    network: NetworkResource | None = None
+    update: UpdateStrategy | None = None
+    reschedule: ReschedulePolicy | None = None
+    restart: RestartPolicy | None = None
+    disconnect: DisconnectStrategy | None = None
+    ephemeral_disk_mb: int = 300
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+    def total_resources(self) -> Resources:
+        """What one alloc of this group asks of a node: the sum of its tasks."""
+        cpu = mem = 0
+        for task in self.tasks:
+            res = task.resources or Resources()
+            cpu += res.cpu_mhz
+            mem += res.memory_mb
+        return Resources(cpu_mhz=cpu, memory_mb=mem, disk_mb=self.ephemeral_disk_mb)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str = ""
+    name: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    type: str = JOB_TYPE_SERVICE
+    priority: int = DEFAULT_PRIORITY
+    datacenters: tuple[str, ...] = ("dc1",)
+    constraints: tuple[Constraint, ...] = ()
+    affinities: tuple[Affinity, ...] = ()
+    spreads: tuple[Spread, ...] = ()
+    groups: tuple[TaskGroup, ...] = ()
+    update: UpdateStrategy | None = None
+    periodic: PeriodicConfig | None = None
+    parameterized: ParameterizedConfig | None = None
+    meta: Mapping[str, str] = field(default_factory=dict)
+    parent_id: str = ""
+    payload: bytes = b""
+    stop: bool = False
+    status: str = ""
+    status_description: str = ""
+    version: int = 0
+    stable: bool = False
+    dispatched: bool = False
+    submit_time_ns: int = 0
+    create_index: int = 0
+    modify_index: int = 0
+    job_modify_index: int = 0
+
+    def lookup_group(self, name: str) -> TaskGroup | None:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        return None
+
+    def is_periodic(self) -> bool:
+        return self.periodic is not None and self.periodic.enabled
+
+    def is_parameterized(self) -> bool:
+        return self.parameterized is not None and not self.dispatched
+
+    def is_template(self) -> bool:
+        """Periodic and parameterized parents are templates: their children run, they don't."""
+        return self.is_periodic() or self.is_parameterized()
+
+
+# ---------------------------------------------------------------------------------------
+# Nodes
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStrategy:
+    deadline_ns: int = 3_600_000_000_000
+    ignore_system_jobs: bool = False
+    force_deadline_at_ns: int = 0
+    started_at_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    message: str = ""
+    subsystem: str = ""
+    details: Mapping[str, str] = field(default_factory=dict)
+    timestamp_ns: int = 0
+    create_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResources:
+    cpu_mhz: int = 4000
+    memory_mb: int = 8192
+    disk_mb: int = 100_000
+    max_allocs: int = 0
+    reserved: Resources | None = None
+    reserved_ports: tuple[int, ...] = ()
+    min_dynamic_port: int = 20000
+    max_dynamic_port: int = 32000
+
+
+MAX_NODE_EVENTS: Final = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: str = ""
+    name: str = ""
+    datacenter: str = "dc1"
+    node_class: str = ""
+    status: str = NODE_STATUS_INIT
+    status_description: str = ""
+    scheduling_eligibility: str = NODE_ELIGIBLE
+    drain_strategy: DrainStrategy | None = None
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    meta: Mapping[str, str] = field(default_factory=dict)
+    resources: NodeResources | None = None
+    address: str = ""
+    events: tuple[NodeEvent, ...] = ()
+    status_updated_at_ns: int = 0
+    create_index: int = 0
+    modify_index: int = 0
+    secret_id: str = ""
+
+    @property
+    def drain(self) -> bool:
+        return self.drain_strategy is not None
+
+    def ready_for_placement(self) -> bool:
+        return (
+            self.status == NODE_STATUS_READY
+            and self.scheduling_eligibility == NODE_ELIGIBLE
+            and self.drain_strategy is None
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Allocations
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedPort:
+    label: str = ""
+    value: int = 0
+    to: int = 0
+    host_ip: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedResources:
+    cpu_mhz: int = 0
+    memory_mb: int = 0
+    disk_mb: int = 0
+    ports: tuple[AllocatedPort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvent:
+    type: str = ""
+    message: str = ""
+    time_ns: int = 0
+    exit_code: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    state: str = "pending"
+    failed: bool = False
+    restarts: int = 0
+    started_at_ns: int = 0
+    finished_at_ns: int = 0
+    events: tuple[TaskEvent, ...] = ()
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AllocStateChange:
+    field: str = ""
+    value: str = ""
+    time_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RescheduleEvent:
+    reschedule_time_ns: int = 0
+    prev_alloc_id: str = ""
+    prev_node_id: str = ""
+    delay_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    eval_id: str = ""
+    name: str = ""
+    node_id: str = ""
+    node_name: str = ""
+    job_id: str = ""
+    job_version: int = 0
+    task_group: str = ""
+    resources: AllocatedResources | None = None
+    desired_status: str = ALLOC_DESIRED_RUN
+    desired_description: str = ""
+    client_status: str = ALLOC_CLIENT_PENDING
+    client_description: str = ""
+    task_states: Mapping[str, TaskState] = field(default_factory=dict)
+    state_history: tuple[AllocStateChange, ...] = ()
+    previous_allocation: str = ""
+    next_allocation: str = ""
+    reschedule_events: tuple[RescheduleEvent, ...] = ()
+    followup_eval_id: str = ""
+    create_index: int = 0
+    modify_index: int = 0
+    alloc_modify_index: int = 0
+    create_time_ns: int = 0
+    modify_time_ns: int = 0
+    index: int = 0
+
+    def terminal(self) -> bool:
+        """No longer holds resources: told to stop, or finished on its own."""
+        return self.desired_status != ALLOC_DESIRED_RUN or self.client_status in ALLOC_CLIENT_TERMINAL
+
+    def client_terminal(self) -> bool:
+        return self.client_status in ALLOC_CLIENT_TERMINAL
+
+
+def alloc_name(job_id: str, group: str, index: int) -> str:
+    """Nomad's naming: ``job.group[i]``, stable across replacements of the same slot."""
+    return f"{job_id}.{group}[{index}]"
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluations, plans and summaries
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    priority: int = DEFAULT_PRIORITY
+    type: str = JOB_TYPE_SERVICE
+    triggered_by: str = TRIGGER_JOB_REGISTER
+    job_id: str = ""
+    job_modify_index: int = 0
+    node_id: str = ""
+    node_modify_index: int = 0
+    status: str = EVAL_STATUS_PENDING
+    status_description: str = ""
+    wait_ns: int = 0
+    wait_until_ns: int = 0
+    next_eval: str = ""
+    previous_eval: str = ""
+    blocked_eval: str = ""
+    queued_allocations: Mapping[str, int] = field(default_factory=dict)
+    failed_tg_allocs: Mapping[str, str] = field(default_factory=dict)
+    annotate_plan: bool = False
+    snapshot_index: int = 0
+    create_index: int = 0
+    modify_index: int = 0
+    create_time_ns: int = 0
+    modify_time_ns: int = 0
+
+    def terminal(self) -> bool:
+        return self.status in EVAL_TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class TaskGroupSummary:
+    queued: int = 0
+    complete: int = 0
+    failed: int = 0
+    running: int = 0
+    starting: int = 0
+    lost: int = 0
+    unknown: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobChildrenSummary:
+    pending: int = 0
+    running: int = 0
+    dead: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    job_id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    summary: Mapping[str, TaskGroupSummary] = field(default_factory=dict)
+    children: JobChildrenSummary | None = None
+    create_index: int = 0
+    modify_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicLaunch:
+    job_id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    launch_ns: int = 0
+    create_index: int = 0
+    modify_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RejectionTrackerConfig:
+    enabled: bool = True
+    threshold: int = 15
+    window_ns: int = 300_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    scheduler_algorithm: str = "binpack"
+    rejection_tracker: RejectionTrackerConfig | None = None
+    pause_eval_broker: bool = False
+    create_index: int = 0
+    modify_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMember:
+    name: str = ""
+    raft_address: str = ""
+    grpc_address: str = ""
+    modify_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AllocStop:
+    alloc_id: str = ""
+    desired_status: str = ALLOC_DESIRED_STOP
+    desired_description: str = ""
+    client_status: str = ""
+    followup_eval_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a scheduler wants changed: the applier re-checks it node by node before commit."""
+
+    eval_id: str = ""
+    eval_token: str = ""
+    priority: int = DEFAULT_PRIORITY
+    job_id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    all_at_once: bool = False
+    node_allocation: Mapping[str, tuple[Allocation, ...]] = field(default_factory=dict)
+    node_update: Mapping[str, tuple[AllocStop, ...]] = field(default_factory=dict)
+    snapshot_index: int = 0
+
+    def is_no_op(self) -> bool:
+        return not self.node_allocation and not self.node_update
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """What the applier committed. A node of the plan missing here was rejected."""
+
+    node_allocation: Mapping[str, tuple[Allocation, ...]] = field(default_factory=dict)
+    node_update: Mapping[str, tuple[AllocStop, ...]] = field(default_factory=dict)
+    rejected_nodes: tuple[str, ...] = ()
+    refresh_index: int = 0
+    alloc_index: int = 0
+
+    def fully_committed(self, plan: Plan) -> bool:
+        return not self.rejected_nodes and set(self.node_allocation) == set(plan.node_allocation)

@@ -1,0 +1,83 @@
+"""Running agents as processes: signals, data directories, and clean shutdown."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+from types import FrameType
+
+import structlog
+
+from server.config import DevConfig, ServerConfig
+from server.core import ServerCore, StartupError
+from server.logs import configure_logging
+
+log = structlog.get_logger("drover.agent")
+
+
+def _wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM; both mean "shut down cleanly"."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        log.info("agent.signal", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop.wait(1.0):
+        pass
+
+
+def run_server(cfg: ServerConfig) -> int:
+    configure_logging(json=cfg.log_json, level=cfg.log_level)
+    try:
+        core = ServerCore(cfg)
+        core.start()
+    except (StartupError, OSError) as exc:
+        log.error("agent.start_failed", error=str(exc))
+        print(f"Error: {exc}", flush=True)
+        return 1
+    try:
+        _wait_for_signal()
+    finally:
+        core.stop()
+    return 0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def run_dev(cfg: DevConfig) -> int:
+    """One process, a single-server cluster on loopback; data in a temp dir unless given."""
+    configure_logging(json=cfg.log_json, level=cfg.log_level)
+    data_dir = cfg.data_dir or tempfile.mkdtemp(prefix="drover-dev-")
+    server_cfg = ServerConfig(
+        node_name="dev",
+        data_dir=data_dir,
+        bind="127.0.0.1",
+        grpc_port=cfg.grpc_port,
+        raft_port=_free_port("127.0.0.1"),
+        log_json=cfg.log_json,
+        log_level=cfg.log_level,
+    )
+    try:
+        core = ServerCore(server_cfg)
+        core.start()
+    except (StartupError, OSError) as exc:
+        print(f"Error: {exc}", flush=True)
+        return 1
+    log.info("agent.dev_ready", grpc=core.grpc_address, data_dir=data_dir)
+    try:
+        _wait_for_signal()
+    finally:
+        core.stop()
+        if not cfg.data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,139 @@
+"""What every servicer shares: error mapping, leader forwarding, and query plumbing.
+
+Writes run on the leader: a follower forwards the call, unchanged, to the leader's gRPC
+address (at most one hop: a forwarded call that lands on a non-leader is UNAVAILABLE, and
+the SDK retries). Reads run on the leader too, unless the caller set ``stale``, in which
+case any server answers from its own state.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import grpc
+import structlog
+from drover.v1 import api_pb2
+from google.protobuf.message import Message
+
+from scheduler import validate
+from server.errors import DroverError, NoLeaderError
+from server.state_store import Snapshot
+
+if TYPE_CHECKING:
+    from server.core import ServerCore
+
+log = structlog.get_logger("drover.api")
+
+FORWARDED_KEY: Final = "x-drover-forwarded"
+DEFAULT_WAIT_S: Final = 300.0
+MAX_WAIT_S: Final = 600.0
+LEADER_READY_WAIT_S: Final = 3.0
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    context.abort(code, message)
+
+
+def _response_class(service: str, method: str) -> type[Message]:
+    desc = api_pb2.DESCRIPTOR.services_by_name[service].methods_by_name[method]
+    return getattr(api_pb2, desc.output_type.name)  # type: ignore[no-any-return]
+
+
+def _is_forwarded(context: grpc.ServicerContext) -> bool:
+    return any(key == FORWARDED_KEY for key, _ in context.invocation_metadata() or ())
+
+
+def _forward(
+    core: ServerCore, service: str, method: str, request: Message, context: grpc.ServicerContext
+) -> Any:
+    if _is_forwarded(context):
+        raise NoLeaderError("forwarded to a server that is no longer the leader")
+    address = core.leader_grpc_address()
+    if address is None:
+        raise NoLeaderError("no cluster leader yet")
+    response_cls = _response_class(service, method)
+    call: grpc.UnaryUnaryMultiCallable[Message, Any] = core.channel_to(address).unary_unary(
+        f"/drover.v1.{service}/{method}",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=response_cls.FromString,
+    )
+    remaining = context.time_remaining()
+    timeout = None if remaining is None else max(0.1, remaining - 0.05)
+    try:
+        return call(request, timeout=timeout, metadata=((FORWARDED_KEY, core.name),))
+    except grpc.RpcError as exc:
+        _abort(context, exc.code(), exc.details() or "forwarded call failed")
+
+
+def _wait_leader_ready(core: ServerCore) -> None:
+    deadline = time.monotonic() + LEADER_READY_WAIT_S
+    while not core.raft.leader_ready():
+        if not core.raft.is_leader() or time.monotonic() > deadline:
+            raise NoLeaderError("leader is still catching up")
+        time.sleep(0.005)
+
+
+def _map_errors(context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except validate.ValidationError as exc:
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    except DroverError as exc:
+        _abort(context, exc.code, str(exc))
+
+
+def rpc(service: str, kind: str) -> Callable[[F], F]:
+    """Wrap a servicer method: ``kind`` is "write", "read" (honours ``stale``) or "local"."""
+
+    def deco(method: F) -> F:
+        name = method.__name__
+
+        @functools.wraps(method)
+        def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+            core: ServerCore = self.core
+
+            def run() -> Any:
+                if kind == "local":
+                    return method(self, request, context)
+                stale = kind == "read" and request.HasField("options") and request.options.stale
+                if stale:
+                    return method(self, request, context)
+                if not core.raft.is_leader():
+                    return _forward(core, service, name, request, context)
+                if kind == "read":
+                    _wait_leader_ready(core)
+                return method(self, request, context)
+
+            return _map_errors(context, run)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def query(
+    core: ServerCore, options: api_pb2.QueryOptions, tables: Iterable[str]
+) -> tuple[Snapshot, api_pb2.QueryMeta]:
+    """Run a (possibly blocking) query: wait until ``tables`` pass ``options.min_index``."""
+    names = tuple(tables)
+    if options.min_index:
+        wait = options.wait_ns / 1e9 if options.wait_ns > 0 else DEFAULT_WAIT_S
+        snap = core.store.wait_for(names, options.min_index, min(wait, MAX_WAIT_S))
+    else:
+        snap = core.store.snapshot()
+    return snap, meta_for(core, snap.table_index(*names))
+
+
+def meta_for(core: ServerCore, index: int) -> api_pb2.QueryMeta:
+    return api_pb2.QueryMeta(
+        index=index, known_leader=core.raft.leader_address() is not None, served_by=core.name
+    )
+
+
+def write_meta(index: int) -> api_pb2.WriteMeta:
+    return api_pb2.WriteMeta(index=index)

@@ -1,0 +1,48 @@
+"""Assemble the gRPC server: drover's services, health checking and reflection."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import TYPE_CHECKING, Final
+
+import grpc
+from drover.v1 import api_pb2, api_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from server.api.evals_allocs import AllocsServicer, EvalsServicer
+from server.api.jobs import JobsServicer
+from server.api.nodes import NodesServicer
+from server.api.operator import OperatorServicer
+
+if TYPE_CHECKING:
+    from server.core import ServerCore
+
+# Blocking queries and alloc watches park a thread each; size the pool for many clients.
+MAX_WORKERS: Final = 256
+MAX_MESSAGE: Final = 64 * 1024 * 1024
+
+
+def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    api_pb2_grpc.add_JobsServicer_to_server(JobsServicer(core), server)
+    api_pb2_grpc.add_NodesServicer_to_server(NodesServicer(core), server)
+    api_pb2_grpc.add_EvalsServicer_to_server(EvalsServicer(core), server)
+    api_pb2_grpc.add_AllocsServicer_to_server(AllocsServicer(core), server)
+    api_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(core), server)
+    health_servicer = health.HealthServicer()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [svc.full_name for svc in api_pb2.DESCRIPTOR.services_by_name.values()]
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"can not bind gRPC to {address}")
+    return server, port

@@ -1,0 +1,108 @@
+"""Jobs service: register, deregister, and reads of jobs, versions and summaries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import grpc
+from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
+
+from scheduler.structs import DEFAULT_NAMESPACE, Job
+from server.api._base import query, rpc, write_meta
+from server.codec import from_proto, to_proto
+from server.errors import NotFoundError, ValidationError
+
+if TYPE_CHECKING:
+    from server.core import ServerCore
+
+S = "Jobs"
+
+
+def _ns(namespace: str) -> str:
+    return namespace or DEFAULT_NAMESPACE
+
+
+class JobsServicer(api_pb2_grpc.JobsServicer):
+    def __init__(self, core: ServerCore) -> None:
+        self.core = core
+
+    @rpc(S, "write")
+    def Register(
+        self, request: api_pb2.JobRegisterRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobRegisterResponse:
+        if not request.HasField("job"):
+            raise ValidationError("job: required")
+        result, eval_id = self.core.endpoints.register_job(
+            from_proto(request.job, Job),
+            enforce_index=request.enforce_index,
+            job_modify_index=request.job_modify_index,
+        )
+        value = result.value or {}
+        return api_pb2.JobRegisterResponse(
+            meta=write_meta(result.index),
+            eval_id=eval_id,
+            job_modify_index=value.get("job_modify_index", 0),
+            version=value.get("version", 0),
+        )
+
+    @rpc(S, "write")
+    def Deregister(
+        self, request: api_pb2.JobDeregisterRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobDeregisterResponse:
+        result, eval_id = self.core.endpoints.deregister_job(
+            _ns(request.namespace), request.job_id, request.purge
+        )
+        return api_pb2.JobDeregisterResponse(meta=write_meta(result.index), eval_id=eval_id)
+
+    @rpc(S, "read")
+    def Get(self, request: api_pb2.JobGetRequest, context: grpc.ServicerContext) -> api_pb2.JobGetResponse:
+        snap, meta = query(self.core, request.options, ("jobs", "job_summaries"))
+        job = snap.job(_ns(request.namespace), request.job_id)
+        if job is None:
+            raise NotFoundError(f"job {request.job_id!r} not found")
+        response = api_pb2.JobGetResponse(meta=meta)
+        to_proto(job, response.job)
+        summary = snap.job_summary(job.namespace, job.id)
+        if summary is not None:
+            to_proto(summary, response.summary)
+        return response
+
+    @rpc(S, "read")
+    def List(self, request: api_pb2.JobListRequest, context: grpc.ServicerContext) -> api_pb2.JobListResponse:
+        snap, meta = query(self.core, request.options, ("jobs", "job_summaries"))
+        response = api_pb2.JobListResponse(meta=meta)
+        for job in sorted(snap.jobs(), key=lambda j: (j.namespace, j.id)):
+            if request.namespace and job.namespace != request.namespace:
+                continue
+            if request.prefix and not job.id.startswith(request.prefix):
+                continue
+            to_proto(job, response.jobs.add())
+            summary = snap.job_summary(job.namespace, job.id)
+            if summary is not None:
+                to_proto(summary, response.summaries.add())
+            else:
+                response.summaries.add(job_id=job.id, namespace=job.namespace)
+        return response
+
+    @rpc(S, "read")
+    def Versions(
+        self, request: api_pb2.JobVersionsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobVersionsResponse:
+        snap, meta = query(self.core, request.options, ("job_versions",))
+        versions = snap.job_versions(_ns(request.namespace), request.job_id)
+        if not versions:
+            raise NotFoundError(f"job {request.job_id!r} not found")
+        response = api_pb2.JobVersionsResponse(meta=meta)
+        for job in versions:
+            to_proto(job, response.versions.add())
+        return response
+
+    @rpc(S, "read")
+    def Summary(
+        self, request: api_pb2.JobSummaryRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobSummaryResponse:
+        snap, meta = query(self.core, request.options, ("job_summaries",))
+        summary = snap.job_summary(_ns(request.namespace), request.job_id)
+        if summary is None:
+            raise NotFoundError(f"job {request.job_id!r} not found")
+        return api_pb2.JobSummaryResponse(meta=meta, summary=to_proto(summary, structs_pb2.JobSummary()))

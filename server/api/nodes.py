@@ -1,0 +1,149 @@
+"""Nodes service: registration, status, drain and eligibility, and the client's alloc feed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import grpc
+from drover.v1 import api_pb2, api_pb2_grpc
+
+from scheduler.structs import Node
+from server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, meta_for, query, rpc, write_meta
+from server.codec import from_proto, to_proto
+from server.endpoints import HEARTBEAT_TTL_NS, decode_drain
+from server.errors import NotFoundError, ValidationError
+from server.state_store import Snapshot
+
+if TYPE_CHECKING:
+    from server.core import ServerCore
+
+S = "Nodes"
+
+
+def _node_alloc_index(snap: Snapshot, node_id: str) -> int:
+    """The newest change among the node's allocs: what a client blocks on."""
+    return max((a.modify_index for a in snap.allocs_by_node(node_id)), default=0)
+
+
+class NodesServicer(api_pb2_grpc.NodesServicer):
+    def __init__(self, core: ServerCore) -> None:
+        self.core = core
+
+    @rpc(S, "write")
+    def Register(
+        self, request: api_pb2.NodeRegisterRequest, context: grpc.ServicerContext
+    ) -> api_pb2.NodeRegisterResponse:
+        if not request.HasField("node"):
+            raise ValidationError("node: required")
+        result, eval_ids = self.core.endpoints.register_node(from_proto(request.node, Node))
+        return api_pb2.NodeRegisterResponse(
+            meta=write_meta(result.index), heartbeat_ttl_ns=HEARTBEAT_TTL_NS, eval_ids=eval_ids
+        )
+
+    @rpc(S, "write")
+    def UpdateStatus(
+        self, request: api_pb2.NodeUpdateStatusRequest, context: grpc.ServicerContext
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        result, eval_ids = self.core.endpoints.update_node_status(request.node_id, request.status)
+        return api_pb2.NodeUpdateStatusResponse(
+            meta=write_meta(result.index), heartbeat_ttl_ns=HEARTBEAT_TTL_NS, eval_ids=eval_ids
+        )
+
+    @rpc(S, "read")
+    def List(
+        self, request: api_pb2.NodeListRequest, context: grpc.ServicerContext
+    ) -> api_pb2.NodeListResponse:
+        snap, meta = query(self.core, request.options, ("nodes",))
+        response = api_pb2.NodeListResponse(meta=meta)
+        for node in sorted(snap.nodes(), key=lambda n: (n.name, n.id)):
+            if request.prefix and not (
+                node.id.startswith(request.prefix) or node.name.startswith(request.prefix)
+            ):
+                continue
+            to_proto(node, response.nodes.add())
+        return response
+
+    @rpc(S, "read")
+    def Get(self, request: api_pb2.NodeGetRequest, context: grpc.ServicerContext) -> api_pb2.NodeGetResponse:
+        snap, meta = query(self.core, request.options, ("nodes",))
+        node = snap.node(request.node_id)
+        if node is None:
+            raise NotFoundError(f"node {request.node_id!r} not found")
+        response = api_pb2.NodeGetResponse(meta=meta)
+        to_proto(node, response.node)
+        return response
+
+    @rpc(S, "write")
+    def UpdateDrain(
+        self, request: api_pb2.NodeUpdateDrainRequest, context: grpc.ServicerContext
+    ) -> api_pb2.NodeUpdateDrainResponse:
+        result, eval_ids = self.core.endpoints.update_drain(
+            request.node_id, decode_drain(request), request.mark_eligible
+        )
+        return api_pb2.NodeUpdateDrainResponse(meta=write_meta(result.index), eval_ids=eval_ids)
+
+    @rpc(S, "write")
+    def UpdateEligibility(
+        self, request: api_pb2.NodeUpdateEligibilityRequest, context: grpc.ServicerContext
+    ) -> api_pb2.NodeUpdateEligibilityResponse:
+        result, eval_ids = self.core.endpoints.update_eligibility(request.node_id, request.eligibility)
+        return api_pb2.NodeUpdateEligibilityResponse(meta=write_meta(result.index), eval_ids=eval_ids)
+
+    def _client_allocs(self, snap: Snapshot, node_id: str, index: int) -> api_pb2.ClientAllocsResponse:
+        response = api_pb2.ClientAllocsResponse(meta=meta_for(self.core, index))
+        for alloc in sorted(snap.allocs_by_node(node_id), key=lambda a: a.id):
+            to_proto(alloc, response.allocs.add())
+            key = f"{alloc.job_id}@{alloc.job_version}"
+            if key not in response.jobs:
+                job = snap.job_version(alloc.namespace, alloc.job_id, alloc.job_version)
+                if job is not None:
+                    to_proto(job, response.jobs[key])
+        return response
+
+    def _wait_node_allocs(self, node_id: str, min_index: int, timeout: float) -> tuple[Snapshot, int]:
+        deadline = time.monotonic() + timeout
+        seen = min_index
+        while True:
+            snap = self.core.store.wait_for(("allocs",), seen, max(0.0, deadline - time.monotonic()))
+            index = _node_alloc_index(snap, node_id)
+            if index > min_index or time.monotonic() >= deadline:
+                return snap, index
+            # Something else changed: wait for the next change of the alloc table.
+            seen = max(seen, snap.table_index("allocs"))
+
+    @rpc(S, "read")
+    def GetClientAllocs(
+        self, request: api_pb2.ClientAllocsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ClientAllocsResponse:
+        if not request.node_id:
+            raise ValidationError("node_id: required")
+        options = request.options
+        wait = options.wait_ns / 1e9 if options.wait_ns > 0 else DEFAULT_WAIT_S
+        if options.min_index:
+            snap, index = self._wait_node_allocs(request.node_id, options.min_index, min(wait, MAX_WAIT_S))
+        else:
+            snap = self.core.store.snapshot()
+            index = _node_alloc_index(snap, request.node_id)
+        return self._client_allocs(snap, request.node_id, index)
+
+    def WatchClientAllocs(
+        self, request: api_pb2.ClientAllocsRequest, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ClientAllocsResponse]:
+        """Served from this server's own state (like Nomad's AllowStale client queries)."""
+        if not request.node_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
+        index = request.options.min_index
+        while context.is_active():
+            snap, new_index = self._wait_node_allocs(request.node_id, index, 5.0)
+            if new_index > index or (index == 0 and new_index == 0):
+                index = max(new_index, 1) if new_index == 0 else new_index
+                yield self._client_allocs(snap, request.node_id, new_index)
+
+    @rpc(S, "write")
+    def UpdateAllocs(
+        self, request: api_pb2.AllocUpdateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocUpdateResponse:
+        result = self.core.endpoints.update_allocs(list(request.allocs))
+        return api_pb2.AllocUpdateResponse(meta=write_meta(result.index))

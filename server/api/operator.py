@@ -1,0 +1,77 @@
+"""Operator service: raft peers, snapshots, and the state digest the tests compare."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import grpc
+from drover.v1 import api_pb2, api_pb2_grpc
+
+from server.api._base import meta_for, query, rpc, write_meta
+from server.errors import ValidationError
+from server.snapshot import state_digest, to_snapshot
+
+if TYPE_CHECKING:
+    from server.core import ServerCore
+
+
+class OperatorServicer(api_pb2_grpc.OperatorServicer):
+    def __init__(self, core: ServerCore) -> None:
+        self.core = core
+
+    @rpc("Operator", "read")
+    def RaftPeers(
+        self, request: api_pb2.RaftPeersRequest, context: grpc.ServicerContext
+    ) -> api_pb2.RaftPeersResponse:
+        raft = self.core.raft
+        snap = self.core.store.snapshot()
+        members = {m.raft_address: m for m in snap.servers()}
+        leader = raft.leader_address()
+        response = api_pb2.RaftPeersResponse(
+            meta=meta_for(self.core, snap.table_index("servers")),
+            term=raft.term(),
+            commit_index=raft.commit_index(),
+        )
+        peers = [(raft.self_address(), True), *raft.peers()]
+        for address, connected in sorted(peers):
+            member = members.get(address)
+            response.peers.add(
+                name=member.name if member else "",
+                raft_address=address,
+                grpc_address=member.grpc_address if member else "",
+                leader=address == leader,
+                voter=True,
+                connected=connected,
+            )
+        return response
+
+    @rpc("Operator", "read")
+    def SnapshotSave(
+        self, request: api_pb2.SnapshotSaveRequest, context: grpc.ServicerContext
+    ) -> api_pb2.SnapshotSaveResponse:
+        snap, meta = query(self.core, request.options, ())
+        return api_pb2.SnapshotSaveResponse(meta=meta, snapshot=to_snapshot(snap.tables))
+
+    @rpc("Operator", "write")
+    def SnapshotRestore(
+        self, request: api_pb2.SnapshotRestoreRequest, context: grpc.ServicerContext
+    ) -> api_pb2.SnapshotRestoreResponse:
+        if not request.HasField("snapshot"):
+            raise ValidationError("snapshot: required")
+        result = self.core.endpoints.restore_snapshot(request.snapshot)
+        return api_pb2.SnapshotRestoreResponse(meta=write_meta(result.index))
+
+    @rpc("Operator", "local")
+    def StateDigest(
+        self, request: api_pb2.StateDigestRequest, context: grpc.ServicerContext
+    ) -> api_pb2.StateDigestResponse:
+        raft = self.core.raft
+        tables = self.core.store.snapshot().tables
+        return api_pb2.StateDigestResponse(
+            digest=state_digest(tables),
+            applied_index=tables.index,
+            commit_index=raft.commit_index(),
+            server=self.core.name,
+            leader=raft.is_leader(),
+            term=raft.term(),
+        )

@@ -1,0 +1,221 @@
+"""Agent configuration: the same keys from command-line flags or from a ``-config`` file.
+
+The dataclasses are the contract between the CLI (which fills them) and the agents (which
+run them). Loading and checking lives in ``load_*`` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import hcl2
+import yaml
+
+DEFAULT_GRPC_PORT = 4646
+DEFAULT_RAFT_PORT = 4647
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    node_name: str
+    data_dir: str
+    bind: str = "127.0.0.1"
+    grpc_port: int = DEFAULT_GRPC_PORT
+    raft_port: int = DEFAULT_RAFT_PORT
+    # The other servers' raft addresses, "host:port".
+    peers: tuple[str, ...] = ()
+    raft_key_file: str = ""
+    # Leader-side worker threads (used once the scheduling pipeline lands).
+    num_workers: int = 2
+    log_json: bool = False
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    node_name: str
+    data_dir: str
+    # Servers' gRPC addresses, "host:port".
+    servers: tuple[str, ...] = ()
+    datacenter: str = "dc1"
+    node_class: str = ""
+    meta: dict[str, str] = field(default_factory=dict)
+    log_json: bool = False
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class DevConfig:
+    grpc_port: int = DEFAULT_GRPC_PORT
+    # Empty: a fresh temporary directory, removed on exit.
+    data_dir: str = ""
+    log_json: bool = False
+    log_level: str = "info"
+
+
+class ConfigError(ValueError):
+    """A bad agent configuration. The message is one line and names the offending key."""
+
+
+_SERVER_REQUIRED = ("node_name", "data_dir")
+_CLIENT_REQUIRED = ("node_name", "data_dir")
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+# Keys whose value lists "host:port" addresses; a string value is split on commas.
+_ADDRESS_KEYS = frozenset({"peers", "servers"})
+
+
+def load_server_config(flags: Mapping[str, object], config_file: str | None) -> ServerConfig:
+    """The server agent's configuration: ``config_file`` overlaid by the flags given."""
+    return _load(ServerConfig, flags, config_file, required=_SERVER_REQUIRED)
+
+
+def load_client_config(flags: Mapping[str, object], config_file: str | None) -> ClientConfig:
+    """The client agent's configuration: ``config_file`` overlaid by the flags given."""
+    return _load(ClientConfig, flags, config_file, required=_CLIENT_REQUIRED)
+
+
+def load_dev_config(flags: Mapping[str, object], config_file: str | None) -> DevConfig:
+    """The ``-dev`` agent's configuration: ``config_file`` overlaid by the flags given."""
+    return _load(DevConfig, flags, config_file, required=())
+
+
+def read_config_file(path: str) -> dict[str, object]:
+    """The top-level mapping of an HCL (``.hcl``) or YAML (``.yaml``/``.yml``/``.json``) file."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".hcl", ".yaml", ".yml", ".json"):
+        raise ConfigError(
+            f"config file {path}: unsupported extension {ext!r} (use .hcl, .yaml, .yml or .json)"
+        )
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = _parse_hcl(text) if ext == ".hcl" else yaml.safe_load(text)
+    except Exception as exc:  # lark and yaml raise many types; all mean "does not parse"
+        raise ConfigError(f"config file {path}: cannot parse: {_first_line(exc)}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of keys to values")
+    return {str(k): v for k, v in data.items()}
+
+
+# ---------------------------------------------------------------------------------------
+
+
+C = TypeVar("C", ServerConfig, ClientConfig, DevConfig)
+
+
+def _load(
+    cls: type[C], flags: Mapping[str, object], config_file: str | None, *, required: tuple[str, ...]
+) -> C:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    merged: dict[str, object] = {}
+    sources: list[tuple[str, Mapping[str, object]]] = []
+    if config_file:
+        sources.append((f"config file {config_file}", read_config_file(config_file)))
+    # Flags come last so they override the file; None means "flag not given".
+    sources.append(("flags", {k: v for k, v in flags.items() if v is not None}))
+    for origin, values in sources:
+        for key, raw in values.items():
+            if key not in hints and origin == "flags":
+                raise ConfigError(f"flag -{key.replace('_', '-')} does not apply to this agent (key {key!r})")
+            if key not in hints:
+                raise ConfigError(f"{origin}: unknown key {key!r}{_suggest(key, names)}")
+            merged[key] = _coerce(key, raw, hints[key], origin)
+    for key in required:
+        if not merged.get(key):
+            raise ConfigError(f"missing required key {key!r} (flag -{key.replace('_', '-')} or config file)")
+    if "log_level" in merged and merged["log_level"] not in _LOG_LEVELS:
+        raise ConfigError(f"key 'log_level': must be one of {', '.join(_LOG_LEVELS)}")
+    return cls(**merged)  # type: ignore[arg-type]
+
+
+def _coerce(key: str, raw: object, tp: object, origin: str) -> object:
+    where = f"{origin}: key {key!r}"
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise ConfigError(f"{where}: expected true or false, got {_describe(raw)}")
+    if tp is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            if key.endswith("_port") and not 0 <= raw <= 65535:
+                raise ConfigError(f"{where}: port {raw} out of range 0-65535")
+            if not key.endswith("_port") and raw < 0:
+                raise ConfigError(f"{where}: must be >= 0, got {raw}")
+            return raw
+        raise ConfigError(f"{where}: expected an integer, got {_describe(raw)}")
+    if tp is str:
+        if isinstance(raw, str):
+            return raw
+        raise ConfigError(f"{where}: expected a string, got {_describe(raw)}")
+    origin_tp = typing.get_origin(tp)
+    if origin_tp is tuple:
+        items = _string_list(raw, where)
+        if key in _ADDRESS_KEYS:
+            for item in items:
+                _check_address(item, where)
+        return items
+    if origin_tp is dict:
+        return _string_map(raw, where)
+    raise AssertionError(f"config field {key!r} has unsupported type {tp!r}")  # pragma: no cover
+
+
+def _string_list(raw: object, where: str) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if isinstance(raw, list | tuple) and all(isinstance(item, str) for item in raw):
+        return tuple(item.strip() for item in raw if item.strip())
+    raise ConfigError(
+        f"{where}: expected a list of strings or a comma-separated string, got {_describe(raw)}"
+    )
+
+
+def _string_map(raw: object, where: str) -> dict[str, str]:
+    # An HCL block (``meta { rack = "r1" }``) parses to a list of one mapping per block.
+    if isinstance(raw, list) and all(isinstance(item, dict) for item in raw):
+        blocks: list[dict[object, object]] = raw
+        raw = {k: v for block in blocks for k, v in block.items()}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of strings, got {_describe(raw)}")
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            raise ConfigError(f"{where}: value of {k!r} must be a string, got {_describe(v)}")
+        out[str(k)] = str(v)
+    return out
+
+
+def _check_address(addr: str, where: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{where}: {addr!r} is not a host:port address")
+
+
+def _parse_hcl(text: str) -> object:
+    options = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
+    return hcl2.loads(text, serialization_options=options)
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _suggest(key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key.replace("-", "_"), names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,200 @@
+"""One drover server: state store, FSM, raft member, API endpoints, and their lifecycle.
+
+``ServerCore`` owns every thread it starts (raft's tick thread, the member announcer, the
+gRPC server) and stops them in ``stop``. Leader-only services are started and stopped from
+``_on_leadership`` (the scheduling pipeline hangs off it once it lands).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+from typing import Final
+
+import grpc
+import structlog
+from drover.v1 import raft_pb2
+
+from scheduler.structs import ServerMember
+from server._raft import RaftNode, RaftTuning
+from server.clock import Clock, IdSource, SystemClock, UuidIds
+from server.codec import to_proto
+from server.config import ServerConfig
+from server.endpoints import Endpoints
+from server.fsm import FSM, encode_entry
+from server.state_store import StateStore
+
+log = structlog.get_logger("drover.server")
+
+ANNOUNCE_INTERVAL: Final = 0.5
+GRPC_MAX_MESSAGE: Final = 64 * 1024 * 1024
+CHANNEL_OPTIONS: Final = [
+    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+]
+
+
+class StartupError(Exception):
+    """The server refuses to start; the message says why and what to do."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None)
+            )
+        except OSError:
+            return False
+
+
+def read_raft_key(cfg: ServerConfig) -> str | None:
+    """The cluster key, mandatory for a raft port reachable from other hosts."""
+    if cfg.raft_key_file:
+        try:
+            with open(cfg.raft_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as exc:
+            raise StartupError(f"can not read -raft-key-file {cfg.raft_key_file}: {exc.strerror}") from exc
+        if len(key) < 16:
+            raise StartupError(
+                f"-raft-key-file {cfg.raft_key_file}: key too short (need at least 16 characters)"
+            )
+        return key
+    if not is_loopback(cfg.bind):
+        raise StartupError(
+            f"refusing to start: raft binds to {cfg.bind}, which is not loopback, and no -raft-key-file "
+            "was given. pysyncobj's transport unpickles whatever a peer sends, so anyone who can reach "
+            "the raft port could run code on this server. Create a key shared by all servers "
+            "(head -c 32 /dev/urandom | base64 > raft.key) and pass -raft-key-file raft.key."
+        )
+    return None
+
+
+class ServerCore:
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        *,
+        clock: Clock | None = None,
+        ids: IdSource | None = None,
+        tuning: RaftTuning | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.name = cfg.node_name
+        self.clock = clock or SystemClock()
+        self.ids = ids or UuidIds()
+        password = read_raft_key(cfg)
+        self.store = StateStore()
+        self.fsm = FSM(self.store)
+        self.raft_address = f"{cfg.bind}:{cfg.raft_port}"
+        self.grpc_address = f"{cfg.bind}:{cfg.grpc_port}"
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        self.raft = RaftNode(
+            self.raft_address,
+            list(cfg.peers),
+            self.fsm,
+            os.path.join(cfg.data_dir, "raft"),
+            password=password,
+            tuning=tuning,
+            on_state_changed=self._on_leadership,
+        )
+        self.endpoints = Endpoints(self.raft, self.store, self.clock, self.ids)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._grpc: grpc.Server | None = None
+        self._channels: dict[str, grpc.Channel] = {}
+        self._channels_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        from server.api.grpc_server import create_server
+
+        self._grpc, port = create_server(f"{self.cfg.bind}:{self.cfg.grpc_port}", self)
+        self.grpc_address = f"{self.cfg.bind}:{port}"
+        self._grpc.start()
+        announcer = threading.Thread(target=self._announce_loop, name="member-announcer", daemon=True)
+        announcer.start()
+        self._threads.append(announcer)
+        log.info(
+            "server.started",
+            server=self.name,
+            grpc=self.grpc_address,
+            raft=self.raft_address,
+            peers=list(self.cfg.peers),
+        )
+
+    def stop(self, grace: float = 2.0) -> None:
+        self._stop.set()
+        if self._grpc is not None:
+            self._grpc.stop(grace).wait(grace + 1)
+        self.raft.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        with self._channels_lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+        log.info("server.stopped", server=self.name)
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stop.wait(timeout)
+
+    # -- cluster membership ------------------------------------------------------------
+    def _announce_loop(self) -> None:
+        """Keep this server's (raft address -> gRPC address) row current in the state.
+
+        Followers forward writes to the leader's gRPC address, found through this table.
+        pysyncobj forwards the entry to the leader itself, so any server can announce.
+        """
+        while not self._stop.wait(ANNOUNCE_INTERVAL):
+            member = self.store.snapshot().tables.servers.get(self.name)
+            if (
+                member is not None
+                and member.raft_address == self.raft_address
+                and member.grpc_address == self.grpc_address
+            ):
+                continue
+            if self.raft.leader_address() is None:
+                continue
+            entry = raft_pb2.ServerMemberEntry()
+            to_proto(
+                ServerMember(name=self.name, raft_address=self.raft_address, grpc_address=self.grpc_address),
+                entry.member,
+            )
+            self.raft.apply_entry(encode_entry(raft_pb2.ENTRY_TYPE_SERVER_MEMBER, entry), callback=_ignore)
+
+    def leader_grpc_address(self) -> str | None:
+        raft_leader = self.raft.leader_address()
+        if raft_leader is None:
+            return None
+        for member in self.store.snapshot().servers():
+            if member.raft_address == raft_leader:
+                return member.grpc_address
+        return None
+
+    def channel_to(self, address: str) -> grpc.Channel:
+        with self._channels_lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[address] = channel
+            return channel
+
+    def _on_leadership(self, is_leader: bool) -> None:
+        # Called on raft's tick thread: log and hand off, never block here.
+        log.info(
+            "server.leadership_acquired" if is_leader else "server.leadership_lost",
+            server=self.name,
+            term=self.raft.term() if hasattr(self, "raft") else 0,
+        )
+
+
+def _ignore(_result: object, _error: int) -> None:
+    return None

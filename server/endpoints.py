@@ -1,0 +1,270 @@
+"""The leader's write operations: check the request, decide IDs and times, propose one entry.
+
+Each function validates completely before proposing, so bad input changes nothing; the
+entry carries everything the FSM needs (design.md, "FSM determinism"). The servicers in
+server/api/ only convert messages and call one function here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Final, Protocol
+
+from drover.v1 import raft_pb2, structs_pb2
+from google.protobuf.message import Message
+
+from scheduler import validate
+from scheduler.structs import (
+    JOB_TYPE_SYSBATCH,
+    JOB_TYPE_SYSTEM,
+    NODE_STATUS_DOWN,
+    NODE_STATUS_READY,
+    TRIGGER_JOB_DEREGISTER,
+    TRIGGER_JOB_REGISTER,
+    TRIGGER_NODE_DRAIN,
+    TRIGGER_NODE_UPDATE,
+    DrainStrategy,
+    Evaluation,
+    Job,
+    Node,
+)
+from server.clock import Clock, IdSource
+from server.codec import from_proto, to_proto
+from server.errors import ConflictError, NotFoundError, ValidationError
+from server.fsm import ApplyResult, encode_entry
+from server.snapshot import from_snapshot
+from server.state_store import Snapshot, StateStore
+
+ET = raft_pb2.EntryType
+
+# A job larger than this is almost certainly a mistake (Nomad caps job payloads too).
+MAX_JOB_BYTES: Final = 1 << 20
+HEARTBEAT_TTL_NS: Final = 10_000_000_000
+DEFAULT_WRITE_TIMEOUT: Final = 10.0
+
+
+class Proposer(Protocol):
+    def propose(self, data: bytes, timeout: float) -> ApplyResult: ...
+
+
+class Endpoints:
+    def __init__(self, raft: Proposer, store: StateStore, clock: Clock, ids: IdSource) -> None:
+        self._raft = raft
+        self._store = store
+        self._clock = clock
+        self._ids = ids
+
+    def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
+        result = self._raft.propose(encode_entry(entry_type, payload), DEFAULT_WRITE_TIMEOUT)
+        if result.error:
+            raise (NotFoundError if result.not_found else ConflictError)(result.error)
+        return result
+
+    def _new_eval(self, job: Job, trigger: str, now: int, node_id: str = "") -> Evaluation:
+        return Evaluation(
+            id=self._ids.new(),
+            namespace=job.namespace,
+            priority=job.priority,
+            type=job.type,
+            triggered_by=trigger,
+            job_id=job.id,
+            node_id=node_id,
+            status="pending",
+            create_time_ns=now,
+            modify_time_ns=now,
+        )
+
+    # -- jobs --------------------------------------------------------------------------
+    def register_job(
+        self, job: Job, *, enforce_index: bool = False, job_modify_index: int = 0
+    ) -> tuple[ApplyResult, str]:
+        job = validate.canonicalize_job(job)
+        validate.validate_job(job)
+        encoded = to_proto(job, structs_pb2.Job())
+        if encoded.ByteSize() > MAX_JOB_BYTES:
+            raise ValidationError(f"job: encoded size {encoded.ByteSize()} exceeds {MAX_JOB_BYTES} bytes")
+        snap = self._store.snapshot()
+        existing = snap.job(job.namespace, job.id)
+        if enforce_index:
+            current = existing.job_modify_index if existing is not None else 0
+            if current != job_modify_index:
+                raise ConflictError(
+                    f"enforcing job modify index {job_modify_index}: job exists with index {current}"
+                )
+        if existing is not None and existing.type != job.type:
+            raise ValidationError(f"job.type: can not change the type of job {job.id!r} from {existing.type}")
+        now = self._clock.now_ns()
+        entry = raft_pb2.JobRegisterEntry()
+        to_proto(replace(job, submit_time_ns=now), entry.job)
+        eval_id = ""
+        # Periodic and parameterized parents are templates: their children get evals.
+        if not job.is_template():
+            ev = self._new_eval(job, TRIGGER_JOB_REGISTER, now)
+            to_proto(ev, entry.eval)
+            eval_id = ev.id
+        return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), eval_id
+
+    def deregister_job(self, namespace: str, job_id: str, purge: bool) -> tuple[ApplyResult, str]:
+        if not job_id:
+            raise ValidationError("job_id: required")
+        job = self._store.snapshot().job(namespace, job_id)
+        if job is None:
+            raise NotFoundError(f"job {job_id!r} not found")
+        now = self._clock.now_ns()
+        entry = raft_pb2.JobDeregisterEntry(
+            namespace=namespace, job_id=job_id, purge=purge, submit_time_ns=now
+        )
+        eval_id = ""
+        if not job.is_template():
+            ev = self._new_eval(job, TRIGGER_JOB_DEREGISTER, now)
+            to_proto(ev, entry.eval)
+            eval_id = ev.id
+        return self._propose(ET.ENTRY_TYPE_JOB_DEREGISTER, entry), eval_id
+
+    # -- nodes -------------------------------------------------------------------------
+    def node_evals(self, snap: Snapshot, node_id: str, now: int) -> list[Evaluation]:
+        """Evals for every job with allocs on the node and every system job (Nomad's createNodeEvals)."""
+        seen: set[tuple[str, str]] = set()
+        evals: list[Evaluation] = []
+        candidates: list[Job] = []
+        for alloc in snap.allocs_by_node(node_id):
+            job = snap.job(alloc.namespace, alloc.job_id)
+            if job is not None:
+                candidates.append(job)
+        for job_type in (JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH):
+            candidates.extend(snap.jobs_by_type(job_type))
+        for job in candidates:
+            key = (job.namespace, job.id)
+            if key in seen or job.stop or job.is_template():
+                continue
+            seen.add(key)
+            evals.append(self._new_eval(job, TRIGGER_NODE_UPDATE, now, node_id=node_id))
+        return evals
+
+    def register_node(self, node: Node) -> tuple[ApplyResult, list[str]]:
+        if not node.status:
+            node = replace(node, status=NODE_STATUS_READY)
+        validate.validate_node(node)
+        now = self._clock.now_ns()
+        snap = self._store.snapshot()
+        existing = snap.node(node.id)
+        if existing is not None and existing.secret_id and node.secret_id != existing.secret_id:
+            raise ConflictError(f"node {node.id!r} is registered with a different secret")
+        entry = raft_pb2.NodeRegisterEntry()
+        to_proto(replace(node, status_updated_at_ns=now), entry.node)
+        evals: list[Evaluation] = []
+        if node.status == NODE_STATUS_READY and (existing is None or existing.status != NODE_STATUS_READY):
+            evals = self.node_evals(snap, node.id, now)
+        for ev in evals:
+            to_proto(ev, entry.evals.add())
+        return self._propose(ET.ENTRY_TYPE_NODE_REGISTER, entry), [e.id for e in evals]
+
+    def _node(self, node_id: str) -> tuple[Snapshot, Node]:
+        if not node_id:
+            raise ValidationError("node_id: required")
+        snap = self._store.snapshot()
+        node = snap.node(node_id)
+        if node is None:
+            raise NotFoundError(f"node {node_id!r} not found")
+        return snap, node
+
+    def update_node_status(self, node_id: str, status: str) -> tuple[ApplyResult, list[str]]:
+        validate.validate_node_status(status, "status")
+        snap, node = self._node(node_id)
+        now = self._clock.now_ns()
+        entry = raft_pb2.NodeUpdateStatusEntry(node_id=node_id, status=status, updated_at_ns=now)
+        evals: list[Evaluation] = []
+        if status != node.status:
+            entry.event.message = f"Node status changed to {status}"
+            entry.event.subsystem = "Cluster"
+            entry.event.timestamp_ns = now
+            if status in (NODE_STATUS_READY, NODE_STATUS_DOWN):
+                evals = self.node_evals(snap, node_id, now)
+        for ev in evals:
+            to_proto(ev, entry.evals.add())
+        return self._propose(ET.ENTRY_TYPE_NODE_UPDATE_STATUS, entry), [e.id for e in evals]
+
+    def update_drain(
+        self, node_id: str, strategy: DrainStrategy | None, mark_eligible: bool
+    ) -> tuple[ApplyResult, list[str]]:
+        snap, _node = self._node(node_id)
+        now = self._clock.now_ns()
+        entry = raft_pb2.NodeUpdateDrainEntry(node_id=node_id, mark_eligible=mark_eligible, updated_at_ns=now)
+        evals: list[Evaluation] = []
+        if strategy is not None:
+            if strategy.deadline_ns < 0:
+                raise ValidationError("drain_strategy.deadline_ns: must be >= 0")
+            force_at = now + strategy.deadline_ns if strategy.deadline_ns > 0 else 0
+            to_proto(
+                replace(strategy, started_at_ns=now, force_deadline_at_ns=force_at), entry.drain_strategy
+            )
+            entry.event.message = "Node drain strategy set"
+            evals = [replace(e, triggered_by=TRIGGER_NODE_DRAIN) for e in self.node_evals(snap, node_id, now)]
+        else:
+            entry.event.message = "Node drain disabled"
+        entry.event.subsystem = "Drain"
+        entry.event.timestamp_ns = now
+        for ev in evals:
+            to_proto(ev, entry.evals.add())
+        return self._propose(ET.ENTRY_TYPE_NODE_UPDATE_DRAIN, entry), [e.id for e in evals]
+
+    def update_eligibility(self, node_id: str, eligibility: str) -> tuple[ApplyResult, list[str]]:
+        validate.validate_eligibility(eligibility, "eligibility")
+        snap, node = self._node(node_id)
+        if node.drain_strategy is not None and eligibility == "eligible":
+            raise ConflictError("can not set node eligible while it is draining")
+        now = self._clock.now_ns()
+        entry = raft_pb2.NodeUpdateEligibilityEntry(
+            node_id=node_id, eligibility=eligibility, updated_at_ns=now
+        )
+        evals: list[Evaluation] = []
+        if eligibility != node.scheduling_eligibility:
+            entry.event.message = f"Node marked as {eligibility}"
+            entry.event.subsystem = "Cluster"
+            entry.event.timestamp_ns = now
+            if eligibility == "eligible":
+                evals = self.node_evals(snap, node_id, now)
+        for ev in evals:
+            to_proto(ev, entry.evals.add())
+        return self._propose(ET.ENTRY_TYPE_NODE_UPDATE_ELIGIBILITY, entry), [e.id for e in evals]
+
+    # -- allocs ------------------------------------------------------------------------
+    def update_allocs(self, allocs: list[structs_pb2.Allocation]) -> ApplyResult:
+        if not allocs:
+            raise ValidationError("allocs: at least one alloc required")
+        snap = self._store.snapshot()
+        entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=self._clock.now_ns())
+        for i, alloc in enumerate(allocs):
+            if not alloc.id:
+                raise ValidationError(f"allocs[{i}].id: required")
+            if alloc.client_status and alloc.client_status not in _CLIENT_STATUSES:
+                raise ValidationError(
+                    f"allocs[{i}].client_status: {alloc.client_status!r} is not one of {', '.join(_CLIENT_STATUSES)}"
+                )
+            if snap.alloc(alloc.id) is None:
+                raise NotFoundError(f"alloc {alloc.id!r} not found")
+            slim = entry.allocs.add(
+                id=alloc.id, client_status=alloc.client_status, client_description=alloc.client_description
+            )
+            for name, state in alloc.task_states.items():
+                slim.task_states[name].CopyFrom(state)
+        return self._propose(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry)
+
+    # -- operator ----------------------------------------------------------------------
+    def restore_snapshot(self, snapshot: raft_pb2.StateSnapshot) -> ApplyResult:
+        try:
+            from_snapshot(snapshot)  # refuse what would not load, before it is in the log
+        except Exception as exc:
+            raise ValidationError(f"snapshot: does not load: {exc}") from exc
+        entry = raft_pb2.SnapshotRestoreEntry(snapshot=snapshot)
+        return self._propose(ET.ENTRY_TYPE_SNAPSHOT_RESTORE, entry)
+
+    def apply_raw(self, entry_type: int, payload: Message) -> ApplyResult:
+        return self._propose(entry_type, payload)
+
+
+_CLIENT_STATUSES: Final = ("pending", "running", "complete", "failed", "lost", "unknown")
+
+
+def decode_drain(msg: Any) -> DrainStrategy | None:
+    return from_proto(msg.drain_strategy, DrainStrategy) if msg.HasField("drain_strategy") else None

@@ -1,0 +1,70 @@
+"""drover's server-side errors, and their one mapping to gRPC status codes.
+
+    DroverError
+    ├── ValidationError      bad input; names the field          -> INVALID_ARGUMENT
+    ├── NotFoundError        no such job/node/alloc/eval          -> NOT_FOUND
+    ├── ConflictError        check-and-set or state refusal       -> FAILED_PRECONDITION
+    └── RaftError            could not commit                     -> INTERNAL
+        ├── NotLeaderError   this server is not the leader        -> UNAVAILABLE (retryable)
+        ├── NoLeaderError    no leader known / leadership moved   -> UNAVAILABLE (retryable)
+        └── CommitTimeoutError  outcome unknown                   -> DEADLINE_EXCEEDED
+
+scheduler.validate.ValidationError is translated at the API boundary (server/api/).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import grpc
+
+
+class DroverError(Exception):
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class ValidationError(DroverError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(DroverError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ConflictError(DroverError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class RaftError(DroverError):
+    code = grpc.StatusCode.INTERNAL
+
+
+class NotLeaderError(RaftError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader or 'unknown'})")
+        self.leader = leader
+
+
+class NoLeaderError(RaftError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class CommitTimeoutError(RaftError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+ERROR_CODES: Final[dict[type[DroverError], grpc.StatusCode]] = {
+    cls: cls.code
+    for cls in (
+        DroverError,
+        ValidationError,
+        NotFoundError,
+        ConflictError,
+        RaftError,
+        NotLeaderError,
+        NoLeaderError,
+        CommitTimeoutError,
+    )
+}

@@ -1,0 +1,423 @@
+"""The finite state machine: one raft log entry in, the next state out.
+
+Rules (design.md, "FSM determinism"): ``apply`` depends only on the entry and the state
+before it. No clock, no randomness, no I/O here: IDs, timestamps and evaluations were
+decided by the leader and travel inside the entry. tests/unit/test_fsm_purity.py greps this
+module for the calls that would break that.
+
+Each entry type has one ``apply_<type>(txn, payload, index)`` function. ``FSM.apply``
+never raises: a failing entry is logged and leaves the state untouched (the transaction is
+dropped) on every server alike, so one bad entry cannot wedge raft's apply loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import structlog
+from drover.v1 import raft_pb2
+from google.protobuf.message import DecodeError, Message
+
+from scheduler.structs import (
+    JOB_STATUS_PENDING,
+    MAX_NODE_EVENTS,
+    NODE_ELIGIBLE,
+    NODE_INELIGIBLE,
+    Allocation,
+    AllocStateChange,
+    DrainStrategy,
+    Evaluation,
+    Job,
+    Node,
+    NodeEvent,
+    PeriodicLaunch,
+    SchedulerConfig,
+    ServerMember,
+    TaskState,
+)
+from server.codec import from_proto
+from server.snapshot import from_snapshot
+from server.state_store import TABLES, StateStore, Tables, Txn
+
+log = structlog.get_logger("drover.fsm")
+
+ET = raft_pb2.EntryType
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What a proposer learns about its entry: the index, and a refusal if apply refused."""
+
+    index: int
+    error: str = ""
+    # The refusal was "no such object" rather than a conflict with the current state.
+    not_found: bool = False
+    # Set by entries whose outcome the caller needs (e.g. the job version registered).
+    value: Any = None
+
+
+class EntryRejected(Exception):
+    """Apply refused the entry deterministically (e.g. a failed check-and-set)."""
+
+
+class EntryTargetMissing(EntryRejected):
+    """The entry names an object that no longer exists."""
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers shared by the apply functions
+
+
+def _put_evals(txn: Txn, evals: Any) -> None:
+    for msg in evals:
+        txn.put_eval(from_proto(msg, Evaluation))
+
+
+def _add_event(node: Node, event_msg: Any, index: int) -> Node:
+    if not event_msg.message:
+        return node
+    event = replace(from_proto(event_msg, NodeEvent), create_index=index)
+    return replace(node, events=(*node.events, event)[-MAX_NODE_EVENTS:])
+
+
+def _spec_equal(a: Job, b: Job) -> bool:
+    """Whether two registrations describe the same job (bookkeeping fields ignored)."""
+    ignore: dict[str, Any] = {
+        "status": "",
+        "status_description": "",
+        "version": 0,
+        "stable": False,
+        "submit_time_ns": 0,
+        "create_index": 0,
+        "modify_index": 0,
+        "job_modify_index": 0,
+    }
+    return replace(a, **ignore) == replace(b, **ignore)
+
+
+# ---------------------------------------------------------------------------------------
+# Apply functions, one per entry type
+
+
+def apply_job_register(txn: Txn, entry: raft_pb2.JobRegisterEntry, index: int) -> Any:
+    job = from_proto(entry.job, Job)
+    key = (job.namespace, job.id)
+    old = txn.job(key)
+    if old is None:
+        job = replace(
+            job,
+            version=0,
+            status=JOB_STATUS_PENDING,
+            create_index=index,
+            modify_index=index,
+            job_modify_index=index,
+        )
+        changed = True
+    else:
+        changed = not _spec_equal(old, job) or old.stop != job.stop
+        job = replace(
+            job,
+            # The status is the store's, never the submitter's (seed 002).
+            status=old.status,
+            version=old.version + 1 if changed else old.version,
+            stable=old.stable and not changed,
+            create_index=old.create_index,
+            modify_index=index,
+            job_modify_index=index if changed else old.job_modify_index,
+            submit_time_ns=job.submit_time_ns if changed else old.submit_time_ns,
+        )
+    txn.put_job(job)
+    if changed:
+        txn.put_job_version(job)
+    txn.ensure_summary(job)
+    if entry.HasField("eval"):
+        ev = from_proto(entry.eval, Evaluation)
+        txn.put_eval(replace(ev, job_modify_index=job.job_modify_index))
+    return {"version": job.version, "job_modify_index": job.job_modify_index}
+
+
+def apply_job_deregister(txn: Txn, entry: raft_pb2.JobDeregisterEntry, index: int) -> Any:
+    key = (entry.namespace, entry.job_id)
+    job = txn.job(key)
+    if job is None:
+        raise EntryTargetMissing(f"job {entry.job_id!r} not found")
+    if entry.purge:
+        txn.delete_job(key)
+    elif not job.stop:
+        stopped = replace(job, stop=True, version=job.version + 1, modify_index=index, job_modify_index=index)
+        txn.put_job(stopped)
+        txn.put_job_version(stopped)
+    if entry.HasField("eval"):
+        ev = from_proto(entry.eval, Evaluation)
+        txn.put_eval(replace(ev, job_modify_index=index))
+    return None
+
+
+def apply_node_register(txn: Txn, entry: raft_pb2.NodeRegisterEntry, index: int) -> Any:
+    node = from_proto(entry.node, Node)
+    old = txn.node(node.id)
+    if old is not None:
+        # Drain and eligibility belong to operators, not to a re-registering client.
+        node = replace(
+            node,
+            create_index=old.create_index,
+            drain_strategy=old.drain_strategy,
+            scheduling_eligibility=old.scheduling_eligibility,
+            events=old.events,
+        )
+    else:
+        node = replace(node, create_index=index, events=())
+    node = replace(node, modify_index=index)
+    event = raft_pb2.NodeUpdateStatusEntry()
+    event.event.message = "Node registered" if old is None else "Node re-registered"
+    event.event.subsystem = "Cluster"
+    event.event.timestamp_ns = node.status_updated_at_ns
+    txn.put_node(_add_event(node, event.event, index))
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_node_deregister(txn: Txn, entry: raft_pb2.NodeDeregisterEntry, index: int) -> Any:
+    for node_id in entry.node_ids:
+        txn.delete_node(node_id)
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def _require_node(txn: Txn, node_id: str) -> Node:
+    node = txn.node(node_id)
+    if node is None:
+        raise EntryTargetMissing(f"node {node_id!r} not found")
+    return node
+
+
+def apply_node_update_status(txn: Txn, entry: raft_pb2.NodeUpdateStatusEntry, index: int) -> Any:
+    node = _require_node(txn, entry.node_id)
+    if node.status != entry.status:
+        node = replace(node, status=entry.status, status_updated_at_ns=entry.updated_at_ns)
+    node = _add_event(replace(node, modify_index=index), entry.event, index)
+    txn.put_node(node)
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_node_update_drain(txn: Txn, entry: raft_pb2.NodeUpdateDrainEntry, index: int) -> Any:
+    node = _require_node(txn, entry.node_id)
+    if entry.HasField("drain_strategy"):
+        strategy = from_proto(entry.drain_strategy, DrainStrategy)
+        node = replace(node, drain_strategy=strategy, scheduling_eligibility=NODE_INELIGIBLE)
+    else:
+        node = replace(node, drain_strategy=None)
+        if entry.mark_eligible:
+            node = replace(node, scheduling_eligibility=NODE_ELIGIBLE)
+    node = _add_event(replace(node, modify_index=index), entry.event, index)
+    txn.put_node(node)
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_node_update_eligibility(txn: Txn, entry: raft_pb2.NodeUpdateEligibilityEntry, index: int) -> Any:
+    node = _require_node(txn, entry.node_id)
+    if node.drain_strategy is not None and entry.eligibility == NODE_ELIGIBLE:
+        raise EntryRejected("can not set node eligible while it is draining")
+    node = replace(node, scheduling_eligibility=entry.eligibility, modify_index=index)
+    txn.put_node(_add_event(node, entry.event, index))
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_alloc_client_update(txn: Txn, entry: raft_pb2.AllocClientUpdateEntry, index: int) -> Any:
+    for msg in entry.allocs:
+        existing = txn.alloc(msg.id)
+        if existing is None:
+            continue  # garbage-collected meanwhile: nothing to update
+        history = existing.state_history
+        if msg.client_status and msg.client_status != existing.client_status:
+            change = AllocStateChange(
+                field="client_status", value=msg.client_status, time_ns=entry.updated_at_ns
+            )
+            history = (*history, change)[-10:]
+        task_states = {name: from_proto(ts, TaskState) for name, ts in msg.task_states.items()}
+        txn.put_alloc(
+            replace(
+                existing,
+                client_status=msg.client_status or existing.client_status,
+                client_description=msg.client_description,
+                task_states=task_states or existing.task_states,
+                state_history=history,
+                modify_index=index,
+                modify_time_ns=entry.updated_at_ns,
+            )
+        )
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_eval_update(txn: Txn, entry: raft_pb2.EvalUpdateEntry, index: int) -> Any:
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_eval_delete(txn: Txn, entry: raft_pb2.EvalDeleteEntry, index: int) -> Any:
+    for eval_id in entry.eval_ids:
+        txn.delete_eval(eval_id)
+    for alloc_id in entry.alloc_ids:
+        txn.delete_alloc(alloc_id)
+    return None
+
+
+def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: int) -> Any:
+    for stop in entry.allocs_stopped:
+        existing = txn.alloc(stop.alloc_id)
+        if existing is None:
+            continue
+        history = existing.state_history
+        client_status = existing.client_status
+        if stop.client_status and stop.client_status != client_status:
+            client_status = stop.client_status
+            change = AllocStateChange(field="client_status", value=client_status, time_ns=entry.updated_at_ns)
+            history = (*history, change)[-10:]
+        txn.put_alloc(
+            replace(
+                existing,
+                desired_status=stop.desired_status,
+                desired_description=stop.desired_description,
+                client_status=client_status,
+                state_history=history,
+                followup_eval_id=stop.followup_eval_id or existing.followup_eval_id,
+                modify_index=index,
+                alloc_modify_index=index,
+                modify_time_ns=entry.updated_at_ns,
+            )
+        )
+    for msg in entry.allocs_upserted:
+        alloc = from_proto(msg, Allocation)
+        existing = txn.alloc(alloc.id)
+        if existing is not None:
+            # An in-place update: the client owns its status fields.
+            alloc = replace(
+                alloc,
+                client_status=existing.client_status,
+                client_description=existing.client_description,
+                task_states=existing.task_states,
+                state_history=existing.state_history,
+                create_index=existing.create_index,
+                create_time_ns=existing.create_time_ns,
+            )
+        else:
+            alloc = replace(alloc, create_index=index, create_time_ns=entry.updated_at_ns)
+        txn.put_alloc(
+            replace(alloc, modify_index=index, alloc_modify_index=index, modify_time_ns=entry.updated_at_ns)
+        )
+        if existing is None and alloc.previous_allocation:
+            previous = txn.alloc(alloc.previous_allocation)
+            if previous is not None:
+                txn.put_alloc(replace(previous, next_allocation=alloc.id, modify_index=index))
+    for ineligible in entry.nodes_ineligible:
+        node = txn.node(ineligible.node_id)
+        if node is not None:
+            node = replace(node, scheduling_eligibility=NODE_INELIGIBLE, modify_index=index)
+            txn.put_node(_add_event(node, ineligible.event, index))
+    _put_evals(txn, entry.evals)
+    return None
+
+
+def apply_scheduler_config(txn: Txn, entry: raft_pb2.SchedulerConfigEntry, index: int) -> Any:
+    old = txn.scheduler_config()
+    config = from_proto(entry.config, SchedulerConfig)
+    txn.set_scheduler_config(replace(config, create_index=old.create_index or index, modify_index=index))
+    return None
+
+
+def apply_periodic_launch(txn: Txn, entry: raft_pb2.PeriodicLaunchEntry, index: int) -> Any:
+    launch = from_proto(entry.launch, PeriodicLaunch)
+    txn.put_periodic_launch(replace(launch, modify_index=index, create_index=launch.create_index or index))
+    return None
+
+
+def apply_server_member(txn: Txn, entry: raft_pb2.ServerMemberEntry, index: int) -> Any:
+    txn.put_server(replace(from_proto(entry.member, ServerMember), modify_index=index))
+    return None
+
+
+Applier = Callable[[Txn, Any, int], Any]
+
+APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
+    ET.ENTRY_TYPE_JOB_REGISTER: (raft_pb2.JobRegisterEntry, apply_job_register),
+    ET.ENTRY_TYPE_JOB_DEREGISTER: (raft_pb2.JobDeregisterEntry, apply_job_deregister),
+    ET.ENTRY_TYPE_NODE_REGISTER: (raft_pb2.NodeRegisterEntry, apply_node_register),
+    ET.ENTRY_TYPE_NODE_DEREGISTER: (raft_pb2.NodeDeregisterEntry, apply_node_deregister),
+    ET.ENTRY_TYPE_NODE_UPDATE_STATUS: (raft_pb2.NodeUpdateStatusEntry, apply_node_update_status),
+    ET.ENTRY_TYPE_NODE_UPDATE_DRAIN: (raft_pb2.NodeUpdateDrainEntry, apply_node_update_drain),
+    ET.ENTRY_TYPE_NODE_UPDATE_ELIGIBILITY: (
+        raft_pb2.NodeUpdateEligibilityEntry,
+        apply_node_update_eligibility,
+    ),
+    ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE: (raft_pb2.AllocClientUpdateEntry, apply_alloc_client_update),
+    ET.ENTRY_TYPE_EVAL_UPDATE: (raft_pb2.EvalUpdateEntry, apply_eval_update),
+    ET.ENTRY_TYPE_EVAL_DELETE: (raft_pb2.EvalDeleteEntry, apply_eval_delete),
+    ET.ENTRY_TYPE_APPLY_PLAN_RESULTS: (raft_pb2.ApplyPlanResultsEntry, apply_plan_results),
+    ET.ENTRY_TYPE_SCHEDULER_CONFIG: (raft_pb2.SchedulerConfigEntry, apply_scheduler_config),
+    ET.ENTRY_TYPE_PERIODIC_LAUNCH: (raft_pb2.PeriodicLaunchEntry, apply_periodic_launch),
+    ET.ENTRY_TYPE_SERVER_MEMBER: (raft_pb2.ServerMemberEntry, apply_server_member),
+}
+
+
+def encode_entry(entry_type: int, payload: Message) -> bytes:
+    return raft_pb2.LogEntry(type=entry_type, payload=payload.SerializeToString()).SerializeToString()  # type: ignore[arg-type]
+
+
+class FSM:
+    """Applies raft entries to a ``StateStore``; called only from raft's apply thread."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def apply(self, data: bytes, index: int) -> ApplyResult:
+        base = self.store.snapshot().tables
+        try:
+            entry = raft_pb2.LogEntry.FromString(data)
+        except DecodeError:
+            log.error("fsm.undecodable_entry", index=index, size=len(data))
+            return ApplyResult(index=index, error="undecodable log entry")
+        if entry.type == ET.ENTRY_TYPE_SNAPSHOT_RESTORE:
+            return self._restore(entry.payload, index)
+        handler = APPLIERS.get(entry.type)
+        if handler is None:
+            if entry.type >= ET.ENTRY_TYPE_IGNORABLE_FLOAT:
+                log.warning("fsm.ignored_unknown_entry", index=index, type=entry.type, hint="upgrade drover")
+                return ApplyResult(index=index, error="ignored unknown entry type")
+            # Every server has the same code, so every server stops here alike: loud, not silent.
+            log.critical("fsm.unknown_entry_type", index=index, type=entry.type)
+            return ApplyResult(index=index, error=f"unknown entry type {entry.type}")
+        msg_cls, fn = handler
+        txn = Txn(base, index)
+        try:
+            payload = msg_cls.FromString(entry.payload)
+            value = fn(txn, payload, index)
+        except EntryRejected as exc:
+            return ApplyResult(index=index, error=str(exc), not_found=isinstance(exc, EntryTargetMissing))
+        except Exception as exc:  # a bug: keep raft alive, keep servers identical
+            log.exception("fsm.apply_failed", index=index, type=raft_pb2.EntryType.Name(entry.type))
+            return ApplyResult(index=index, error=f"apply failed: {exc}")
+        self.store.commit(txn.commit())
+        return ApplyResult(index=index, value=value)
+
+    def _restore(self, payload: bytes, index: int) -> ApplyResult:
+        try:
+            snap = raft_pb2.SnapshotRestoreEntry.FromString(payload).snapshot
+            tables = from_snapshot(snap)
+        except Exception as exc:
+            log.exception("fsm.restore_failed", index=index)
+            return ApplyResult(index=index, error=f"restore failed: {exc}")
+        # Every table moves to this index, so every blocking query wakes and re-reads.
+        touched = {name: index for name in (*tables.table_index.keys(), *TABLES)}
+        self.store.commit(replace(tables, index=index, table_index=tables.table_index.update(touched)))
+        log.warning("fsm.snapshot_restored", index=index, snapshot_index=snap.index)
+        return ApplyResult(index=index)
+
+    def restore_tables(self, tables: Tables) -> None:
+        """Replace the state wholesale (raft snapshot install on start or catch-up)."""
+        self.store.commit(tables)

@@ -1,0 +1,590 @@
+"""The replicated state: tables, secondary indexes and O(1) snapshots.
+
+Theory of operation
+-------------------
+The whole state is one immutable ``Tables`` value made of persistent maps (``immutables``).
+The FSM (server/fsm.py) builds the next ``Tables`` through a ``Txn`` and the store swaps
+its reference under a lock, so:
+
+* a snapshot is just the current reference: O(1), and it never changes under a reader (a
+  scheduler plans on a frozen view while the FSM moves on);
+* an apply that fails half way leaves nothing behind: an unfinished ``Txn`` is dropped;
+* blocking queries wait on one condition variable for a table's index to pass theirs.
+
+Only the thread that applies raft entries writes; every other thread reads snapshots.
+Secondary indexes (allocs by job/node/eval, evals by job, jobs by type) and the per-job
+counters behind job status and summaries are maintained by ``Txn`` on every write, so
+they can never disagree with the primary tables.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, TypeVar
+
+import immutables
+
+from scheduler.structs import (
+    ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_FAILED,
+    ALLOC_CLIENT_LOST,
+    ALLOC_CLIENT_PENDING,
+    ALLOC_CLIENT_RUNNING,
+    ALLOC_CLIENT_UNKNOWN,
+    JOB_STATUS_DEAD,
+    JOB_STATUS_PENDING,
+    JOB_STATUS_RUNNING,
+    JOB_TYPE_SYSTEM,
+    Allocation,
+    Evaluation,
+    Job,
+    JobChildrenSummary,
+    JobSummary,
+    Node,
+    PeriodicLaunch,
+    SchedulerConfig,
+    ServerMember,
+    TaskGroupSummary,
+)
+
+JobKey = tuple[str, str]  # (namespace, job id)
+K = TypeVar("K")
+V = TypeVar("V")
+
+TABLES: Final = (
+    "nodes",
+    "jobs",
+    "job_versions",
+    "evals",
+    "allocs",
+    "job_summaries",
+    "periodic_launches",
+    "scheduler_config",
+    "servers",
+)
+
+# Nomad keeps this many versions of a job (JobTrackedVersions).
+TRACKED_JOB_VERSIONS: Final = 6
+
+_EMPTY: immutables.Map[Any, Any] = immutables.Map()
+
+
+def job_key(namespace: str, job_id: str) -> JobKey:
+    return (namespace, job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """One immutable version of the whole state."""
+
+    index: int = 0
+    nodes: immutables.Map[str, Node] = _EMPTY
+    jobs: immutables.Map[JobKey, Job] = _EMPTY
+    # Newest first, at most TRACKED_JOB_VERSIONS.
+    job_versions: immutables.Map[JobKey, tuple[Job, ...]] = _EMPTY
+    jobs_by_type: immutables.Map[str, immutables.Map[JobKey, None]] = _EMPTY
+    evals: immutables.Map[str, Evaluation] = _EMPTY
+    evals_by_job: immutables.Map[JobKey, immutables.Map[str, None]] = _EMPTY
+    allocs: immutables.Map[str, Allocation] = _EMPTY
+    allocs_by_job: immutables.Map[JobKey, immutables.Map[str, None]] = _EMPTY
+    allocs_by_node: immutables.Map[str, immutables.Map[str, None]] = _EMPTY
+    allocs_by_eval: immutables.Map[str, immutables.Map[str, None]] = _EMPTY
+    # Allocs of a job that still hold resources (desired run, client not terminal).
+    live_allocs_by_job: immutables.Map[JobKey, int] = _EMPTY
+    job_summaries: immutables.Map[JobKey, JobSummary] = _EMPTY
+    periodic_launches: immutables.Map[JobKey, PeriodicLaunch] = _EMPTY
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    servers: immutables.Map[str, ServerMember] = _EMPTY
+    table_index: immutables.Map[str, int] = _EMPTY
+
+
+class Snapshot:
+    """A read-only, frozen view of the state at one index (the scheduler's ``State``)."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, tables: Tables) -> None:
+        self._t = tables
+
+    @property
+    def tables(self) -> Tables:
+        return self._t
+
+    @property
+    def index(self) -> int:
+        return self._t.index
+
+    def table_index(self, *names: str) -> int:
+        """The highest modify index among ``names`` (all tables when none given)."""
+        names = names or TABLES
+        return max((self._t.table_index.get(n, 0) for n in names), default=0)
+
+    # nodes
+    def node(self, node_id: str) -> Node | None:
+        return self._t.nodes.get(node_id)
+
+    def nodes(self) -> Iterator[Node]:
+        return iter(self._t.nodes.values())
+
+    # jobs
+    def job(self, namespace: str, job_id: str) -> Job | None:
+        return self._t.jobs.get((namespace, job_id))
+
+    def jobs(self) -> Iterator[Job]:
+        return iter(self._t.jobs.values())
+
+    def jobs_by_type(self, job_type: str) -> Iterator[Job]:
+        for key in self._t.jobs_by_type.get(job_type, _EMPTY):
+            yield self._t.jobs[key]
+
+    def job_versions(self, namespace: str, job_id: str) -> tuple[Job, ...]:
+        return self._t.job_versions.get((namespace, job_id), ())
+
+    def job_version(self, namespace: str, job_id: str, version: int) -> Job | None:
+        for job in self.job_versions(namespace, job_id):
+            if job.version == version:
+                return job
+        current = self.job(namespace, job_id)
+        return current if current is not None and current.version == version else None
+
+    def job_summary(self, namespace: str, job_id: str) -> JobSummary | None:
+        return self._t.job_summaries.get((namespace, job_id))
+
+    def periodic_launch(self, namespace: str, job_id: str) -> PeriodicLaunch | None:
+        return self._t.periodic_launches.get((namespace, job_id))
+
+    def periodic_launches(self) -> Iterator[PeriodicLaunch]:
+        return iter(self._t.periodic_launches.values())
+
+    # evals
+    def eval(self, eval_id: str) -> Evaluation | None:
+        return self._t.evals.get(eval_id)
+
+    def evals(self) -> Iterator[Evaluation]:
+        return iter(self._t.evals.values())
+
+    def evals_by_job(self, namespace: str, job_id: str) -> list[Evaluation]:
+        ids = self._t.evals_by_job.get((namespace, job_id), _EMPTY)
+        return [self._t.evals[i] for i in ids]
+
+    # allocs
+    def alloc(self, alloc_id: str) -> Allocation | None:
+        return self._t.allocs.get(alloc_id)
+
+    def allocs(self) -> Iterator[Allocation]:
+        return iter(self._t.allocs.values())
+
+    def allocs_by_job(self, namespace: str, job_id: str) -> list[Allocation]:
+        return self._collect(self._t.allocs_by_job.get((namespace, job_id), _EMPTY))
+
+    def allocs_by_node(self, node_id: str) -> list[Allocation]:
+        return self._collect(self._t.allocs_by_node.get(node_id, _EMPTY))
+
+    def allocs_by_eval(self, eval_id: str) -> list[Allocation]:
+        return self._collect(self._t.allocs_by_eval.get(eval_id, _EMPTY))
+
+    def _collect(self, ids: Iterable[str]) -> list[Allocation]:
+        allocs = self._t.allocs
+        return [allocs[i] for i in ids]
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return self._t.scheduler_config
+
+    def servers(self) -> Iterator[ServerMember]:
+        return iter(self._t.servers.values())
+
+
+class StateStore:
+    """Holds the current ``Tables``; one writer (the raft apply thread), many readers."""
+
+    def __init__(self, tables: Tables | None = None) -> None:
+        self._tables = tables or Tables()
+        self._changed = threading.Condition(threading.Lock())
+
+    def snapshot(self) -> Snapshot:
+        # A reference read is atomic in CPython: no lock needed for an O(1) snapshot.
+        return Snapshot(self._tables)
+
+    @property
+    def index(self) -> int:
+        return self._tables.index
+
+    def commit(self, tables: Tables) -> None:
+        with self._changed:
+            self._tables = tables
+            self._changed.notify_all()
+
+    def wait_for(self, tables: Iterable[str], min_index: int, timeout: float) -> Snapshot:
+        """Blocking query: a snapshot once any of ``tables`` moves past ``min_index``.
+
+        Returns the current snapshot after ``timeout`` either way; the caller compares
+        indexes (a timeout is not an error, as in Nomad's blocking queries).
+        """
+        names = tuple(tables) or TABLES
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                snap = Snapshot(self._tables)
+                if snap.table_index(*names) > min_index:
+                    return snap
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return snap
+                self._changed.wait(remaining)
+
+    def wait_for_index(self, min_index: int, timeout: float) -> bool:
+        """Wait until the store has applied ``min_index``; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._tables.index < min_index:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+
+
+def _alloc_bucket(alloc: Allocation) -> str:
+    return _CLIENT_STATUS_BUCKET.get(alloc.client_status, "starting")
+
+
+_CLIENT_STATUS_BUCKET: Final = {
+    ALLOC_CLIENT_PENDING: "starting",
+    ALLOC_CLIENT_RUNNING: "running",
+    ALLOC_CLIENT_COMPLETE: "complete",
+    ALLOC_CLIENT_FAILED: "failed",
+    ALLOC_CLIENT_LOST: "lost",
+    ALLOC_CLIENT_UNKNOWN: "unknown",
+}
+
+
+def _bump(summary: TaskGroupSummary, bucket: str, delta: int) -> TaskGroupSummary:
+    return replace(summary, **{bucket: getattr(summary, bucket) + delta})
+
+
+class Txn:
+    """Builds the next ``Tables`` from the current one; nothing is visible until ``commit``.
+
+    Every write goes through a method here so that secondary indexes, per-job counters,
+    job status, job summaries and table indexes are updated in one place.
+    """
+
+    def __init__(self, base: Tables, index: int) -> None:
+        self.base = base
+        self.index = index
+        self._maps: dict[str, Any] = {}
+        self._scalars: dict[str, Any] = {}
+        self._touched_tables: set[str] = set()
+        self._status_dirty: set[JobKey] = set()
+
+    # -- low level ---------------------------------------------------------------------
+    def _m(self, name: str) -> Any:
+        """The mutation of table ``name`` (created on first use)."""
+        mut = self._maps.get(name)
+        if mut is None:
+            mut = getattr(self.base, name).mutate()
+            self._maps[name] = mut
+        return mut
+
+    def _touch(self, *tables: str) -> None:
+        self._touched_tables.update(tables)
+
+    def _index_add(self, name: str, key: Any, member: Any) -> None:
+        m = self._m(name)
+        m[key] = m.get(key, _EMPTY).set(member, None)
+
+    def _index_remove(self, name: str, key: Any, member: Any) -> None:
+        m = self._m(name)
+        members = m.get(key)
+        if members is None or member not in members:
+            return
+        members = members.delete(member)
+        if len(members):
+            m[key] = members
+        else:
+            del m[key]
+
+    # -- reads through the transaction -------------------------------------------------
+    def node(self, node_id: str) -> Node | None:
+        return self._m("nodes").get(node_id)  # type: ignore[no-any-return]
+
+    def job(self, key: JobKey) -> Job | None:
+        return self._m("jobs").get(key)  # type: ignore[no-any-return]
+
+    def alloc(self, alloc_id: str) -> Allocation | None:
+        return self._m("allocs").get(alloc_id)  # type: ignore[no-any-return]
+
+    def eval(self, eval_id: str) -> Evaluation | None:
+        return self._m("evals").get(eval_id)  # type: ignore[no-any-return]
+
+    def summary(self, key: JobKey) -> JobSummary | None:
+        return self._m("job_summaries").get(key)  # type: ignore[no-any-return]
+
+    def job_versions(self, key: JobKey) -> tuple[Job, ...]:
+        return self._m("job_versions").get(key, ())  # type: ignore[no-any-return]
+
+    def allocs_of_job(self, key: JobKey) -> list[Allocation]:
+        allocs = self._m("allocs")
+        return [allocs[i] for i in self._m("allocs_by_job").get(key, _EMPTY)]
+
+    def evals_of_job(self, key: JobKey) -> list[Evaluation]:
+        evals = self._m("evals")
+        return [evals[i] for i in self._m("evals_by_job").get(key, _EMPTY)]
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return self._scalars.get("scheduler_config", self.base.scheduler_config)  # type: ignore[no-any-return]
+
+    # -- nodes -------------------------------------------------------------------------
+    def put_node(self, node: Node) -> None:
+        self._m("nodes")[node.id] = node
+        self._touch("nodes")
+
+    def delete_node(self, node_id: str) -> None:
+        nodes = self._m("nodes")
+        if node_id in nodes:
+            del nodes[node_id]
+            self._touch("nodes")
+
+    # -- jobs --------------------------------------------------------------------------
+    def put_job(self, job: Job) -> None:
+        key = (job.namespace, job.id)
+        old = self.job(key)
+        if old is not None and old.type != job.type:
+            self._index_remove("jobs_by_type", old.type, key)
+        self._m("jobs")[key] = job
+        self._index_add("jobs_by_type", job.type, key)
+        self._status_dirty.add(key)
+        if old is None and job.parent_id:
+            self._children_delta(job.namespace, job.parent_id, None, job.status or JOB_STATUS_PENDING)
+        self._touch("jobs")
+
+    def put_job_version(self, job: Job) -> None:
+        key = (job.namespace, job.id)
+        versions = tuple(v for v in self.job_versions(key) if v.version != job.version)
+        self._m("job_versions")[key] = ((job, *versions))[:TRACKED_JOB_VERSIONS]
+        self._touch("job_versions")
+
+    def delete_job(self, key: JobKey) -> None:
+        job = self.job(key)
+        if job is None:
+            return
+        del self._m("jobs")[key]
+        self._index_remove("jobs_by_type", job.type, key)
+        for name in ("job_versions", "job_summaries", "periodic_launches"):
+            table = self._m(name)
+            if key in table:
+                del table[key]
+                self._touch(name)
+        if job.parent_id:
+            self._children_delta(job.namespace, job.parent_id, job.status, None)
+        self._status_dirty.discard(key)
+        self._touch("jobs")
+
+    def put_summary(self, summary: JobSummary) -> None:
+        self._m("job_summaries")[(summary.namespace, summary.job_id)] = summary
+        self._touch("job_summaries")
+
+    def ensure_summary(self, job: Job) -> None:
+        """Every job has a summary with a row per group (rows are kept for removed groups)."""
+        key = (job.namespace, job.id)
+        summary = self.summary(key)
+        if summary is None:
+            # Allocs of a purged job with the same ID may still exist: count them, so the
+            # summary equals a recount from the allocs from its first index.
+            rows: dict[str, TaskGroupSummary] = {}
+            for alloc in self.allocs_of_job(key):
+                row = rows.get(alloc.task_group, TaskGroupSummary())
+                rows[alloc.task_group] = _bump(row, _alloc_bucket(alloc), +1)
+            summary = JobSummary(
+                job_id=job.id,
+                namespace=job.namespace,
+                summary=rows,
+                children=JobChildrenSummary(),
+                create_index=self.index,
+                modify_index=self.index,
+            )
+        missing = [g.name for g in job.groups if g.name not in summary.summary]
+        if missing or summary.create_index == self.index:
+            merged = dict(summary.summary)
+            for name in missing:
+                merged[name] = TaskGroupSummary()
+            self.put_summary(replace(summary, summary=merged, modify_index=self.index))
+
+    def _children_delta(self, namespace: str, parent_id: str, old: str | None, new: str | None) -> None:
+        """Move one child between the parent's pending/running/dead counts (seed 002)."""
+        if old == new:
+            return
+        key = (namespace, parent_id)
+        summary = self.summary(key)
+        if summary is None:
+            return
+        children = summary.children or JobChildrenSummary()
+        if old is not None:
+            children = replace(children, **{old: max(0, getattr(children, old) - 1)})
+        if new is not None:
+            children = replace(children, **{new: getattr(children, new) + 1})
+        self.put_summary(replace(summary, children=children, modify_index=self.index))
+
+    def put_periodic_launch(self, launch: PeriodicLaunch) -> None:
+        self._m("periodic_launches")[(launch.namespace, launch.job_id)] = launch
+        self._touch("periodic_launches")
+
+    # -- evals -------------------------------------------------------------------------
+    def put_eval(self, ev: Evaluation) -> None:
+        old = self.eval(ev.id)
+        key = (ev.namespace, ev.job_id)
+        if old is not None:
+            ev = replace(
+                ev, create_index=old.create_index, create_time_ns=old.create_time_ns or ev.create_time_ns
+            )
+        else:
+            ev = replace(ev, create_index=self.index)
+        ev = replace(ev, modify_index=self.index)
+        self._m("evals")[ev.id] = ev
+        if ev.job_id:
+            self._index_add("evals_by_job", key, ev.id)
+            self._status_dirty.add(key)
+            if ev.queued_allocations and ev.terminal():
+                self._set_queued(key, ev.queued_allocations)
+        self._touch("evals")
+
+    def delete_eval(self, eval_id: str) -> None:
+        ev = self.eval(eval_id)
+        if ev is None:
+            return
+        del self._m("evals")[eval_id]
+        key = (ev.namespace, ev.job_id)
+        self._index_remove("evals_by_job", key, eval_id)
+        self._status_dirty.add(key)
+        self._touch("evals")
+
+    def _set_queued(self, key: JobKey, queued: Any) -> None:
+        summary = self.summary(key)
+        if summary is None:
+            return
+        rows = dict(summary.summary)
+        for group, row in rows.items():
+            rows[group] = replace(row, queued=max(0, int(queued.get(group, 0))))
+        self.put_summary(replace(summary, summary=rows, modify_index=self.index))
+
+    # -- allocs ------------------------------------------------------------------------
+    def put_alloc(self, alloc: Allocation) -> None:
+        old = self.alloc(alloc.id)
+        key = (alloc.namespace, alloc.job_id)
+        self._m("allocs")[alloc.id] = alloc
+        if old is None:
+            self._index_add("allocs_by_job", key, alloc.id)
+            self._index_add("allocs_by_eval", alloc.eval_id, alloc.id)
+        elif old.eval_id != alloc.eval_id:
+            self._index_remove("allocs_by_eval", old.eval_id, alloc.id)
+            self._index_add("allocs_by_eval", alloc.eval_id, alloc.id)
+        if old is None or old.node_id != alloc.node_id:
+            if old is not None:
+                self._index_remove("allocs_by_node", old.node_id, alloc.id)
+            self._index_add("allocs_by_node", alloc.node_id, alloc.id)
+        self._account(old, alloc)
+        self._touch("allocs")
+
+    def delete_alloc(self, alloc_id: str) -> None:
+        old = self.alloc(alloc_id)
+        if old is None:
+            return
+        del self._m("allocs")[alloc_id]
+        self._index_remove("allocs_by_job", (old.namespace, old.job_id), alloc_id)
+        self._index_remove("allocs_by_node", old.node_id, alloc_id)
+        self._index_remove("allocs_by_eval", old.eval_id, alloc_id)
+        self._account(old, None)
+        self._touch("allocs")
+
+    def _account(self, old: Allocation | None, new: Allocation | None) -> None:
+        """Move one alloc's contribution in its job's summary and live-alloc count.
+
+        Counting deltas (remove the old contribution, add the new one) keeps the summary
+        equal to a recount from the allocs at every index, and never negative.
+        """
+        ref = new or old
+        assert ref is not None
+        key = (ref.namespace, ref.job_id)
+        live_delta = (1 if new is not None and not new.terminal() else 0) - (
+            1 if old is not None and not old.terminal() else 0
+        )
+        if live_delta:
+            live = self._m("live_allocs_by_job")
+            count = live.get(key, 0) + live_delta
+            if count:
+                live[key] = count
+            else:
+                del live[key]
+            self._status_dirty.add(key)
+        old_slot = (old.task_group, _alloc_bucket(old)) if old is not None else None
+        new_slot = (new.task_group, _alloc_bucket(new)) if new is not None else None
+        if old_slot == new_slot:
+            return
+        summary = self.summary(key)
+        if summary is None:
+            return
+        rows = dict(summary.summary)
+        if old_slot is not None:
+            rows[old_slot[0]] = _bump(rows.get(old_slot[0], TaskGroupSummary()), old_slot[1], -1)
+        if new_slot is not None:
+            rows[new_slot[0]] = _bump(rows.get(new_slot[0], TaskGroupSummary()), new_slot[1], +1)
+        self.put_summary(replace(summary, summary=rows, modify_index=self.index))
+
+    # -- the rest ----------------------------------------------------------------------
+    def set_scheduler_config(self, config: SchedulerConfig) -> None:
+        self._scalars["scheduler_config"] = config
+        self._touch("scheduler_config")
+
+    def put_server(self, member: ServerMember) -> None:
+        self._m("servers")[member.name] = member
+        self._touch("servers")
+
+    # -- commit ------------------------------------------------------------------------
+    def _job_status(self, key: JobKey, job: Job) -> str:
+        """Nomad's getJobStatus, from counters instead of a scan of the job's allocs.
+
+        The status is always derived here from state, never taken from the submitted job:
+        a child registered with a stale "running" status (seed 002) cannot skew counts.
+        """
+        if job.type == JOB_TYPE_SYSTEM or job.is_template():
+            return JOB_STATUS_DEAD if job.stop else JOB_STATUS_RUNNING
+        if self._m("live_allocs_by_job").get(key, 0) > 0:
+            return JOB_STATUS_RUNNING
+        evals = self.evals_of_job(key)
+        if any(not ev.terminal() for ev in evals):
+            return JOB_STATUS_PENDING
+        if job.stop or evals or key in self._m("allocs_by_job"):
+            return JOB_STATUS_DEAD
+        return JOB_STATUS_PENDING
+
+    def _settle_job_status(self) -> None:
+        for key in sorted(self._status_dirty):
+            job = self.job(key)
+            if job is None:
+                continue
+            status = self._job_status(key, job)
+            if status != job.status:
+                self._m("jobs")[key] = replace(job, status=status, modify_index=self.index)
+                self._touch("jobs")
+                if job.parent_id:
+                    self._children_delta(
+                        job.namespace, job.parent_id, job.status or JOB_STATUS_PENDING, status
+                    )
+
+    def commit(self) -> Tables:
+        self._settle_job_status()
+        updates: dict[str, Any] = {name: mut.finish() for name, mut in self._maps.items()}
+        updates.update(self._scalars)
+        if self._touched_tables:
+            ti = self.base.table_index.mutate()
+            for name in self._touched_tables:
+                ti[name] = self.index
+            updates["table_index"] = ti.finish()
+        return replace(self.base, index=self.index, **updates)
