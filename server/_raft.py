@@ -199,6 +199,34 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         )
         super().__init__(self_address, peers, conf)
         self._writer.attach(self)
+        self._install_next_index_patch()
+
+    def _install_next_index_patch(self) -> None:
+        """Keep the leader's nextIndex for a follower from moving backwards on a late ack.
+
+        pysyncobj advances nextIndex optimistically as it sends, but on each successful
+        ack sets it to the acked position, which is behind what is already in flight. It
+        then re-sends entries the follower has, and the follower (defect above) truncates
+        and re-appends its log, applied entries included: wasted work, and the race that
+        can empty a log during compaction. nextIndex is only a hint in Raft (a follower that
+        lacks entries answers with reset=True, which still sets it exactly), so keeping the
+        larger value is safe.
+        """
+        transport = self._SyncObj__transport
+        original = self._SyncObj__onMessageReceived
+        next_index: dict[Any, int] = self._SyncObj__raftNextIndex
+
+        def on_message(node: Any, message: Any) -> None:
+            if message.get("type") != "next_node_idx" or message.get("reset") or not message.get("success"):
+                original(node, message)
+                return
+            before = next_index.get(node)
+            original(node, message)
+            after = next_index.get(node)
+            if before is not None and after is not None and after < before:
+                next_index[node] = before
+
+        transport.setOnMessageReceivedCallback(on_message)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, data: bytes) -> ApplyResult:

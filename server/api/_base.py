@@ -31,6 +31,7 @@ FORWARDED_KEY: Final = "x-drover-forwarded"
 DEFAULT_WAIT_S: Final = 300.0
 MAX_WAIT_S: Final = 600.0
 LEADER_READY_WAIT_S: Final = 3.0
+FORWARD_TIMEOUT_S: Final = MAX_WAIT_S + 30.0
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,8 +63,10 @@ def _forward(
         request_serializer=lambda m: m.SerializeToString(),
         response_deserializer=response_cls.FromString,
     )
+    # Without a client deadline grpc reports an enormous remaining time, which grpc then
+    # refuses as a deadline: cap it (blocking reads carry their own wait).
     remaining = context.time_remaining()
-    timeout = None if remaining is None else max(0.1, remaining - 0.05)
+    timeout = FORWARD_TIMEOUT_S if remaining is None else max(0.1, min(remaining - 0.05, FORWARD_TIMEOUT_S))
     try:
         return call(request, timeout=timeout, metadata=((FORWARDED_KEY, core.name),))
     except grpc.RpcError as exc:

@@ -1,0 +1,589 @@
+"""Job and node validation, and the canonical form a job takes before it is stored.
+
+Two steps, in this order, on every write path (API register, jobspec run, tests):
+
+1. ``canonicalize_job`` fills in what the wire format cannot say. Protobuf has no "unset"
+   for scalars, so a job decoded from the API arrives with ``priority=0``, ``namespace=""``
+   and no restart policy; those mean "use the default", and the defaults depend on the job
+   type. Canonicalizing is idempotent, so a job may pass through it more than once.
+2. ``validate_job`` reports *every* problem at once, each tagged with the field path
+   (``job.groups[0].tasks[1].resources.memory_mb``) so a CLI can point at the line and an
+   API client can highlight the field. It never fixes anything: that is step 1's job.
+
+Pure: no clock, no I/O. The checks mirror Nomad's ``Job.Validate`` where drover has the
+same concept, so a jobspec that Nomad rejects is rejected here too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zoneinfo
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Final
+
+from scheduler.structs import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_PRIORITY,
+    JOB_TYPE_BATCH,
+    JOB_TYPE_SERVICE,
+    JOB_TYPE_SYSBATCH,
+    JOB_TYPE_SYSTEM,
+    JOB_TYPES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    NODE_ELIGIBILITIES,
+    NODE_STATUSES,
+    Affinity,
+    Constraint,
+    DisconnectStrategy,
+    Job,
+    NetworkResource,
+    Node,
+    NodeResources,
+    ParameterizedConfig,
+    PeriodicConfig,
+    ReschedulePolicy,
+    Resources,
+    RestartPolicy,
+    Spread,
+    Task,
+    TaskGroup,
+    UpdateStrategy,
+)
+
+__all__ = [
+    "AFFINITY_OPERATORS",
+    "ANY_DATACENTER",
+    "CONSTRAINT_OPERATORS",
+    "MAX_JOB_ID_LENGTH",
+    "MAX_PAYLOAD_BYTES",
+    "FieldError",
+    "ValidationError",
+    "canonicalize_job",
+    "default_reschedule_policy",
+    "default_restart_policy",
+    "default_update_strategy",
+    "validate_eligibility",
+    "validate_job",
+    "validate_node",
+    "validate_node_status",
+]
+
+# A datacenter list of ("*",) places anywhere; it is what an empty list canonicalizes to.
+ANY_DATACENTER: Final = "*"
+MAX_JOB_ID_LENGTH: Final = 128
+# Dispatch payloads ride inside the raft log; Nomad caps them at 16 KiB for the same reason.
+MAX_PAYLOAD_BYTES: Final = 16 * 1024
+
+CONSTRAINT_OPERATORS: Final = frozenset(
+    {
+        "=",
+        "==",
+        "!=",
+        ">",
+        ">=",
+        "<",
+        "<=",
+        "regexp",
+        "set_contains",
+        "set_contains_any",
+        "set_contains_all",
+        "version",
+        "semver",
+        "is_set",
+        "is_not_set",
+        "distinct_hosts",
+        "distinct_property",
+    }
+)
+# Affinities score nodes one at a time; the distinct_* operators only make sense across
+# a whole placement, so they are constraints only.
+AFFINITY_OPERATORS: Final = CONSTRAINT_OPERATORS - {"distinct_hosts", "distinct_property"}
+# Operators that compare the attribute with ``value``: an empty value is almost always a
+# forgotten line, as in Nomad ("Operator %q requires an RTarget").
+_VALUE_OPERATORS: Final = frozenset(
+    {"=", "==", "!=", ">", ">=", "<", "<=", "set_contains", "set_contains_any", "set_contains_all"}
+    | {"version", "semver"}
+)
+
+_PERIODIC_JOB_TYPES: Final = (JOB_TYPE_BATCH, JOB_TYPE_SYSBATCH)
+_SYSTEM_JOB_TYPES: Final = (JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)
+_PAYLOAD_MODES: Final = ("optional", "required", "forbidden")
+_RECONCILE_MODES: Final = ("best_score", "keep_original", "keep_replacement", "longest_running")
+_DELAY_FUNCTIONS: Final = ("constant", "exponential", "fibonacci")
+_RESTART_MODES: Final = ("fail", "delay")
+_CRON_MACROS: Final = frozenset(
+    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+)
+_CRON_FIELD: Final = re.compile(r"[0-9A-Za-z*?/,#-]+")
+_BAD_ID_CHARS: Final = re.compile(r"[\s\x00]")
+_MAX_PORT: Final = 65535
+
+_SECOND: Final = 1_000_000_000
+_HOUR: Final = 3600 * _SECOND
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem, at one field. ``path`` uses the dataclass field names, e.g. ``job.groups[0].count``."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class ValidationError(ValueError):
+    """Every problem found in one object; ``str()`` joins them as ``path: message; ...``."""
+
+    errors: tuple[FieldError, ...]
+
+    def __init__(self, errors: Iterable[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+    def __reduce__(self) -> tuple[type[ValidationError], tuple[tuple[FieldError, ...]]]:
+        # ValueError pickles as cls(*args), and args holds the joined message, not the errors.
+        return (type(self), (self.errors,))
+
+
+def _raise_if_any(errors: Iterable[FieldError]) -> None:
+    found = tuple(errors)
+    if found:
+        raise ValidationError(found)
+
+
+def _q(value: str) -> str:
+    """Quote a user value for a one-line message (escapes newlines and quotes)."""
+    return json.dumps(value)
+
+
+def _one_of(allowed: Iterable[str], got: str) -> str:
+    return f"must be one of {', '.join(_q(a) for a in allowed)}; got {_q(got)}"
+
+
+# ---------------------------------------------------------------------------------------
+# Canonical form
+
+
+def default_update_strategy(job_type: str) -> UpdateStrategy | None:
+    """Only service jobs roll by default (Nomad's api ``Job.Canonicalize``)."""
+    return UpdateStrategy() if job_type == JOB_TYPE_SERVICE else None
+
+
+def default_reschedule_policy(job_type: str) -> ReschedulePolicy | None:
+    """Nomad's defaults: batch retries once a day, services forever with backoff.
+
+    System jobs get none: their allocs are tied to a node, so there is nowhere else to go.
+    """
+    if job_type in _SYSTEM_JOB_TYPES:
+        return None
+    if job_type == JOB_TYPE_BATCH:
+        return ReschedulePolicy(
+            attempts=1,
+            interval_ns=24 * _HOUR,
+            delay_ns=5 * _SECOND,
+            delay_function="constant",
+            unlimited=False,
+        )
+    return ReschedulePolicy(delay_ns=30 * _SECOND, delay_function="exponential", max_delay_ns=_HOUR)
+
+
+def default_restart_policy(job_type: str) -> RestartPolicy:
+    """Batch work restarts more patiently than services (Nomad's Batch/ServiceJobRestartPolicy)."""
+    if job_type in (JOB_TYPE_BATCH, JOB_TYPE_SYSBATCH):
+        return RestartPolicy(attempts=3, interval_ns=24 * _HOUR, delay_ns=15 * _SECOND, mode="fail")
+    return RestartPolicy(attempts=2, interval_ns=1800 * _SECOND, delay_ns=15 * _SECOND, mode="fail")
+
+
+def canonicalize_job(job: Job) -> Job:
+    """Fill the defaults the API cannot express; idempotent, and never touches ``count``.
+
+    Zero values mean "unset" because that is all protobuf can say: ``priority=0`` becomes
+    50, an empty namespace ``default``, no datacenters ``("*",)``. Group policies left out
+    take the job type's defaults, and a job-level ``update`` is inherited by groups
+    without their own.
+    """
+    periodic = job.periodic
+    if periodic is not None and not periodic.time_zone:
+        periodic = replace(periodic, time_zone="UTC")
+    return replace(
+        job,
+        name=job.name or job.id,
+        namespace=job.namespace or DEFAULT_NAMESPACE,
+        priority=job.priority or DEFAULT_PRIORITY,
+        datacenters=tuple(job.datacenters) or (ANY_DATACENTER,),
+        periodic=periodic,
+        groups=tuple(_canonicalize_group(job, group) for group in job.groups),
+    )
+
+
+def _canonicalize_group(job: Job, group: TaskGroup) -> TaskGroup:
+    update = group.update or job.update or default_update_strategy(job.type)
+    reschedule = group.reschedule
+    if reschedule is None:
+        reschedule = default_reschedule_policy(job.type)
+    return replace(
+        group,
+        update=update,
+        reschedule=reschedule,
+        restart=group.restart or default_restart_policy(job.type),
+        tasks=tuple(_canonicalize_task(task) for task in group.tasks),
+    )
+
+
+def _canonicalize_task(task: Task) -> Task:
+    return replace(
+        task,
+        resources=task.resources or Resources(),
+        config_json=task.config_json or "{}",
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Jobs
+
+
+def validate_job(job: Job) -> None:
+    """Raise ``ValidationError`` listing every problem in ``job``; return if there are none.
+
+    Validate the canonical form (``canonicalize_job`` first): zero values that mean
+    "default" on the wire are errors here.
+    """
+    _raise_if_any(_job_errors(job))
+
+
+def _job_errors(job: Job) -> Iterator[FieldError]:
+    yield from _id_errors(job.id)
+    if job.type not in JOB_TYPES:
+        yield FieldError("job.type", _one_of(JOB_TYPES, job.type))
+    if not MIN_PRIORITY <= job.priority <= MAX_PRIORITY:
+        yield FieldError(
+            "job.priority", f"must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {job.priority}"
+        )
+    if not job.datacenters:
+        yield FieldError("job.datacenters", "at least one datacenter is required")
+    for i, dc in enumerate(job.datacenters):
+        if not dc:
+            yield FieldError(f"job.datacenters[{i}]", "must not be empty")
+    yield from _meta_errors(job.meta, "job.meta")
+    yield from _placement_errors(job.constraints, job.affinities, job.spreads, "job")
+    if job.update is not None:
+        yield from _update_errors(job.update, "job.update")
+    if job.periodic is not None:
+        yield from _periodic_errors(job.periodic, job.type)
+    if job.parameterized is not None:
+        yield from _parameterized_errors(job.parameterized, job.type)
+        if job.periodic is not None:
+            yield FieldError("job.parameterized", "a job cannot be both periodic and parameterized")
+    if len(job.payload) > MAX_PAYLOAD_BYTES:
+        yield FieldError("job.payload", f"must be at most {MAX_PAYLOAD_BYTES} bytes, got {len(job.payload)}")
+    if not job.groups:
+        yield FieldError("job.groups", "at least one group is required")
+    seen: set[str] = set()
+    for i, group in enumerate(job.groups):
+        path = f"job.groups[{i}]"
+        if group.name in seen:
+            yield FieldError(f"{path}.name", f"duplicate group name {_q(group.name)}")
+        seen.add(group.name)
+        yield from _group_errors(group, job.type, path)
+
+
+def _id_errors(job_id: str) -> Iterator[FieldError]:
+    if not job_id:
+        yield FieldError("job.id", "must not be empty")
+        return
+    if len(job_id) > MAX_JOB_ID_LENGTH:
+        yield FieldError("job.id", f"must be at most {MAX_JOB_ID_LENGTH} characters, got {len(job_id)}")
+    if _BAD_ID_CHARS.search(job_id):
+        yield FieldError("job.id", "must not contain whitespace or NUL characters")
+
+
+def _group_errors(group: TaskGroup, job_type: str, path: str) -> Iterator[FieldError]:
+    if not group.name:
+        yield FieldError(f"{path}.name", "must not be empty")
+    if group.count < 0:
+        yield FieldError(f"{path}.count", f"must be >= 0, got {group.count}")
+    elif group.count > 1 and job_type == JOB_TYPE_SYSTEM:
+        # A system job runs one alloc per eligible node; the node set is the count. Sysbatch
+        # runs `count` per node (seed 000), so it may ask for more than one.
+        yield FieldError(f"{path}.count", f"count > 1 is not allowed for a {job_type} job")
+    if group.ephemeral_disk_mb < 0:
+        yield FieldError(f"{path}.ephemeral_disk_mb", f"must be >= 0, got {group.ephemeral_disk_mb}")
+    yield from _meta_errors(group.meta, f"{path}.meta")
+    yield from _placement_errors(group.constraints, group.affinities, group.spreads, path)
+    if group.network is not None:
+        yield from _network_errors(group.network, f"{path}.network")
+    if group.update is not None:
+        yield from _update_errors(group.update, f"{path}.update")
+    if group.reschedule is not None:
+        yield from _reschedule_errors(group.reschedule, f"{path}.reschedule")
+    if group.restart is not None:
+        yield from _restart_errors(group.restart, f"{path}.restart")
+    if group.disconnect is not None:
+        yield from _disconnect_errors(group.disconnect, f"{path}.disconnect")
+    if not group.tasks:
+        yield FieldError(f"{path}.tasks", "at least one task is required")
+    names: set[str] = set()
+    leaders = 0
+    for i, task in enumerate(group.tasks):
+        task_path = f"{path}.tasks[{i}]"
+        if task.name in names:
+            yield FieldError(f"{task_path}.name", f"duplicate task name {_q(task.name)}")
+        names.add(task.name)
+        leaders += task.leader
+        if task.leader and leaders > 1:
+            yield FieldError(f"{task_path}.leader", "only one task in a group may be the leader")
+        yield from _task_errors(task, task_path)
+
+
+def _task_errors(task: Task, path: str) -> Iterator[FieldError]:
+    if not task.name:
+        yield FieldError(f"{path}.name", "must not be empty")
+    if not task.driver:
+        yield FieldError(f"{path}.driver", "must not be empty")
+    yield from _config_errors(task.config_json, f"{path}.config_json")
+    if task.resources is not None:
+        yield from _resources_errors(task.resources, f"{path}.resources", require_positive=True)
+    if task.kill_timeout_ns < 0:
+        yield FieldError(f"{path}.kill_timeout_ns", f"must be >= 0, got {task.kill_timeout_ns}")
+    yield from _meta_errors(task.env, f"{path}.env")
+    yield from _meta_errors(task.meta, f"{path}.meta")
+    for i, constraint in enumerate(task.constraints):
+        yield from _constraint_errors(constraint, f"{path}.constraints[{i}]")
+
+
+def _config_errors(config_json: str, path: str) -> Iterator[FieldError]:
+    try:
+        config = json.loads(config_json)
+    except ValueError as exc:
+        yield FieldError(path, f"must be a JSON object: {exc}")
+        return
+    if not isinstance(config, dict):
+        yield FieldError(path, f"must be a JSON object, got {type(config).__name__}")
+
+
+def _resources_errors(res: Resources, path: str, *, require_positive: bool) -> Iterator[FieldError]:
+    # A task that asks for no CPU or memory would let the bin-packer stack it without limit.
+    positive = ("cpu_mhz", "memory_mb") if require_positive else ()
+    for name in ("cpu_mhz", "memory_mb", "disk_mb"):
+        value: int = getattr(res, name)
+        if name in positive and value <= 0:
+            yield FieldError(f"{path}.{name}", f"must be > 0, got {value}")
+        elif value < 0:
+            yield FieldError(f"{path}.{name}", f"must be >= 0, got {value}")
+
+
+def _meta_errors(meta: Mapping[str, str], path: str) -> Iterator[FieldError]:
+    if any(not key for key in meta):
+        yield FieldError(path, "keys must not be empty")
+
+
+def _network_errors(network: NetworkResource, path: str) -> Iterator[FieldError]:
+    if network.mbits < 0:
+        yield FieldError(f"{path}.mbits", f"must be >= 0, got {network.mbits}")
+    labels: set[str] = set()
+    ports = [("reserved_ports", p) for p in network.reserved_ports]
+    ports += [("dynamic_ports", p) for p in network.dynamic_ports]
+    indexes = {"reserved_ports": 0, "dynamic_ports": 0}
+    for kind, port in ports:
+        port_path = f"{path}.{kind}[{indexes[kind]}]"
+        indexes[kind] += 1
+        if not port.label:
+            yield FieldError(f"{port_path}.label", "must not be empty")
+        elif port.label in labels:
+            # Labels name the NOMAD_PORT_<label> env vars, so they share one namespace.
+            yield FieldError(f"{port_path}.label", f"duplicate port label {_q(port.label)}")
+        labels.add(port.label)
+        if kind == "reserved_ports" and not 1 <= port.value <= _MAX_PORT:
+            yield FieldError(f"{port_path}.value", f"must be between 1 and {_MAX_PORT}, got {port.value}")
+        if kind == "dynamic_ports" and port.value != 0:
+            yield FieldError(
+                f"{port_path}.value",
+                f"must be 0 for a dynamic port (the scheduler picks it), got {port.value}",
+            )
+        if not 0 <= port.to <= _MAX_PORT:
+            yield FieldError(f"{port_path}.to", f"must be between 0 and {_MAX_PORT}, got {port.to}")
+
+
+def _placement_errors(
+    constraints: tuple[Constraint, ...],
+    affinities: tuple[Affinity, ...],
+    spreads: tuple[Spread, ...],
+    path: str,
+) -> Iterator[FieldError]:
+    for i, constraint in enumerate(constraints):
+        yield from _constraint_errors(constraint, f"{path}.constraints[{i}]")
+    for i, affinity in enumerate(affinities):
+        yield from _affinity_errors(affinity, f"{path}.affinities[{i}]")
+    for i, spread in enumerate(spreads):
+        spread_path = f"{path}.spreads[{i}]"
+        if not spread.attribute:
+            yield FieldError(f"{spread_path}.attribute", "must not be empty")
+        if not 0 <= spread.weight <= 100:
+            yield FieldError(f"{spread_path}.weight", f"must be between 0 and 100, got {spread.weight}")
+
+
+def _constraint_errors(c: Constraint, path: str) -> Iterator[FieldError]:
+    if c.operator not in CONSTRAINT_OPERATORS:
+        yield FieldError(f"{path}.operator", _one_of(sorted(CONSTRAINT_OPERATORS), c.operator))
+        return
+    if not c.attribute and c.operator != "distinct_hosts":
+        yield FieldError(f"{path}.attribute", f"is required for operator {_q(c.operator)}")
+    yield from _operand_errors(c.operator, c.value, path)
+
+
+def _affinity_errors(a: Affinity, path: str) -> Iterator[FieldError]:
+    if a.operator not in AFFINITY_OPERATORS:
+        yield FieldError(f"{path}.operator", _one_of(sorted(AFFINITY_OPERATORS), a.operator))
+    else:
+        if not a.attribute:
+            yield FieldError(f"{path}.attribute", f"is required for operator {_q(a.operator)}")
+        yield from _operand_errors(a.operator, a.value, path)
+    if a.weight == 0 or not -100 <= a.weight <= 100:
+        yield FieldError(f"{path}.weight", f"must be between -100 and 100 and not 0, got {a.weight}")
+
+
+def _operand_errors(operator: str, value: str, path: str) -> Iterator[FieldError]:
+    if operator in _VALUE_OPERATORS and not value:
+        yield FieldError(f"{path}.value", f"is required for operator {_q(operator)}")
+    if operator == "regexp":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            yield FieldError(f"{path}.value", f"invalid regular expression: {exc}")
+
+
+def _update_errors(u: UpdateStrategy, path: str) -> Iterator[FieldError]:
+    if u.max_parallel < 0:
+        yield FieldError(f"{path}.max_parallel", f"must be >= 0, got {u.max_parallel}")
+    yield from _non_negative(u, ("stagger_ns", "min_healthy_time_ns", "healthy_deadline_ns"), path)
+
+
+def _reschedule_errors(r: ReschedulePolicy, path: str) -> Iterator[FieldError]:
+    if r.delay_function not in _DELAY_FUNCTIONS:
+        yield FieldError(f"{path}.delay_function", _one_of(_DELAY_FUNCTIONS, r.delay_function))
+    elif r.delay_function != "constant" and r.max_delay_ns < r.delay_ns:
+        # Backoff grows from delay up to max_delay; a cap below the start is a typo.
+        yield FieldError(
+            f"{path}.max_delay_ns", f"must be >= delay_ns for the {_q(r.delay_function)} delay function"
+        )
+    yield from _non_negative(r, ("attempts", "interval_ns", "delay_ns", "max_delay_ns"), path)
+
+
+def _restart_errors(r: RestartPolicy, path: str) -> Iterator[FieldError]:
+    if r.mode not in _RESTART_MODES:
+        yield FieldError(f"{path}.mode", _one_of(_RESTART_MODES, r.mode))
+    yield from _non_negative(r, ("attempts", "interval_ns", "delay_ns"), path)
+
+
+def _disconnect_errors(d: DisconnectStrategy, path: str) -> Iterator[FieldError]:
+    if d.reconcile not in _RECONCILE_MODES:
+        yield FieldError(f"{path}.reconcile", _one_of(_RECONCILE_MODES, d.reconcile))
+    yield from _non_negative(d, ("lost_after_ns", "stop_on_client_after_ns"), path)
+
+
+def _non_negative(obj: object, names: tuple[str, ...], path: str) -> Iterator[FieldError]:
+    for name in names:
+        value: int = getattr(obj, name)
+        if value < 0:
+            yield FieldError(f"{path}.{name}", f"must be >= 0, got {value}")
+
+
+def _periodic_errors(p: PeriodicConfig, job_type: str) -> Iterator[FieldError]:
+    if job_type not in _PERIODIC_JOB_TYPES:
+        yield FieldError("job.periodic", f"only batch and sysbatch jobs can be periodic, not {_q(job_type)}")
+    spec_error = _cron_error(p.spec)
+    if spec_error:
+        yield FieldError("job.periodic.spec", spec_error)
+    try:
+        zoneinfo.ZoneInfo(p.time_zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        yield FieldError("job.periodic.time_zone", f"unknown time zone {_q(p.time_zone)}")
+
+
+def _cron_error(spec: str) -> str:
+    """Shape check only: the periodic dispatcher's parser has the final word on ranges."""
+    if not spec.strip():
+        return "must not be empty"
+    fields = spec.split()
+    if fields[0].startswith("@"):
+        if len(fields) == 1 and fields[0] in _CRON_MACROS:
+            return ""
+        return f"unknown macro {_q(spec)}; use one of {', '.join(sorted(_CRON_MACROS))}"
+    if len(fields) not in (5, 6):
+        return f"must have 5 or 6 fields, got {len(fields)} in {_q(spec)}"
+    if not all(_CRON_FIELD.fullmatch(f) for f in fields):
+        return f"invalid characters in {_q(spec)}"
+    return ""
+
+
+def _parameterized_errors(p: ParameterizedConfig, job_type: str) -> Iterator[FieldError]:
+    if job_type not in _PERIODIC_JOB_TYPES:
+        yield FieldError(
+            "job.parameterized", f"only batch and sysbatch jobs can be parameterized, not {_q(job_type)}"
+        )
+    if p.payload not in _PAYLOAD_MODES:
+        yield FieldError("job.parameterized.payload", _one_of(_PAYLOAD_MODES, p.payload))
+
+
+# ---------------------------------------------------------------------------------------
+# Nodes
+
+
+def validate_node_status(status: str, path: str) -> None:
+    """Raise ``ValidationError`` at ``path`` unless ``status`` is a known node status."""
+    if status not in NODE_STATUSES:
+        raise ValidationError([FieldError(path, _one_of(NODE_STATUSES, status))])
+
+
+def validate_eligibility(value: str, path: str) -> None:
+    """Raise ``ValidationError`` at ``path`` unless ``value`` is a scheduling eligibility."""
+    if value not in NODE_ELIGIBILITIES:
+        raise ValidationError([FieldError(path, _one_of(NODE_ELIGIBILITIES, value))])
+
+
+def validate_node(node: Node) -> None:
+    """Raise ``ValidationError`` listing every problem in a node registration."""
+    _raise_if_any(_node_errors(node))
+
+
+def _node_errors(node: Node) -> Iterator[FieldError]:
+    for name in ("id", "name", "datacenter"):
+        if not getattr(node, name):
+            yield FieldError(f"node.{name}", "must not be empty")
+    if node.status not in NODE_STATUSES:
+        yield FieldError("node.status", _one_of(NODE_STATUSES, node.status))
+    if node.scheduling_eligibility not in NODE_ELIGIBILITIES:
+        yield FieldError(
+            "node.scheduling_eligibility", _one_of(NODE_ELIGIBILITIES, node.scheduling_eligibility)
+        )
+    if node.resources is not None:
+        yield from _node_resources_errors(node.resources, "node.resources")
+
+
+def _node_resources_errors(res: NodeResources, path: str) -> Iterator[FieldError]:
+    yield from _non_negative(res, ("cpu_mhz", "memory_mb", "disk_mb", "max_allocs"), path)
+    if res.reserved is not None:
+        yield from _resources_errors(res.reserved, f"{path}.reserved", require_positive=False)
+    for i, port in enumerate(res.reserved_ports):
+        if not 1 <= port <= _MAX_PORT:
+            yield FieldError(f"{path}.reserved_ports[{i}]", f"must be between 1 and {_MAX_PORT}, got {port}")
+    bad_range = False
+    for name in ("min_dynamic_port", "max_dynamic_port"):
+        value: int = getattr(res, name)
+        if not 1 <= value <= _MAX_PORT:
+            bad_range = True
+            yield FieldError(f"{path}.{name}", f"must be between 1 and {_MAX_PORT}, got {value}")
+    if not bad_range and res.min_dynamic_port > res.max_dynamic_port:
+        yield FieldError(
+            f"{path}.min_dynamic_port",
+            f"must be <= max_dynamic_port ({res.max_dynamic_port}), got {res.min_dynamic_port}",
+        )

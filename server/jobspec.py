@@ -1,0 +1,632 @@
+"""Jobspec files (Nomad-shaped HCL, or JSON) to a canonical ``Job``.
+
+Theory of operation
+-------------------
+python-hcl2 turns HCL into plain Python data. With the options in ``_HCL_OPTIONS`` a block
+comes out as a *list* of bodies (``update { ... }`` -> ``{"update": [{...}]}``), a labelled
+block nests its label (``group "api" { ... }`` -> ``{"group": [{"api": {...}}]}``), and an
+attribute is its bare value (``meta = {...}`` -> ``{"meta": {...}}``). Expressions that are
+not literals come back as their source text (``1 + 2`` -> ``"${1 + 2}"``, a bare ``three``
+-> ``"three"``), which is why ``"${node.unique.name}"`` survives for the client to
+interpolate at run time.
+
+Two things that data cannot tell us are checked on the parse tree first (``_check_tree``):
+a repeated attribute (python-hcl2 silently keeps the last one) and a missing block label
+(``group { meta = {} }`` would look like a group called "meta").
+
+The converter (``_job`` and friends) then walks the data with a ``_Body`` per block. Every
+block lists the keys it knows, so a typo is an error naming the key and the place, and
+each getter checks the value's type. JSON with a top-level ``"job"`` key goes through the
+same converter (it also accepts HCL-JSON's ``{"label": {...}}`` object for labelled
+blocks); any other JSON object is the protobuf JSON of ``drover.v1.Job``.
+
+Parsing never validates: the caller runs ``scheduler.validate.validate_job`` on the
+result, so one rule set serves the API and the CLI.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any, Final, TypeVar
+
+import hcl2
+from drover.v1 import structs_pb2
+from google.protobuf import json_format
+from hcl2.rules.base import AttributeRule, BlockRule
+from lark.exceptions import LarkError, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from scheduler.structs import (
+    JOB_TYPE_SERVICE,
+    Affinity,
+    Constraint,
+    DisconnectStrategy,
+    Job,
+    NetworkResource,
+    ParameterizedConfig,
+    PeriodicConfig,
+    Port,
+    ReschedulePolicy,
+    Resources,
+    RestartPolicy,
+    Spread,
+    Task,
+    TaskGroup,
+    UpdateStrategy,
+)
+from scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
+from server.codec import from_proto
+
+__all__ = ["JobspecError", "parse_duration", "parse_jobspec"]
+
+T = TypeVar("T")
+
+
+class JobspecError(ValueError):
+    """A jobspec that cannot be read. The message is one line and names the place."""
+
+
+_HCL_OPTIONS: Final = hcl2.SerializationOptions(
+    strip_string_quotes=True,
+    explicit_blocks=False,
+    with_comments=False,
+    # Heredocs otherwise come back with their <<EOF markers still in the text.
+    preserve_heredocs=False,
+)
+
+# Slotted dataclasses keep no class-level defaults, so defaults are read off instances.
+_GROUP_DEFAULTS: Final = TaskGroup()
+_TASK_DEFAULTS: Final = Task()
+_RESOURCES_DEFAULTS: Final = Resources()
+_CONSTRAINT_DEFAULTS: Final = Constraint()
+_AFFINITY_DEFAULTS: Final = Affinity()
+_SPREAD_DEFAULTS: Final = Spread()
+_PERIODIC_DEFAULTS: Final = PeriodicConfig()
+_PARAMETERIZED_DEFAULTS: Final = ParameterizedConfig()
+
+# Blocks that carry exactly one label; every other block in the jobspec carries none.
+_LABELLED_BLOCKS: Final = frozenset({"job", "group", "task", "port"})
+
+
+def parse_jobspec(text: str, *, filename: str = "") -> Job:
+    """Parse HCL or JSON jobspec text into a canonical (not yet validated) ``Job``.
+
+    Raises ``JobspecError``; when ``filename`` is given the message starts with it.
+    """
+    try:
+        return canonicalize_job(_parse(text))
+    except JobspecError as exc:
+        if filename:
+            raise JobspecError(f"{filename}: {exc}") from exc
+        raise
+
+
+def _parse(text: str) -> Job:
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise JobspecError(f"line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from exc
+        if isinstance(data, dict) and "job" in data:
+            return _root(data)
+        return _proto_json(text)
+    return _root(_load_hcl(text))
+
+
+def _proto_json(text: str) -> Job:
+    try:
+        msg = json_format.Parse(text, structs_pb2.Job())
+    except json_format.ParseError as exc:
+        raise JobspecError(f"invalid drover.v1.Job JSON: {_one_line(str(exc))}") from exc
+    return from_proto(msg, Job)
+
+
+# ---------------------------------------------------------------------------------------
+# HCL
+
+
+def _load_hcl(text: str) -> Mapping[str, Any]:
+    try:
+        tree = hcl2.parses(text)
+    except UnexpectedInput as exc:
+        raise JobspecError(_syntax_message(exc)) from exc
+    except LarkError as exc:
+        raise JobspecError(f"syntax error: {_one_line(str(exc))}") from exc
+    _check_tree(tree.body, "")
+    try:
+        data = hcl2.serialize(tree, serialization_options=_HCL_OPTIONS)
+    except (LarkError, RuntimeError, ValueError) as exc:  # python-hcl2 has no error tree of its own
+        raise JobspecError(f"syntax error: {_one_line(str(exc))}") from exc
+    result: Mapping[str, Any] = _unescape(data)
+    return result
+
+
+def _syntax_message(exc: UnexpectedInput) -> str:
+    where = f"line {exc.line}, column {exc.column}"
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        return f"{where}: syntax error: unexpected end of file (unclosed block or string?)"
+    if isinstance(exc, UnexpectedToken):
+        return f"{where}: syntax error near {json.dumps(str(exc.token).strip()[:20])}"
+    return f"{where}: syntax error"
+
+
+def _check_tree(body: Any, where: str, *, in_config: bool = False) -> None:
+    """Catch what the serialized data hides: repeated attributes and missing or extra labels.
+
+    Only job/group/task/port have their labels counted; a label on any other block shows
+    up later as an unknown key. Driver ``config`` is free-form, so only repeats are
+    checked inside it.
+    """
+    attributes: set[str] = set()
+    blocks: set[str] = set()
+    for child in body.children:
+        line = getattr(getattr(child, "_meta", None), "line", "?")
+        if isinstance(child, AttributeRule):
+            name = child.identifier.serialize(_HCL_OPTIONS)
+            if name in attributes or name in blocks:
+                raise JobspecError(f'{_place(where)}: duplicate key "{name}" (line {line})')
+            attributes.add(name)
+        elif isinstance(child, BlockRule):
+            labels = [str(label.serialize(_HCL_OPTIONS)) for label in child.labels]
+            kind = labels[0]
+            if kind in attributes:
+                raise JobspecError(f'{_place(where)}: duplicate key "{kind}" (line {line})')
+            blocks.add(kind)
+            if not in_config and kind in _LABELLED_BLOCKS and len(labels) != 2:
+                raise JobspecError(
+                    f'{_place(where)}: {kind} block must be written as {kind} "NAME" {{ ... }} (line {line})'
+                )
+            name = " ".join([kind, *(_quote(label) for label in labels[1:])])
+            _check_tree(child.body, f"{where} {name}".strip(), in_config=in_config or kind == "config")
+
+
+def _unescape(value: Any) -> Any:
+    """Undo HCL's template escapes, which python-hcl2 leaves in: ``$${x}`` means ``${x}``."""
+    if isinstance(value, str):
+        return value.replace("$${", "${").replace("%%{", "%{")
+    if isinstance(value, list):
+        return [_unescape(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unescape(v) for k, v in value.items()}
+    return value
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _quote(label: str) -> str:
+    return json.dumps(label, ensure_ascii=False)
+
+
+def _place(where: str) -> str:
+    return where or "top level"
+
+
+# ---------------------------------------------------------------------------------------
+# Durations
+
+_DURATION_PART: Final = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_UNITS: Final = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+
+
+def parse_duration(text: str) -> int:
+    """Go-style duration (``"1h30m"``, ``"250ms"``, ``"1.5s"``) to nanoseconds; ValueError if not one."""
+    s = text.strip()
+    sign = 1
+    if s[:1] in ("+", "-"):
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    if s == "0":
+        return 0
+    total = Fraction(0)
+    pos = 0
+    while pos < len(s):
+        match = _DURATION_PART.match(s, pos)
+        if match is None:
+            break
+        total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not s or pos != len(s):
+        raise ValueError(f"invalid duration {json.dumps(text)}")
+    return sign * int(total)
+
+
+# ---------------------------------------------------------------------------------------
+# The converter: plain data (from HCL or HCL-shaped JSON) to a Job
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a block"
+    return type(value).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """One block's attributes, with ``where`` naming it as ``job "web" group "api"``."""
+
+    where: str
+    data: Mapping[str, Any]
+
+    def check_keys(self, allowed: frozenset[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
+                raise JobspecError(f'{_place(self.where)}: unknown key "{key}"{hint}')
+
+    def get(self, key: str) -> Any:
+        """The raw value, ``None`` when absent; HCL's ``null`` also means "not set"."""
+        return self.data.get(key)
+
+    def fail(self, key: str, expected: str, got: Any) -> JobspecError:
+        return JobspecError(f"{self.where} {key}: expected {expected}, got {_describe(got)}".strip())
+
+    def scalar(self, key: str, convert: Callable[[Any], T | None], expected: str, default: T) -> T:
+        raw = self.get(key)
+        if raw is None:
+            return default
+        value = convert(raw)
+        if value is None:
+            raise self.fail(key, expected, raw)
+        return value
+
+    def get_int(self, key: str, default: int) -> int:
+        return self.scalar(key, _as_int, "a number", default)
+
+    def get_str(self, key: str, default: str = "") -> str:
+        return self.scalar(key, _as_str, "a string", default)
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        return self.scalar(key, _as_bool, "true or false", default)
+
+    def get_duration(self, key: str, default: int) -> int:
+        return self.scalar(key, _as_duration, 'a duration like "30s" or "1h30m"', default)
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        raw = self.get(key)
+        if raw is None:
+            return ()
+        if not isinstance(raw, list):
+            raise self.fail(key, "a list of strings", raw)
+        items = [_as_str(item) for item in raw]
+        for i, item in enumerate(items):
+            if item is None:
+                raise self.fail(f"{key}[{i}]", "a string", raw[i])
+        return tuple(item for item in items if item is not None)
+
+    def str_map(self, key: str) -> dict[str, str]:
+        """``meta { k = "v" }`` or ``meta = { k = "v" }``; values become strings, like Nomad's."""
+        body = self.block(key)
+        if body is None:
+            return {}
+        return {k: body.get_str(k) for k in body.data if body.get(k) is not None}
+
+    def blocks(self, key: str) -> list[_Body]:
+        raw = self.get(key)
+        if raw is None:
+            return []
+        items = raw if isinstance(raw, list) else [raw]
+        bodies = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise self.fail(key, "a block", item)
+            name = key if len(items) == 1 else f"{key}[{i}]"
+            bodies.append(_Body(f"{self.where} {name}".strip(), item))
+        return bodies
+
+    def block(self, key: str) -> _Body | None:
+        bodies = self.blocks(key)
+        if len(bodies) > 1:
+            raise JobspecError(
+                f'{_place(self.where)}: only one "{key}" block is allowed, found {len(bodies)}'
+            )
+        return bodies[0] if bodies else None
+
+    def labelled(self, key: str) -> list[tuple[str, _Body]]:
+        """``group "a" {...}`` blocks: HCL gives ``[{"a": {...}}]``, HCL-JSON ``{"a": {...}}``."""
+        raw = self.get(key)
+        if raw is None:
+            return []
+        items = raw if isinstance(raw, list) else [raw]
+        found: list[tuple[str, _Body]] = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise self.fail(key, f'a block like {key} "NAME" {{ ... }}', item)
+            for label, body in item.items():
+                if not isinstance(body, dict):
+                    raise JobspecError(
+                        f'{_place(self.where)}: {key} block must be written as {key} "NAME" {{ ... }}'
+                    )
+                found.append((label, _Body(f"{self.where} {key} {_quote(label)}".strip(), body)))
+        return found
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+        return int(value)  # HCL converts "3" to 3 where a number is wanted
+    return None
+
+
+def _as_str(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return None
+
+
+def _as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return bool(value == "true")
+    return None
+
+
+def _as_duration(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value * 1_000_000_000  # bare numbers are seconds
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _root(data: Mapping[str, Any]) -> Job:
+    root = _Body("", data)
+    root.check_keys(frozenset({"job"}))
+    jobs = root.labelled("job")
+    if len(jobs) != 1:
+        raise JobspecError(f"expected exactly one job block, found {len(jobs)}")
+    job_id, body = jobs[0]
+    return _job(job_id, body)
+
+
+_JOB_KEYS: Final = frozenset(
+    {"name", "type", "priority", "datacenters", "namespace", "meta", "constraint", "affinity", "spread"}
+    | {"update", "periodic", "parameterized", "group"}
+)
+
+
+def _job(job_id: str, body: _Body) -> Job:
+    body.check_keys(_JOB_KEYS)
+    job_type = body.get_str("type", JOB_TYPE_SERVICE)
+    update_body = body.block("update")
+    update = _update(update_body, UpdateStrategy()) if update_body else None
+    return Job(
+        id=job_id,
+        name=body.get_str("name"),
+        namespace=body.get_str("namespace"),
+        type=job_type,
+        priority=body.get_int("priority", 0),
+        datacenters=body.str_list("datacenters"),
+        constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
+        affinities=tuple(_affinity(b) for b in body.blocks("affinity")),
+        spreads=tuple(_spread(b) for b in body.blocks("spread")),
+        update=update,
+        periodic=_optional(body.block("periodic"), _periodic),
+        parameterized=_optional(body.block("parameterized"), _parameterized),
+        meta=body.str_map("meta"),
+        groups=tuple(_group(name, b, job_type, update) for name, b in body.labelled("group")),
+    )
+
+
+def _optional(body: _Body | None, convert: Callable[[_Body], T]) -> T | None:
+    return None if body is None else convert(body)
+
+
+_GROUP_KEYS: Final = frozenset(
+    {"count", "constraint", "affinity", "spread", "update", "reschedule", "restart", "disconnect"}
+    | {"ephemeral_disk", "network", "meta", "task"}
+)
+
+
+def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | None) -> TaskGroup:
+    """Policies a group sets partly are filled from the job's (update) or the type's defaults."""
+    body.check_keys(_GROUP_KEYS)
+    update = body.block("update")
+    reschedule = body.block("reschedule")
+    restart = body.block("restart")
+    disk = body.block("ephemeral_disk")
+    if disk is not None:
+        disk.check_keys(frozenset({"size"}))
+    return TaskGroup(
+        name=name,
+        count=body.get_int("count", 1),
+        tasks=tuple(_task(task_name, b) for task_name, b in body.labelled("task")),
+        constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
+        affinities=tuple(_affinity(b) for b in body.blocks("affinity")),
+        spreads=tuple(_spread(b) for b in body.blocks("spread")),
+        network=_optional(body.block("network"), _network),
+        update=_update(update, job_update or UpdateStrategy()) if update else None,
+        reschedule=(
+            _reschedule(reschedule, default_reschedule_policy(job_type) or ReschedulePolicy())
+            if reschedule
+            else None
+        ),
+        restart=_restart(restart, default_restart_policy(job_type)) if restart else None,
+        disconnect=_optional(body.block("disconnect"), _disconnect),
+        ephemeral_disk_mb=disk.get_int("size", _GROUP_DEFAULTS.ephemeral_disk_mb)
+        if disk
+        else _GROUP_DEFAULTS.ephemeral_disk_mb,
+        meta=body.str_map("meta"),
+    )
+
+
+_TASK_KEYS: Final = frozenset(
+    {"driver", "config", "env", "meta", "resources", "constraint", "kill_timeout", "leader"}
+)
+
+
+def _task(name: str, body: _Body) -> Task:
+    body.check_keys(_TASK_KEYS)
+    config = body.block("config")
+    return Task(
+        name=name,
+        driver=body.get_str("driver"),
+        # Sorted so an unchanged config is byte-identical and does not look like an update.
+        config_json=json.dumps(dict(config.data) if config else {}, sort_keys=True, separators=(",", ":")),
+        env=body.str_map("env"),
+        meta=body.str_map("meta"),
+        resources=_optional(body.block("resources"), _resources),
+        constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
+        kill_timeout_ns=body.get_duration("kill_timeout", _TASK_DEFAULTS.kill_timeout_ns),
+        leader=body.get_bool("leader", False),
+    )
+
+
+def _resources(body: _Body) -> Resources:
+    body.check_keys(frozenset({"cpu", "memory", "disk"}))
+    return Resources(
+        cpu_mhz=body.get_int("cpu", _RESOURCES_DEFAULTS.cpu_mhz),
+        memory_mb=body.get_int("memory", _RESOURCES_DEFAULTS.memory_mb),
+        disk_mb=body.get_int("disk", _RESOURCES_DEFAULTS.disk_mb),
+    )
+
+
+def _network(body: _Body) -> NetworkResource:
+    """``port "x" { static = N }`` reserves N; a port without ``static`` is picked by the scheduler."""
+    body.check_keys(frozenset({"mbits", "port"}))
+    reserved: list[Port] = []
+    dynamic: list[Port] = []
+    for label, port in body.labelled("port"):
+        port.check_keys(frozenset({"static", "to"}))
+        to = port.get_int("to", 0)
+        if port.get("static") is not None:
+            reserved.append(Port(label=label, value=port.get_int("static", 0), to=to))
+        else:
+            dynamic.append(Port(label=label, value=0, to=to))
+    return NetworkResource(
+        reserved_ports=tuple(reserved), dynamic_ports=tuple(dynamic), mbits=body.get_int("mbits", 0)
+    )
+
+
+def _constraint(body: _Body) -> Constraint:
+    body.check_keys(frozenset({"attribute", "operator", "value"}))
+    return Constraint(
+        attribute=body.get_str("attribute"),
+        operator=body.get_str("operator", _CONSTRAINT_DEFAULTS.operator),
+        value=body.get_str("value"),
+    )
+
+
+def _affinity(body: _Body) -> Affinity:
+    body.check_keys(frozenset({"attribute", "operator", "value", "weight"}))
+    return Affinity(
+        attribute=body.get_str("attribute"),
+        operator=body.get_str("operator", _AFFINITY_DEFAULTS.operator),
+        value=body.get_str("value"),
+        weight=body.get_int("weight", _AFFINITY_DEFAULTS.weight),
+    )
+
+
+def _spread(body: _Body) -> Spread:
+    body.check_keys(frozenset({"attribute", "weight"}))
+    return Spread(attribute=body.get_str("attribute"), weight=body.get_int("weight", _SPREAD_DEFAULTS.weight))
+
+
+def _update(body: _Body, base: UpdateStrategy) -> UpdateStrategy:
+    body.check_keys(
+        frozenset({"max_parallel", "stagger", "min_healthy_time", "healthy_deadline", "auto_revert"})
+    )
+    return replace(
+        base,
+        max_parallel=body.get_int("max_parallel", base.max_parallel),
+        stagger_ns=body.get_duration("stagger", base.stagger_ns),
+        min_healthy_time_ns=body.get_duration("min_healthy_time", base.min_healthy_time_ns),
+        healthy_deadline_ns=body.get_duration("healthy_deadline", base.healthy_deadline_ns),
+        auto_revert=body.get_bool("auto_revert", base.auto_revert),
+    )
+
+
+def _reschedule(body: _Body, base: ReschedulePolicy) -> ReschedulePolicy:
+    body.check_keys(frozenset({"attempts", "interval", "delay", "delay_function", "max_delay", "unlimited"}))
+    return replace(
+        base,
+        attempts=body.get_int("attempts", base.attempts),
+        interval_ns=body.get_duration("interval", base.interval_ns),
+        delay_ns=body.get_duration("delay", base.delay_ns),
+        delay_function=body.get_str("delay_function", base.delay_function),
+        max_delay_ns=body.get_duration("max_delay", base.max_delay_ns),
+        unlimited=body.get_bool("unlimited", base.unlimited),
+    )
+
+
+def _restart(body: _Body, base: RestartPolicy) -> RestartPolicy:
+    body.check_keys(frozenset({"attempts", "interval", "delay", "mode"}))
+    return replace(
+        base,
+        attempts=body.get_int("attempts", base.attempts),
+        interval_ns=body.get_duration("interval", base.interval_ns),
+        delay_ns=body.get_duration("delay", base.delay_ns),
+        mode=body.get_str("mode", base.mode),
+    )
+
+
+def _disconnect(body: _Body) -> DisconnectStrategy:
+    body.check_keys(frozenset({"lost_after", "replace", "reconcile", "stop_on_client_after"}))
+    base = DisconnectStrategy()
+    return DisconnectStrategy(
+        lost_after_ns=body.get_duration("lost_after", base.lost_after_ns),
+        replace=body.get_bool("replace", base.replace),
+        reconcile=body.get_str("reconcile", base.reconcile),
+        stop_on_client_after_ns=body.get_duration("stop_on_client_after", base.stop_on_client_after_ns),
+    )
+
+
+def _periodic(body: _Body) -> PeriodicConfig:
+    """Nomad 1.6 added ``crons`` (a list); drover runs one schedule, so it takes the first."""
+    body.check_keys(frozenset({"cron", "crons", "time_zone", "prohibit_overlap", "enabled"}))
+    if body.get("cron") is not None and body.get("crons") is not None:
+        raise JobspecError(f"{body.where}: set cron or crons, not both")
+    crons = body.str_list("crons")
+    return PeriodicConfig(
+        enabled=body.get_bool("enabled", True),
+        spec=body.get_str("cron") or (crons[0] if crons else ""),
+        time_zone=body.get_str("time_zone", _PERIODIC_DEFAULTS.time_zone),
+        prohibit_overlap=body.get_bool("prohibit_overlap", False),
+    )
+
+
+def _parameterized(body: _Body) -> ParameterizedConfig:
+    body.check_keys(frozenset({"payload", "meta_required", "meta_optional"}))
+    return ParameterizedConfig(
+        payload=body.get_str("payload", _PARAMETERIZED_DEFAULTS.payload),
+        meta_required=body.str_list("meta_required"),
+        meta_optional=body.str_list("meta_optional"),
+    )

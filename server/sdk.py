@@ -1,0 +1,393 @@
+"""A typed client for drover's gRPC API (proto/drover/v1/api.proto), used by the CLI and agents.
+
+One method per RPC; each takes plain values or protobuf messages and returns the response
+message. Errors come out as one type, :class:`DroverError`, carrying the gRPC status code
+and the server's message (``job.groups[0].count: must be >= 0``).
+
+Retries: ``UNAVAILABLE`` (no leader elected yet, server down, connection refused) is retried
+with exponential backoff and jitter until ``retry_deadline``, moving to the next address
+after each failure. Every other status is raised at once. ``DEADLINE_EXCEEDED`` is retried
+for reads only: a write that timed out may still have been applied, and registering a job
+twice would create a second evaluation.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final, TypeVar
+
+import grpc
+from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
+from google.protobuf.message import Message
+
+__all__ = ["DroverClient", "DroverError"]
+
+MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+CHANNEL_OPTIONS: Final = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+# A blocking query without wait_ns waits this long on the server (api.proto: QueryOptions).
+DEFAULT_BLOCKING_WAIT_S: Final = 300.0
+MAX_BLOCKING_WAIT_S: Final = 600.0
+BACKOFF_BASE_S: Final = 0.05
+BACKOFF_MAX_S: Final = 2.0
+
+_RETRY_WRITE: Final = frozenset({grpc.StatusCode.UNAVAILABLE})
+_RETRY_READ: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+
+
+class DroverError(Exception):
+    """A failed call: the gRPC status ``code`` and the server's ``message``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"DroverError({self.code.name}, {self.message!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Stubs:
+    address: str
+    channel: grpc.Channel
+    jobs: api_pb2_grpc.JobsStub
+    nodes: api_pb2_grpc.NodesStub
+    evals: api_pb2_grpc.EvalsStub
+    allocs: api_pb2_grpc.AllocsStub
+    operator: api_pb2_grpc.OperatorStub
+
+    @classmethod
+    def open(cls, address: str) -> _Stubs:
+        channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+        return cls(
+            address=address,
+            channel=channel,
+            jobs=api_pb2_grpc.JobsStub(channel),
+            nodes=api_pb2_grpc.NodesStub(channel),
+            evals=api_pb2_grpc.EvalsStub(channel),
+            allocs=api_pb2_grpc.AllocsStub(channel),
+            operator=api_pb2_grpc.OperatorStub(channel),
+        )
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
+    """``"a:1,b:2"`` or ``["a:1", "b:2"]`` -> ``("a:1", "b:2")``; empty parts dropped."""
+    parts = addresses.split(",") if isinstance(addresses, str) else list(addresses)
+    out = tuple(part.strip() for part in parts if part.strip())
+    if not out:
+        raise ValueError("no server address given")
+    return out
+
+
+class DroverClient:
+    """Calls drover servers at ``addresses`` ("host:port", a list or a comma-separated string).
+
+    ``timeout`` bounds one attempt (a blocking query gets its wait on top); ``retry_deadline``
+    bounds the whole call including retries. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        timeout: float = 10.0,
+        retry_deadline: float = 30.0,
+    ) -> None:
+        self.addresses = parse_addresses(addresses)
+        self.timeout = timeout
+        self.retry_deadline = retry_deadline
+        self._stubs = [_Stubs.open(addr) for addr in self.addresses]
+        self._lock = threading.Lock()
+        self._current = 0
+        self._rng = random.Random()
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for stubs in self._stubs:
+            stubs.channel.close()
+
+    def __enter__(self) -> DroverClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- Jobs ---------------------------------------------------------------------------
+
+    def register_job(
+        self, job: structs_pb2.Job, *, enforce_index: bool = False, job_modify_index: int = 0
+    ) -> api_pb2.JobRegisterResponse:
+        req = api_pb2.JobRegisterRequest(
+            job=job, enforce_index=enforce_index, job_modify_index=job_modify_index
+        )
+        return self._call(lambda s: s.jobs.Register, req, write=True)
+
+    def deregister_job(
+        self, job_id: str, *, namespace: str = "", purge: bool = False
+    ) -> api_pb2.JobDeregisterResponse:
+        req = api_pb2.JobDeregisterRequest(job_id=job_id, namespace=namespace, purge=purge)
+        return self._call(lambda s: s.jobs.Deregister, req, write=True)
+
+    def get_job(
+        self, job_id: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.JobGetResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.JobGetRequest(job_id=job_id, namespace=namespace, options=opts)
+        return self._call(lambda s: s.jobs.Get, req, options=opts)
+
+    def list_jobs(
+        self,
+        *,
+        prefix: str = "",
+        namespace: str = "",
+        stale: bool = False,
+        min_index: int = 0,
+        wait_ns: int = 0,
+    ) -> api_pb2.JobListResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.JobListRequest(namespace=namespace, prefix=prefix, options=opts)
+        return self._call(lambda s: s.jobs.List, req, options=opts)
+
+    def job_versions(
+        self, job_id: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.JobVersionsResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.JobVersionsRequest(job_id=job_id, namespace=namespace, options=opts)
+        return self._call(lambda s: s.jobs.Versions, req, options=opts)
+
+    def job_summary(
+        self, job_id: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.JobSummaryResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.JobSummaryRequest(job_id=job_id, namespace=namespace, options=opts)
+        return self._call(lambda s: s.jobs.Summary, req, options=opts)
+
+    # -- Nodes --------------------------------------------------------------------------
+
+    def register_node(self, node: structs_pb2.Node) -> api_pb2.NodeRegisterResponse:
+        req = api_pb2.NodeRegisterRequest(node=node)
+        return self._call(lambda s: s.nodes.Register, req, write=True)
+
+    def update_node_status(self, node_id: str, status: str) -> api_pb2.NodeUpdateStatusResponse:
+        req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status=status)
+        return self._call(lambda s: s.nodes.UpdateStatus, req, write=True)
+
+    def list_nodes(
+        self, *, prefix: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.NodeListResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.NodeListRequest(prefix=prefix, options=opts)
+        return self._call(lambda s: s.nodes.List, req, options=opts)
+
+    def get_node(
+        self, node_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.NodeGetResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.NodeGetRequest(node_id=node_id, options=opts)
+        return self._call(lambda s: s.nodes.Get, req, options=opts)
+
+    def update_drain(
+        self,
+        node_id: str,
+        drain_strategy: structs_pb2.DrainStrategy | None,
+        *,
+        mark_eligible: bool = False,
+    ) -> api_pb2.NodeUpdateDrainResponse:
+        """Start draining with ``drain_strategy``; ``None`` turns drain off."""
+        req = api_pb2.NodeUpdateDrainRequest(
+            node_id=node_id, drain_strategy=drain_strategy, mark_eligible=mark_eligible
+        )
+        return self._call(lambda s: s.nodes.UpdateDrain, req, write=True)
+
+    def update_eligibility(self, node_id: str, eligibility: str) -> api_pb2.NodeUpdateEligibilityResponse:
+        req = api_pb2.NodeUpdateEligibilityRequest(node_id=node_id, eligibility=eligibility)
+        return self._call(lambda s: s.nodes.UpdateEligibility, req, write=True)
+
+    def get_client_allocs(
+        self, node_id: str, secret_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.ClientAllocsResponse:
+        """Blocking query: returns once the node's allocs move past ``min_index`` (or the wait ends)."""
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=secret_id, options=opts)
+        return self._call(lambda s: s.nodes.GetClientAllocs, req, options=opts)
+
+    def watch_client_allocs(
+        self, node_id: str, secret_id: str, *, stale: bool = False, min_index: int = 0
+    ) -> Iterator[api_pb2.ClientAllocsResponse]:
+        """A message each time the node's allocs change. Not retried: on an error (raised as
+        :class:`DroverError`) the caller re-opens the watch from the last index it saw."""
+        opts = _options(stale, min_index, 0)
+        req = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=secret_id, options=opts)
+        stream = self._pick().nodes.WatchClientAllocs(req)
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise _translate(exc) from exc
+        finally:
+            stream.cancel()
+
+    def update_allocs(self, allocs: Sequence[structs_pb2.Allocation]) -> api_pb2.AllocUpdateResponse:
+        req = api_pb2.AllocUpdateRequest(allocs=allocs)
+        return self._call(lambda s: s.nodes.UpdateAllocs, req, write=True)
+
+    # -- Evals --------------------------------------------------------------------------
+
+    def list_evals(
+        self,
+        *,
+        job_id: str = "",
+        namespace: str = "",
+        status: str = "",
+        stale: bool = False,
+        min_index: int = 0,
+        wait_ns: int = 0,
+    ) -> api_pb2.EvalListResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.EvalListRequest(job_id=job_id, namespace=namespace, status=status, options=opts)
+        return self._call(lambda s: s.evals.List, req, options=opts)
+
+    def get_eval(
+        self, eval_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.EvalGetResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.EvalGetRequest(eval_id=eval_id, options=opts)
+        return self._call(lambda s: s.evals.Get, req, options=opts)
+
+    # -- Allocs -------------------------------------------------------------------------
+
+    def list_allocs(
+        self,
+        *,
+        job_id: str = "",
+        node_id: str = "",
+        namespace: str = "",
+        stale: bool = False,
+        min_index: int = 0,
+        wait_ns: int = 0,
+    ) -> api_pb2.AllocListResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.AllocListRequest(job_id=job_id, node_id=node_id, namespace=namespace, options=opts)
+        return self._call(lambda s: s.allocs.List, req, options=opts)
+
+    def get_alloc(
+        self, alloc_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.AllocGetResponse:
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.AllocGetRequest(alloc_id=alloc_id, options=opts)
+        return self._call(lambda s: s.allocs.Get, req, options=opts)
+
+    # -- Operator -----------------------------------------------------------------------
+
+    def raft_peers(self, *, stale: bool = False) -> api_pb2.RaftPeersResponse:
+        opts = _options(stale, 0, 0)
+        return self._call(lambda s: s.operator.RaftPeers, api_pb2.RaftPeersRequest(options=opts))
+
+    def snapshot_save(self, *, stale: bool = False) -> api_pb2.SnapshotSaveResponse:
+        opts = _options(stale, 0, 0)
+        return self._call(lambda s: s.operator.SnapshotSave, api_pb2.SnapshotSaveRequest(options=opts))
+
+    def snapshot_restore(self, snapshot: raft_pb2.StateSnapshot) -> api_pb2.SnapshotRestoreResponse:
+        req = api_pb2.SnapshotRestoreRequest(snapshot=snapshot)
+        return self._call(lambda s: s.operator.SnapshotRestore, req, write=True)
+
+    def state_digest(self) -> api_pb2.StateDigestResponse:
+        """The digest of whichever server answers (never forwarded): to compare servers, use
+        one single-address client per server."""
+        return self._call(lambda s: s.operator.StateDigest, api_pb2.StateDigestRequest())
+
+    # -- the retry loop -----------------------------------------------------------------
+
+    def _pick(self) -> _Stubs:
+        with self._lock:
+            if self._closed:
+                raise DroverError(grpc.StatusCode.CANCELLED, "client is closed")
+            return self._stubs[self._current]
+
+    def _rotate(self, failed: _Stubs) -> None:
+        with self._lock:
+            # Another thread may have moved on already; only advance past the failed one.
+            if self._stubs[self._current] is failed:
+                self._current = (self._current + 1) % len(self._stubs)
+
+    def _call(
+        self,
+        method: Callable[[_Stubs], grpc.UnaryUnaryMultiCallable[Req, Resp]],
+        request: Req,
+        *,
+        write: bool = False,
+        options: api_pb2.QueryOptions | None = None,
+    ) -> Resp:
+        retryable = _RETRY_WRITE if write else _RETRY_READ
+        attempt_timeout = self.timeout + _blocking_wait_s(options)
+        deadline = time.monotonic() + self.retry_deadline
+        attempt = 0
+        while True:
+            stubs = self._pick()
+            try:
+                return method(stubs)(request, timeout=attempt_timeout)
+            except grpc.RpcError as exc:
+                err = _translate(exc)
+                if err.code not in retryable:
+                    raise err from exc
+                self._rotate(stubs)
+                delay = _backoff(attempt, self._rng)
+                attempt += 1
+                if time.monotonic() + delay > deadline:
+                    raise DroverError(
+                        err.code,
+                        f"no server answered after {attempt} attempt(s) in {self.retry_deadline:g}s "
+                        f"({', '.join(self.addresses)}): {err.message}",
+                    ) from exc
+                time.sleep(delay)
+
+
+def _options(stale: bool, min_index: int, wait_ns: int) -> api_pb2.QueryOptions:
+    return api_pb2.QueryOptions(stale=stale, min_index=min_index, wait_ns=wait_ns)
+
+
+def _blocking_wait_s(options: api_pb2.QueryOptions | None) -> float:
+    """How long the server may hold this query open, so the attempt timeout covers it."""
+    if options is None or options.min_index == 0:
+        return 0.0
+    if options.wait_ns <= 0:
+        return DEFAULT_BLOCKING_WAIT_S
+    return min(options.wait_ns / 1e9, MAX_BLOCKING_WAIT_S)
+
+
+def _backoff(attempt: int, rng: random.Random) -> float:
+    """Exponential backoff with "equal jitter": half fixed, half random, so retries from many
+    clients after a leader loss spread out but never collapse to zero."""
+    ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2.0 ** min(attempt, 32))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def _translate(exc: grpc.RpcError) -> DroverError:
+    code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = exc.details() if callable(getattr(exc, "details", None)) else None
+    message = " ".join((details or code.name.lower().replace("_", " ")).split())
+    return DroverError(code, message)

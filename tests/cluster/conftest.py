@@ -1,0 +1,38 @@
+"""Fixtures for tests that run real server processes on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.cluster import LocalCluster, wait_for
+from server.sdk import DroverClient
+
+
+def wait_settled(cluster: LocalCluster, timeout: float = 60) -> None:
+    """A leader, and every server's gRPC address announced: the state stops changing."""
+    cluster.wait_for_leader(timeout=timeout)
+
+    def announced() -> bool:
+        with DroverClient(cluster.grpc_addresses, retry_deadline=5) as client:
+            peers = client.raft_peers().peers
+        return len(peers) == len(cluster.server_names) and all(p.grpc_address for p in peers)
+
+    wait_for(announced, timeout, 0.1, "every server to announce its gRPC address")
+    cluster.wait_converged(timeout=timeout)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """Three real server processes (free ports, temp data dirs), always stopped afterwards."""
+    with LocalCluster(tmp_path / "cluster", servers=3) as c:
+        wait_settled(c)
+        yield c
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.fspath):
+            item.add_marker(pytest.mark.cluster)

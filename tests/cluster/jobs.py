@@ -1,0 +1,36 @@
+"""Protobuf job builders for tests that talk to real servers over gRPC."""
+
+from __future__ import annotations
+
+from drover.v1 import structs_pb2
+
+
+def service_job(job_id: str, count: int = 2, **meta: str) -> structs_pb2.Job:
+    return structs_pb2.Job(
+        id=job_id,
+        type="service",
+        datacenters=["dc1"],
+        meta=meta,
+        groups=[
+            structs_pb2.TaskGroup(
+                name="web",
+                count=count,
+                tasks=[
+                    structs_pb2.Task(
+                        name="server",
+                        driver="mock",
+                        config_json='{"run_for": "1h"}',
+                        resources=structs_pb2.Resources(cpu_mhz=100, memory_mb=64),
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def periodic_job(job_id: str, **meta: str) -> structs_pb2.Job:
+    """A periodic batch parent: a template, so registering it creates no evaluation."""
+    job = service_job(job_id, count=1, **meta)
+    job.type = "batch"
+    job.periodic.CopyFrom(structs_pb2.PeriodicConfig(enabled=True, spec="*/5 * * * *", time_zone="UTC"))
+    return job
