@@ -502,8 +502,12 @@ class PeriodicLaunch:
 
 @dataclass(frozen=True, slots=True)
 class RejectionTrackerConfig:
+    """On by default (Nomad's is off). The threshold is below the worker's bound on plan
+    attempts without progress (10), so a node the applier keeps rejecting is taken out of
+    scheduling within the eval that hit it, and that eval ends (invariant 6)."""
+
     enabled: bool = True
-    threshold: int = 15
+    threshold: int = 5
     window_ns: int = 300_000_000_000
 
 

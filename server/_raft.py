@@ -258,6 +258,20 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             raise NoLeaderError("raft queue full, retry")
         raise RaftError(f"raft refused the write ({_FAIL_NAMES.get(error, error)})")
 
+    def propose_async(self, data: bytes, on_done: Callable[[ApplyResult | None, str], None]) -> None:
+        """Append ``data`` without waiting; ``on_done(result, error)`` runs on raft's thread."""
+        if not self._isLeader():
+            on_done(None, "not the leader")
+            return
+
+        def on_result(result: Any, error: int) -> None:
+            if error == FAIL_REASON.SUCCESS:
+                on_done(result, "")
+            else:
+                on_done(None, str(_FAIL_NAMES.get(error, error)))
+
+        self.apply_entry(data, callback=on_result)
+
     # -- status ------------------------------------------------------------------------
     def is_leader(self) -> bool:
         return bool(self._isLeader())

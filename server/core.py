@@ -24,6 +24,7 @@ from server.codec import to_proto
 from server.config import ServerConfig
 from server.endpoints import Endpoints
 from server.fsm import FSM, encode_entry
+from server.leader import LeaderServices
 from server.state_store import StateStore
 
 log = structlog.get_logger("drover.server")
@@ -106,6 +107,7 @@ class ServerCore:
             on_state_changed=self._on_leadership,
         )
         self.endpoints = Endpoints(self.raft, self.store, self.clock, self.ids)
+        self.leader = LeaderServices(self, cfg.num_workers)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._grpc: grpc.Server | None = None
@@ -119,6 +121,9 @@ class ServerCore:
         self._grpc, port = create_server(f"{self.cfg.bind}:{self.cfg.grpc_port}", self)
         self.grpc_address = f"{self.cfg.bind}:{port}"
         self._grpc.start()
+        self.leader.start()
+        if self.raft.is_leader():
+            self.leader.on_leadership_change(True)
         announcer = threading.Thread(target=self._announce_loop, name="member-announcer", daemon=True)
         announcer.start()
         self._threads.append(announcer)
@@ -132,6 +137,7 @@ class ServerCore:
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
+        self.leader.shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 1)
         self.raft.close()
@@ -189,11 +195,15 @@ class ServerCore:
 
     def _on_leadership(self, is_leader: bool) -> None:
         # Called on raft's tick thread: log and hand off, never block here.
+        raft = getattr(self, "raft", None)
         log.info(
             "server.leadership_acquired" if is_leader else "server.leadership_lost",
             server=self.name,
-            term=self.raft.term() if hasattr(self, "raft") else 0,
+            term=raft.term() if raft is not None else 0,
         )
+        leader = getattr(self, "leader", None)
+        if leader is not None:
+            leader.on_leadership_change(is_leader)
 
 
 def _ignore(_result: object, _error: int) -> None:

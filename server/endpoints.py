@@ -7,7 +7,7 @@ server/api/ only convert messages and call one function here.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
 from drover.v1 import raft_pb2, structs_pb2
@@ -31,9 +31,9 @@ from scheduler.structs import (
 from server.clock import Clock, IdSource
 from server.codec import from_proto, to_proto
 from server.errors import ConflictError, NotFoundError, ValidationError
-from server.fsm import ApplyResult, encode_entry
+from server.fsm import ApplyResult, apply_job_register, encode_entry
 from server.snapshot import from_snapshot
-from server.state_store import Snapshot, StateStore
+from server.state_store import Snapshot, StateStore, Txn
 
 ET = raft_pb2.EntryType
 
@@ -41,6 +41,14 @@ ET = raft_pb2.EntryType
 MAX_JOB_BYTES: Final = 1 << 20
 HEARTBEAT_TTL_NS: Final = 10_000_000_000
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPreview:
+    groups: dict[str, dict[str, int]]
+    queued: dict[str, int]
+    current_version: int
+    changed: bool
 
 
 class Proposer(Protocol):
@@ -103,6 +111,39 @@ class Endpoints:
             to_proto(ev, entry.eval)
             eval_id = ev.id
         return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), eval_id
+
+    def plan_job(self, job: Job) -> PlanPreview:
+        """Dry run of a registration: the scheduler's buckets on a private copy of the state."""
+        job = validate.canonicalize_job(job)
+        validate.validate_job(job)
+        snap = self._store.snapshot()
+        existing = snap.job(job.namespace, job.id)
+        now = self._clock.now_ns()
+        entry = raft_pb2.JobRegisterEntry()
+        to_proto(replace(job, submit_time_ns=now), entry.job)
+        index = snap.index + 1
+        txn = Txn(snap.tables, index)
+        apply_job_register(txn, entry, index)
+        view = Snapshot(txn.commit())
+        planned = view.job(job.namespace, job.id)
+        assert planned is not None
+        changed = existing is None or planned.version != existing.version
+        if job.is_template():
+            return PlanPreview(
+                groups={}, queued={}, current_version=existing.version if existing else 0, changed=changed
+            )
+        from scheduler.interfaces import SchedulerContext, seed_from
+        from server.worker import scheduler_for
+
+        ev = replace(self._new_eval(planned, TRIGGER_JOB_REGISTER, now), annotate_plan=True)
+        ctx = SchedulerContext(now_ns=now, new_id=self._ids.new, seed=seed_from(ev.id, view.index))
+        result = scheduler_for(job.type)(ev, view, ctx)
+        return PlanPreview(
+            groups={g: dict(b) for g, b in result.annotations.items()},
+            queued=dict(result.queued),
+            current_version=existing.version if existing else 0,
+            changed=changed,
+        )
 
     def deregister_job(self, namespace: str, job_id: str, purge: bool) -> tuple[ApplyResult, str]:
         if not job_id:

@@ -39,7 +39,7 @@ from scheduler.structs import (
 )
 from server.codec import from_proto
 from server.snapshot import from_snapshot
-from server.state_store import TABLES, StateStore, Tables, Txn
+from server.state_store import TABLES, Changes, StateStore, Tables, Txn
 
 log = structlog.get_logger("drover.fsm")
 
@@ -402,7 +402,7 @@ class FSM:
         except Exception as exc:  # a bug: keep raft alive, keep servers identical
             log.exception("fsm.apply_failed", index=index, type=raft_pb2.EntryType.Name(entry.type))
             return ApplyResult(index=index, error=f"apply failed: {exc}")
-        self.store.commit(txn.commit())
+        self.store.commit(txn.commit(), txn.changes)
         return ApplyResult(index=index, value=value)
 
     def _restore(self, payload: bytes, index: int) -> ApplyResult:
@@ -414,7 +414,9 @@ class FSM:
             return ApplyResult(index=index, error=f"restore failed: {exc}")
         # Every table moves to this index, so every blocking query wakes and re-reads.
         touched = {name: index for name in (*tables.table_index.keys(), *TABLES)}
-        self.store.commit(replace(tables, index=index, table_index=tables.table_index.update(touched)))
+        self.store.commit(
+            replace(tables, index=index, table_index=tables.table_index.update(touched)), Changes(rescan=True)
+        )
         log.warning("fsm.snapshot_restored", index=index, snapshot_index=snap.index)
         return ApplyResult(index=index)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
@@ -197,12 +198,32 @@ class Snapshot:
         return iter(self._t.servers.values())
 
 
+@dataclass(slots=True)
+class Changes:
+    """What one committed write changed, for the leader's services (not part of the state).
+
+    ``evals``: IDs of evals written. ``capacity``: something may now fit that did not before
+    (a node became ready or eligible, an alloc stopped or finished, a job was stopped), which
+    is what releases blocked evals. ``rescan``: everything changed (a snapshot restore).
+    """
+
+    evals: set[str] = field(default_factory=set)
+    capacity: bool = False
+    rescan: bool = False
+
+
+CHANGE_FEED_LENGTH: Final = 8192
+
+
 class StateStore:
     """Holds the current ``Tables``; one writer (the raft apply thread), many readers."""
 
     def __init__(self, tables: Tables | None = None) -> None:
         self._tables = tables or Tables()
         self._changed = threading.Condition(threading.Lock())
+        self._feed: deque[tuple[int, Changes]] = deque(maxlen=CHANGE_FEED_LENGTH)
+        # Changes at or below this index have fallen off the feed.
+        self._feed_floor = 0
 
     def snapshot(self) -> Snapshot:
         # A reference read is atomic in CPython: no lock needed for an O(1) snapshot.
@@ -212,10 +233,23 @@ class StateStore:
     def index(self) -> int:
         return self._tables.index
 
-    def commit(self, tables: Tables) -> None:
+    def commit(self, tables: Tables, changes: Changes | None = None) -> None:
         with self._changed:
             self._tables = tables
+            if len(self._feed) == self._feed.maxlen:
+                self._feed_floor = self._feed[0][0]
+            self._feed.append((tables.index, changes if changes is not None else Changes(rescan=True)))
             self._changed.notify_all()
+
+    def changes_since(self, index: int) -> tuple[list[Changes], int]:
+        """Changes committed after ``index`` and the newest index; a gap means "rescan"."""
+        with self._changed:
+            newest = self._tables.index
+            feed = [c for i, c in self._feed if i > index]
+            if index < self._feed_floor:
+                # Changes the reader has not seen fell off the feed: it must rescan the state.
+                feed.insert(0, Changes(rescan=True))
+        return feed, newest
 
     def wait_for(self, tables: Iterable[str], min_index: int, timeout: float) -> Snapshot:
         """Blocking query: a snapshot once any of ``tables`` moves past ``min_index``.
@@ -283,6 +317,7 @@ class Txn:
         self._scalars: dict[str, Any] = {}
         self._touched_tables: set[str] = set()
         self._status_dirty: set[JobKey] = set()
+        self.changes = Changes()
 
     # -- low level ---------------------------------------------------------------------
     def _m(self, name: str) -> Any:
@@ -343,6 +378,9 @@ class Txn:
 
     # -- nodes -------------------------------------------------------------------------
     def put_node(self, node: Node) -> None:
+        old = self.node(node.id)
+        if node.ready_for_placement() and (old is None or not old.ready_for_placement()):
+            self.changes.capacity = True
         self._m("nodes")[node.id] = node
         self._touch("nodes")
 
@@ -356,6 +394,8 @@ class Txn:
     def put_job(self, job: Job) -> None:
         key = (job.namespace, job.id)
         old = self.job(key)
+        if job.stop and (old is None or not old.stop):
+            self.changes.capacity = True
         if old is not None and old.type != job.type:
             self._index_remove("jobs_by_type", old.type, key)
         self._m("jobs")[key] = job
@@ -376,6 +416,7 @@ class Txn:
         if job is None:
             return
         del self._m("jobs")[key]
+        self.changes.capacity = True
         self._index_remove("jobs_by_type", job.type, key)
         for name in ("job_versions", "job_summaries", "periodic_launches"):
             table = self._m(name)
@@ -448,6 +489,7 @@ class Txn:
             ev = replace(ev, create_index=self.index)
         ev = replace(ev, modify_index=self.index)
         self._m("evals")[ev.id] = ev
+        self.changes.evals.add(ev.id)
         if ev.job_id:
             self._index_add("evals_by_job", key, ev.id)
             self._status_dirty.add(key)
@@ -478,6 +520,8 @@ class Txn:
     def put_alloc(self, alloc: Allocation) -> None:
         old = self.alloc(alloc.id)
         key = (alloc.namespace, alloc.job_id)
+        if old is not None and not old.terminal() and alloc.terminal():
+            self.changes.capacity = True
         self._m("allocs")[alloc.id] = alloc
         if old is None:
             self._index_add("allocs_by_job", key, alloc.id)
@@ -497,6 +541,8 @@ class Txn:
         if old is None:
             return
         del self._m("allocs")[alloc_id]
+        if not old.terminal():
+            self.changes.capacity = True
         self._index_remove("allocs_by_job", (old.namespace, old.job_id), alloc_id)
         self._index_remove("allocs_by_node", old.node_id, alloc_id)
         self._index_remove("allocs_by_eval", old.eval_id, alloc_id)

@@ -8,7 +8,7 @@ import grpc
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
 from scheduler.structs import DEFAULT_NAMESPACE, Job
-from server.api._base import query, rpc, write_meta
+from server.api._base import meta_for, query, rpc, write_meta
 from server.codec import from_proto, to_proto
 from server.errors import NotFoundError, ValidationError
 
@@ -95,6 +95,21 @@ class JobsServicer(api_pb2_grpc.JobsServicer):
         response = api_pb2.JobVersionsResponse(meta=meta)
         for job in versions:
             to_proto(job, response.versions.add())
+        return response
+
+    @rpc(S, "read")
+    def Plan(self, request: api_pb2.JobPlanRequest, context: grpc.ServicerContext) -> api_pb2.JobPlanResponse:
+        if not request.HasField("job"):
+            raise ValidationError("job: required")
+        preview = self.core.endpoints.plan_job(from_proto(request.job, Job))
+        response = api_pb2.JobPlanResponse(
+            meta=meta_for(self.core, self.core.store.index),
+            current_version=preview.current_version,
+            job_changed=preview.changed,
+            queued=preview.queued,
+        )
+        for group, buckets in preview.groups.items():
+            response.groups[group].buckets.update(buckets)
         return response
 
     @rpc(S, "read")

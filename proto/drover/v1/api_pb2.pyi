@@ -420,6 +420,148 @@ class JobSummaryResponse(_message.Message):
 Global___JobSummaryResponse: _TypeAlias = JobSummaryResponse  # noqa: Y015
 
 @_typing.final
+class JobPlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _structs_pb2.Job: ...
+    def __init__(
+        self,
+        *,
+        job: _structs_pb2.Job | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobPlanRequest: _TypeAlias = JobPlanRequest  # noqa: Y015
+
+@_typing.final
+class GroupPlan(_message.Message):
+    """Counts of the scheduler's named buckets for one task group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class BucketsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    BUCKETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def buckets(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        buckets: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupPlan: _TypeAlias = GroupPlan  # noqa: Y015
+
+@_typing.final
+class JobPlanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class GroupsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___GroupPlan: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___GroupPlan | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class QueuedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    META_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    CURRENT_VERSION_FIELD_NUMBER: _builtins.int
+    JOB_CHANGED_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    current_version: _builtins.int
+    """The job version the registration would create and the current one (0 when new)."""
+    job_changed: _builtins.bool
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def groups(self) -> _containers.MessageMap[_builtins.str, Global___GroupPlan]: ...
+    @_builtins.property
+    def queued(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        groups: _abc.Mapping[_builtins.str, Global___GroupPlan] | None = ...,
+        current_version: _builtins.int = ...,
+        job_changed: _builtins.bool = ...,
+        queued: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "groups", b"groups", "job_changed", b"job_changed", "meta", b"meta", "queued", b"queued", "warnings", b"warnings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobPlanResponse: _TypeAlias = JobPlanResponse  # noqa: Y015
+
+@_typing.final
 class NodeRegisterRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

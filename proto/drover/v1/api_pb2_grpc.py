@@ -64,6 +64,11 @@ class JobsStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.JobSummaryRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.JobSummaryResponse.FromString,
                 _registered_method=True)
+        self.Plan = channel.unary_unary(
+                '/drover.v1.Jobs/Plan',
+                request_serializer=drover_dot_v1_dot_api__pb2.JobPlanRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.JobPlanResponse.FromString,
+                _registered_method=True)
 
 
 class JobsServicer:
@@ -105,6 +110,13 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Plan(self, request, context):
+        """Dry run: what the scheduler would do if this job were registered now. Writes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +149,11 @@ def add_JobsServicer_to_server(servicer, server):
                     servicer.Summary,
                     request_deserializer=drover_dot_v1_dot_api__pb2.JobSummaryRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.JobSummaryResponse.SerializeToString,
+            ),
+            'Plan': grpc.unary_unary_rpc_method_handler(
+                    servicer.Plan,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.JobPlanRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.JobPlanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +318,33 @@ class Jobs:
             '/drover.v1.Jobs/Summary',
             drover_dot_v1_dot_api__pb2.JobSummaryRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.JobSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Plan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Jobs/Plan',
+            drover_dot_v1_dot_api__pb2.JobPlanRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.JobPlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

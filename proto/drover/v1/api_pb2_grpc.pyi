@@ -41,6 +41,8 @@ class JobsStub:
     List: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobListRequest, _api_pb2.JobListResponse]
     Versions: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobVersionsRequest, _api_pb2.JobVersionsResponse]
     Summary: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobSummaryRequest, _api_pb2.JobSummaryResponse]
+    Plan: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobPlanRequest, _api_pb2.JobPlanResponse]
+    """Dry run: what the scheduler would do if this job were registered now. Writes nothing."""
 
 @_typing.type_check_only
 class JobsAsyncStub(JobsStub):
@@ -51,6 +53,8 @@ class JobsAsyncStub(JobsStub):
     List: _aio.UnaryUnaryMultiCallable[_api_pb2.JobListRequest, _api_pb2.JobListResponse]  # type: ignore[assignment]
     Versions: _aio.UnaryUnaryMultiCallable[_api_pb2.JobVersionsRequest, _api_pb2.JobVersionsResponse]  # type: ignore[assignment]
     Summary: _aio.UnaryUnaryMultiCallable[_api_pb2.JobSummaryRequest, _api_pb2.JobSummaryResponse]  # type: ignore[assignment]
+    Plan: _aio.UnaryUnaryMultiCallable[_api_pb2.JobPlanRequest, _api_pb2.JobPlanResponse]  # type: ignore[assignment]
+    """Dry run: what the scheduler would do if this job were registered now. Writes nothing."""
 
 class JobsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -94,6 +98,14 @@ class JobsServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.JobSummaryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.JobSummaryResponse, _abc.Awaitable[_api_pb2.JobSummaryResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Plan(
+        self,
+        request: _api_pb2.JobPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.JobPlanResponse, _abc.Awaitable[_api_pb2.JobPlanResponse]]:
+        """Dry run: what the scheduler would do if this job were registered now. Writes nothing."""
 
 def add_JobsServicer_to_server(servicer: JobsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

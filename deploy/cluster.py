@@ -1,0 +1,994 @@
+"""A local multi-process drover cluster: real server (and client) agents on loopback.
+
+Two ways in:
+
+* from tests::
+
+      with LocalCluster(tmp_path, servers=3) as cluster:   # __enter__ starts it
+          cluster.wait_for_leader(30)
+          cluster.kill(cluster.leader_index())
+          cluster.wait_for_leader(30)
+          cluster.restart(0)
+          cluster.wait_converged(60)
+                                                            # __exit__ stops everything
+
+* from the command line (``make cluster`` / ``make cluster-stop``)::
+
+      python deploy/cluster.py start [--servers 3] [--clients 0] [--dir .cluster]
+      python deploy/cluster.py status [--dir .cluster]
+      python deploy/cluster.py stop [--dir .cluster]
+
+  ``start`` leaves the agents running in the background, records them in
+  ``<dir>/cluster.json`` and returns once a leader is elected; ``stop`` ends exactly the
+  processes recorded there.
+
+Every agent is a real ``python -m server.cli agent ...`` process in its own session (so a
+Ctrl-C in the launching terminal does not reach it, and a test can SIGKILL one alone), with
+stdout and stderr appended to ``<dir>/<name>.log``. Server ``i`` (0-based) is named
+``s{i+1}`` and keeps its gRPC port, raft port and data dir across restarts. Readiness is
+polled over gRPC with ``Operator.StateDigest``, which every server answers for itself
+(never forwarded): nothing here sleeps and hopes.
+
+Ports come from binding port 0 on loopback, all held open together so they are distinct.
+Another process can still take one between the pick and the agent's bind; the agent then
+exits on its own and the next wait fails fast with its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from drover.v1 import api_pb2, api_pb2_grpc
+
+__all__ = [
+    "ClusterError",
+    "ClusterRecord",
+    "LocalCluster",
+    "ProcessRecord",
+    "ServerSpec",
+    "client_argv",
+    "main",
+    "make_server_specs",
+    "peer_addresses",
+    "pick_free_ports",
+    "process_cmdline",
+    "query_state_digest",
+    "server_argv",
+    "stop_recorded",
+    "wait_for",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+AGENT_MODULE = "server.cli"
+STATE_FILE = "cluster.json"
+# How long an agent gets to exit after SIGTERM before it is SIGKILLed.
+STOP_TIMEOUT = 10.0
+# Per-RPC deadline when polling: a paused or wedged server must not stall a wait.
+RPC_TIMEOUT = 1.0
+POLL_INTERVAL = 0.1
+
+# Servers are killed and restarted on the same port all the time here; grpc's default
+# reconnect backoff (up to 120 s) would leave a cached channel failing fast long after the
+# server is back.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not get where it was asked to; the message carries the logs' tail."""
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    interval: float = POLL_INTERVAL,
+    message: str | Callable[[], str] = "condition",
+) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that.
+
+    Raises TimeoutError naming ``message`` (a callable is evaluated only then, so it can
+    describe the last state seen) once ``timeout`` seconds have passed. Exceptions from the
+    predicate propagate at once: that is how a wait fails fast.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            text = message() if callable(message) else message
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {text}")
+        time.sleep(min(interval, remaining))
+
+
+def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports that were free on ``host`` a moment ago."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    name: str
+    grpc_port: int
+    raft_port: int
+    host: str = LOOPBACK
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.host}:{self.raft_port}"
+
+
+def make_server_specs(count: int, host: str = LOOPBACK) -> tuple[ServerSpec, ...]:
+    ports = pick_free_ports(2 * count, host)
+    return tuple(ServerSpec(f"s{i + 1}", ports[2 * i], ports[2 * i + 1], host) for i in range(count))
+
+
+def peer_addresses(specs: Sequence[ServerSpec], index: int) -> list[str]:
+    """The raft addresses of every server but ``specs[index]``: its ``-peers``."""
+    return [spec.raft_address for i, spec in enumerate(specs) if i != index]
+
+
+def server_argv(
+    spec: ServerSpec,
+    data_dir: Path,
+    peers: Sequence[str],
+    extra_args: Sequence[str] = (),
+    module: str = AGENT_MODULE,
+) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        module,
+        "agent",
+        "-server",
+        "-node-name",
+        spec.name,
+        "-data-dir",
+        str(data_dir),
+        "-bind",
+        spec.host,
+        "-grpc-port",
+        str(spec.grpc_port),
+        "-raft-port",
+        str(spec.raft_port),
+    ]
+    if peers:
+        argv += ["-peers", ",".join(peers)]
+    return [*argv, *extra_args]
+
+
+def client_argv(
+    name: str,
+    data_dir: Path,
+    servers: Sequence[str],
+    extra_args: Sequence[str] = (),
+    module: str = AGENT_MODULE,
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "agent",
+        "-client",
+        "-node-name",
+        name,
+        "-data-dir",
+        str(data_dir),
+        "-servers",
+        ",".join(servers),
+        *extra_args,
+    ]
+
+
+def query_state_digest(address: str, timeout: float = RPC_TIMEOUT) -> api_pb2.StateDigestResponse | None:
+    """One server's own StateDigest answer, or None if it does not answer in time."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return api_pb2_grpc.OperatorStub(channel).StateDigest(
+                api_pb2.StateDigestRequest(), timeout=timeout
+            )
+        except grpc.RpcError:
+            return None
+
+
+# --- cluster.json -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    """One launched agent, as ``stop`` needs to find it again (and nothing else)."""
+
+    name: str
+    pid: int
+    # The exact argv it was started with: ``stop`` signals the pid only while
+    # /proc/<pid>/cmdline still equals it (``-m server.cli`` and this agent's own data dir).
+    argv: tuple[str, ...]
+    data_dir: str
+    log: str
+    grpc_address: str = ""
+    raft_address: str = ""
+    grpc_port: int = 0
+    raft_port: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "argv": list(self.argv),
+            "data_dir": self.data_dir,
+            "log": self.log,
+            "grpc_address": self.grpc_address,
+            "raft_address": self.raft_address,
+            "grpc_port": self.grpc_port,
+            "raft_port": self.raft_port,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProcessRecord:
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),
+            argv=tuple(str(a) for a in data["argv"]),
+            data_dir=str(data["data_dir"]),
+            log=str(data["log"]),
+            grpc_address=str(data.get("grpc_address", "")),
+            raft_address=str(data.get("raft_address", "")),
+            grpc_port=int(data.get("grpc_port", 0)),
+            raft_port=int(data.get("raft_port", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    base_dir: str
+    servers: tuple[ProcessRecord, ...]
+    clients: tuple[ProcessRecord, ...] = ()
+
+    VERSION = 1
+
+    @property
+    def grpc_addresses(self) -> list[str]:
+        return [s.grpc_address for s in self.servers]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": self.VERSION,
+                "base_dir": self.base_dir,
+                "servers": [s.to_dict() for s in self.servers],
+                "clients": [c.to_dict() for c in self.clients],
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterRecord:
+        data = json.loads(text)
+        if data.get("version") != cls.VERSION:
+            raise ValueError(f"unsupported cluster.json version {data.get('version')!r}")
+        return cls(
+            base_dir=str(data["base_dir"]),
+            servers=tuple(ProcessRecord.from_dict(s) for s in data["servers"]),
+            clients=tuple(ProcessRecord.from_dict(c) for c in data.get("clients", [])),
+        )
+
+    def save(self, path: Path) -> None:
+        """Write atomically: a reader never sees half a file."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterRecord:
+        return cls.from_json(path.read_text())
+
+
+def process_cmdline(pid: int) -> list[str] | None:
+    """The argv of live process ``pid``, or None if there is none (zombies count as none)."""
+    if Path("/proc/self").exists():
+        proc = Path("/proc") / str(pid)
+        try:
+            raw = (proc / "cmdline").read_bytes()
+            stat = (proc / "stat").read_text()
+        except OSError:
+            return None
+        # The state letter follows the parenthesised command name, which may contain spaces.
+        fields = stat.rpartition(")")[2].split()
+        if not raw or not fields or fields[0] in ("Z", "X"):
+            return None
+        return [arg.decode(errors="replace") for arg in raw.rstrip(b"\0").split(b"\0")]
+    import psutil  # no /proc (macOS): same question, asked portably
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process.cmdline()
+    except psutil.Error:
+        return None
+
+
+def _is_recorded_agent(record: ProcessRecord) -> bool:
+    return process_cmdline(record.pid) == list(record.argv)
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _main_thread_state(pid: int) -> str | None:
+    """The state letter of ``pid``'s main thread (R, S, T, ...), or None if unknown or gone."""
+    try:
+        stat = (Path("/proc") / str(pid) / "task" / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[0] if fields else None
+
+
+def _libc_tgkill() -> Callable[[int, int, int], int] | None:
+    try:
+        tgkill: Callable[[int, int, int], int] = ctypes.CDLL(None, use_errno=True).tgkill
+    except (AttributeError, OSError):  # not Linux, or glibc < 2.30
+        return None
+    return tgkill
+
+
+_TGKILL = _libc_tgkill()
+
+
+def _terminate(pid: int) -> None:
+    """SIGTERM ``pid`` aimed at its main thread, then SIGCONT in case it was paused.
+
+    A process-wide signal goes to any thread that has none pending. Python runs handlers
+    only in the main thread, so if the kernel picks a grpc thread (likely just after a
+    SIGSTOP/SIGCONT, when the main thread still has one pending) while the main thread
+    sleeps in an untimed wait, the agent never notices. tgkill(pid, pid) queues the signal
+    on the main thread itself, which wakes it; a stopped process gets it once continued.
+    """
+    if _TGKILL is not None and _TGKILL(pid, pid, signal.SIGTERM) == 0:
+        _send(pid, signal.SIGCONT)
+        return
+    _send(pid, signal.SIGCONT)
+    _send(pid, signal.SIGTERM)
+
+
+def stop_recorded(state_path: Path, timeout: float = STOP_TIMEOUT) -> dict[str, str]:
+    """Stop the agents listed in ``state_path`` and remove it.
+
+    Returns each agent's outcome: "stopped" (exited after SIGTERM), "killed" (SIGKILLed after
+    ``timeout``), "gone" (no such process), or "foreign" (the pid now runs something else:
+    left alone). A pid is signalled only while its cmdline still equals the recorded argv,
+    checked again right before the SIGKILL, so a reused pid is never hit.
+    """
+    record = ClusterRecord.load(state_path)
+    members = [*record.clients, *record.servers]
+    outcome: dict[str, str] = {}
+    signalled: list[ProcessRecord] = []
+    for member in members:
+        if _is_recorded_agent(member):
+            _terminate(member.pid)
+            signalled.append(member)
+        else:
+            outcome[member.name] = "foreign" if process_cmdline(member.pid) is not None else "gone"
+
+    def all_exited() -> bool:
+        return not any(_is_recorded_agent(m) for m in signalled)
+
+    try:
+        wait_for(all_exited, timeout, message="agents to exit after SIGTERM")
+    except TimeoutError:
+        pass
+    for member in signalled:
+        if _is_recorded_agent(member):
+            _send(member.pid, signal.SIGKILL)
+            outcome[member.name] = "killed"
+        else:
+            outcome[member.name] = "stopped"
+    try:
+        wait_for(all_exited, 5.0, message="agents to exit after SIGKILL")
+    except TimeoutError:
+        pass
+    state_path.unlink(missing_ok=True)
+    return outcome
+
+
+# --- the launcher -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Member:
+    name: str
+    argv: list[str]
+    data_dir: Path
+    log_path: Path
+    spec: ServerSpec | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    # Set when we signal it: a member that exits without having been signalled crashed,
+    # and waits fail at once with its log instead of running out their timeout.
+    signalled: bool = False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass(slots=True)
+class _Channels:
+    """One cached channel per server index, dropped when that server restarts."""
+
+    by_index: dict[int, grpc.Channel] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, index: int, address: str) -> grpc.Channel:
+        with self.lock:
+            channel = self.by_index.get(index)
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                self.by_index[index] = channel
+            return channel
+
+    def drop(self, index: int) -> None:
+        with self.lock:
+            channel = self.by_index.pop(index, None)
+        if channel is not None:
+            channel.close()
+
+    def close_all(self) -> None:
+        with self.lock:
+            channels = list(self.by_index.values())
+            self.by_index.clear()
+        for channel in channels:
+            channel.close()
+
+
+class LocalCluster:
+    """``servers`` server agents (and ``clients`` client agents) as real local processes.
+
+    ``extra_args`` are appended to every server's command line, ``client_extra_args`` to
+    every client's; ``env`` is merged over this process's environment. Methods taking ``i``
+    address servers by 0-based index; the ``*_client`` ones address clients. Usable from
+    several threads (a live checker polling while the test kills servers), but start, kill,
+    restart and stop belong to one thread.
+    """
+
+    def __init__(
+        self,
+        base_dir: Path,
+        servers: int = 3,
+        clients: int = 0,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        *,
+        client_extra_args: Sequence[str] = (),
+        agent_module: str = AGENT_MODULE,
+    ) -> None:
+        if servers < 1 or clients < 0:
+            raise ValueError(f"need servers >= 1 and clients >= 0, got {servers} and {clients}")
+        self.base_dir = Path(base_dir).resolve()
+        self._n_servers = servers
+        self._n_clients = clients
+        self._extra_args = tuple(extra_args)
+        self._client_extra_args = tuple(client_extra_args)
+        self._agent_module = agent_module
+        # Unbuffered, so a crash's last words are in the log when we read its tail.
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._servers: list[_Member] = []
+        self._clients: list[_Member] = []
+        self._channels = _Channels()
+        self._started = False
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch every agent; does not wait for them (see wait_for_leader)."""
+        if self._started:
+            raise ClusterError("cluster already started")
+        self._started = True
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        specs = make_server_specs(self._n_servers)
+        grpc_addresses = [spec.grpc_address for spec in specs]
+        for i, spec in enumerate(specs):
+            data_dir = self.base_dir / spec.name
+            argv = server_argv(spec, data_dir, peer_addresses(specs, i), self._extra_args, self._agent_module)
+            self._servers.append(_Member(spec.name, argv, data_dir, self.base_dir / f"{spec.name}.log", spec))
+        for j in range(self._n_clients):
+            name = f"c{j + 1}"
+            data_dir = self.base_dir / name
+            argv = client_argv(name, data_dir, grpc_addresses, self._client_extra_args, self._agent_module)
+            self._clients.append(_Member(name, argv, data_dir, self.base_dir / f"{name}.log"))
+        try:
+            for member in self._members():
+                self._spawn(member)
+        except BaseException:
+            self.stop_all()
+            raise
+
+    def __enter__(self) -> LocalCluster:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop_all()
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to server ``i`` (SIGSTOP/SIGCONT pause and resume it).
+
+        After SIGKILL this returns once the process is reaped, so ``is_alive`` is False.
+        """
+        self._kill(self._server(i), sig)
+
+    def pause(self, i: int) -> None:
+        """SIGSTOP server ``i``; returns once it is stopped. ``stop`` still ends it cleanly."""
+        self.kill(i, signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        self.kill(i, signal.SIGCONT)
+
+    def stop(self, i: int, timeout: float = STOP_TIMEOUT) -> int | None:
+        """SIGTERM server ``i``, SIGKILL it after ``timeout``; its exit status."""
+        member = self._server(i)
+        self._stop_members([member], timeout)
+        return member.proc.returncode if member.proc else None
+
+    def restart(self, i: int) -> None:
+        """Start server ``i`` again: same name, ports and data dir. It must be down."""
+        member = self._server(i)
+        if member.alive():
+            raise ClusterError(f"{member.name} is still running; kill or stop it first")
+        self._channels.drop(i)
+        self._spawn(member)
+
+    def stop_all(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop every agent (all at once, one shared deadline). Safe to call again."""
+        try:
+            self._stop_members(self._members(), timeout)
+        finally:
+            self._channels.close_all()
+
+    def is_alive(self, i: int) -> bool:
+        """True while the process exists, paused or not."""
+        return self._server(i).alive()
+
+    def kill_client(self, j: int, sig: int = signal.SIGKILL) -> None:
+        self._kill(self._client(j), sig)
+
+    def stop_client(self, j: int, timeout: float = STOP_TIMEOUT) -> int | None:
+        member = self._client(j)
+        self._stop_members([member], timeout)
+        return member.proc.returncode if member.proc else None
+
+    def restart_client(self, j: int) -> None:
+        member = self._client(j)
+        if member.alive():
+            raise ClusterError(f"{member.name} is still running; kill or stop it first")
+        self._spawn(member)
+
+    def client_alive(self, j: int) -> bool:
+        return self._client(j).alive()
+
+    # --- what there is ----------------------------------------------------------------
+
+    @property
+    def server_names(self) -> list[str]:
+        return [m.name for m in self._servers]
+
+    @property
+    def client_names(self) -> list[str]:
+        return [m.name for m in self._clients]
+
+    @property
+    def grpc_addresses(self) -> list[str]:
+        return [self._spec(i).grpc_address for i in range(len(self._servers))]
+
+    @property
+    def raft_addresses(self) -> list[str]:
+        return [self._spec(i).raft_address for i in range(len(self._servers))]
+
+    def pid(self, i: int) -> int | None:
+        proc = self._server(i).proc
+        return proc.pid if proc is not None else None
+
+    def log(self, i: int) -> str:
+        return _read_log(self._server(i).log_path)
+
+    def client_log(self, j: int) -> str:
+        return _read_log(self._client(j).log_path)
+
+    def logs_tail(self, lines: int = 25) -> str:
+        """The last ``lines`` of every agent's log, for failure messages."""
+        parts = []
+        for member in self._members():
+            tail = _read_log(member.log_path).splitlines()[-lines:]
+            state = "running" if member.alive() else f"exited {_returncode(member)}"
+            parts.append(f"--- {member.log_path} ({state}) ---\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+    def record(self) -> ClusterRecord:
+        def rec(member: _Member) -> ProcessRecord:
+            spec = member.spec
+            return ProcessRecord(
+                name=member.name,
+                pid=member.proc.pid if member.proc else 0,
+                argv=tuple(member.argv),
+                data_dir=str(member.data_dir),
+                log=str(member.log_path),
+                grpc_address=spec.grpc_address if spec else "",
+                raft_address=spec.raft_address if spec else "",
+                grpc_port=spec.grpc_port if spec else 0,
+                raft_port=spec.raft_port if spec else 0,
+            )
+
+        return ClusterRecord(
+            base_dir=str(self.base_dir),
+            servers=tuple(rec(m) for m in self._servers),
+            clients=tuple(rec(m) for m in self._clients),
+        )
+
+    # --- asking the servers -----------------------------------------------------------
+
+    def query_digest(self, i: int, timeout: float = RPC_TIMEOUT) -> api_pb2.StateDigestResponse | None:
+        """Server ``i``'s own StateDigest answer, or None if it is down or does not answer."""
+        if not self.is_alive(i):
+            return None
+        channel = self._channels.get(i, self._spec(i).grpc_address)
+        try:
+            return api_pb2_grpc.OperatorStub(channel).StateDigest(
+                api_pb2.StateDigestRequest(), timeout=timeout
+            )
+        except grpc.RpcError:
+            return None
+
+    def digests(self) -> dict[str, tuple[str, int]]:
+        """(digest, applied_index) of every live server that answers."""
+        return {
+            self._servers[i].name: (answer.digest, answer.applied_index)
+            for i, answer in self._poll_live().items()
+            if answer is not None
+        }
+
+    def wait_for_leader(self, timeout: float = 30.0) -> str:
+        """Name of the leader, once every live server answers and exactly one leads."""
+        last: dict[int, api_pb2.StateDigestResponse | None] = {}
+
+        def check() -> str | None:
+            self._raise_if_crashed()
+            answers = self._poll_live()
+            last.clear()
+            last.update(answers)
+            if not answers or any(a is None for a in answers.values()):
+                return None
+            leaders = [i for i, a in answers.items() if a is not None and a.leader]
+            return self._servers[leaders[0]].name if len(leaders) == 1 else None
+
+        return self._wait(check, timeout, "exactly one leader", last)
+
+    def leader_index(self, timeout: float = 30.0) -> int:
+        return self.server_names.index(self.wait_for_leader(timeout))
+
+    def wait_converged(self, timeout: float = 30.0) -> tuple[str, int]:
+        """Wait until every live server reports the same digest and applied index; those."""
+        last: dict[int, api_pb2.StateDigestResponse | None] = {}
+
+        def check() -> tuple[str, int] | None:
+            self._raise_if_crashed()
+            answers = self._poll_live()
+            last.clear()
+            last.update(answers)
+            seen = {(a.digest, a.applied_index) if a is not None else None for a in answers.values()}
+            if len(seen) != 1 or None in seen:
+                return None
+            (only,) = seen
+            return only
+
+        return self._wait(check, timeout, "all live servers to report one digest and applied index", last)
+
+    # --- internals --------------------------------------------------------------------
+
+    def _members(self) -> list[_Member]:
+        return [*self._clients, *self._servers]
+
+    def _server(self, i: int) -> _Member:
+        if not self._started:
+            raise ClusterError("cluster not started")
+        return self._servers[i]
+
+    def _client(self, j: int) -> _Member:
+        if not self._started:
+            raise ClusterError("cluster not started")
+        return self._clients[j]
+
+    def _spec(self, i: int) -> ServerSpec:
+        spec = self._server(i).spec
+        assert spec is not None
+        return spec
+
+    def _spawn(self, member: _Member) -> None:
+        member.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(member.log_path, "ab") as log:
+            _note_to(log, f"starting {shlex.join(member.argv)}")
+            member.proc = subprocess.Popen(
+                member.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+                env=self._env,
+                start_new_session=True,
+            )
+        member.signalled = False
+
+    def _kill(self, member: _Member, sig: int) -> None:
+        if not member.alive():
+            return
+        assert member.proc is not None
+        _note(member, f"sending {signal.Signals(sig).name}")
+        member.signalled = True
+        proc = member.proc
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=STOP_TIMEOUT)
+        elif sig == signal.SIGSTOP and _main_thread_state(proc.pid) is not None:
+            # SIGSTOP takes effect asynchronously; a test that pauses the leader expects it
+            # paused when this returns.
+            wait_for(
+                lambda: proc.poll() is not None or _main_thread_state(proc.pid) in ("T", "t", None),
+                timeout=STOP_TIMEOUT,
+                interval=0.005,
+                message=f"{member.name} to stop",
+            )
+
+    def _stop_members(self, members: Sequence[_Member], timeout: float) -> None:
+        """SIGTERM them all, wait with one shared deadline, SIGKILL whoever is left.
+
+        Whatever happens on the way (even a KeyboardInterrupt), none is left running.
+        """
+        live = [m for m in members if m.alive()]
+        try:
+            for member in live:
+                assert member.proc is not None
+                _note(member, "stopping (SIGTERM)")
+                member.signalled = True
+                # Our own child: until we reap it its pid cannot be reused.
+                if member.proc.poll() is None:
+                    _terminate(member.proc.pid)
+            deadline = time.monotonic() + timeout
+            for member in live:
+                assert member.proc is not None
+                try:
+                    member.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _note(member, f"still running {timeout:g}s after SIGTERM: SIGKILL")
+        finally:
+            for member in live:
+                assert member.proc is not None
+                if member.proc.poll() is None:
+                    member.signalled = True
+                    member.proc.kill()
+                    member.proc.wait()
+
+    def _poll_live(self) -> dict[int, api_pb2.StateDigestResponse | None]:
+        return {i: self.query_digest(i) for i in range(len(self._servers)) if self.is_alive(i)}
+
+    def _raise_if_crashed(self) -> None:
+        for member in self._members():
+            if member.proc is not None and not member.signalled and member.proc.poll() is not None:
+                tail = "\n".join(_read_log(member.log_path).splitlines()[-40:])
+                raise ClusterError(
+                    f"{member.name} exited on its own with status {member.proc.returncode}; "
+                    f"{member.log_path} ends:\n{tail}"
+                )
+
+    def _wait(
+        self,
+        check: Callable[[], T | None],
+        timeout: float,
+        what: str,
+        last: Mapping[int, api_pb2.StateDigestResponse | None],
+    ) -> T:
+        try:
+            result = wait_for(check, timeout, message=what)
+        except TimeoutError as exc:
+            raise ClusterError(f"{exc}\nlast answers:\n{self._describe(last)}\n{self.logs_tail()}") from exc
+        assert result is not None
+        return result
+
+    def _describe(self, answers: Mapping[int, api_pb2.StateDigestResponse | None]) -> str:
+        lines = []
+        for i, member in enumerate(self._servers):
+            answer = answers.get(i)
+            if i not in answers:
+                lines.append(f"  {member.name}: down")
+            elif answer is None:
+                lines.append(f"  {member.name}: no answer")
+            else:
+                lines.append(f"  {member.name}: {_describe_answer(answer)}")
+        return "\n".join(lines)
+
+
+def _describe_answer(answer: api_pb2.StateDigestResponse) -> str:
+    role = "leader" if answer.leader else "follower"
+    return (
+        f"{role} term={answer.term} applied={answer.applied_index} "
+        f"commit={answer.commit_index} digest={answer.digest[:16]}"
+    )
+
+
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _returncode(member: _Member) -> str:
+    return str(member.proc.returncode) if member.proc is not None else "never started"
+
+
+def _note_to(log: Any, text: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    log.write(f"--- {stamp} launcher: {text}\n".encode())
+    log.flush()
+
+
+def _note(member: _Member, text: str) -> None:
+    """Mark launcher actions in the agent's log, so a chaos run's log reads as a story."""
+    try:
+        with open(member.log_path, "ab") as log:
+            _note_to(log, text)
+    except OSError:
+        pass
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def _records(record: ClusterRecord) -> Iterator[ProcessRecord]:
+    yield from record.servers
+    yield from record.clients
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    base = Path(args.dir).resolve()
+    state_path = base / STATE_FILE
+    if state_path.exists():
+        running = [p.name for p in _records(ClusterRecord.load(state_path)) if _is_recorded_agent(p)]
+        if running:
+            print(
+                f"a cluster is already running from {state_path} ({', '.join(running)}); stop it first",
+                file=sys.stderr,
+            )
+            return 1
+        state_path.unlink()
+    cluster = LocalCluster(base, servers=args.servers, clients=args.clients)
+    try:
+        cluster.start()
+        # Recorded before waiting, so an interrupted start can still be stopped.
+        cluster.record().save(state_path)
+        leader = cluster.wait_for_leader(args.timeout)
+    except BaseException as exc:
+        cluster.stop_all()
+        state_path.unlink(missing_ok=True)
+        if isinstance(exc, ClusterError):
+            print(f"cluster did not come up: {exc}", file=sys.stderr)
+            return 1
+        raise
+    record = cluster.record()
+    for server in record.servers:
+        mark = "  (leader)" if server.name == leader else ""
+        print(
+            f"{server.name}  grpc {server.grpc_address}  raft {server.raft_address}  "
+            f"pid {server.pid}  log {server.log}{mark}"
+        )
+    for client in record.clients:
+        print(f"{client.name}  pid {client.pid}  log {client.log}")
+    print(f"export DROVER_ADDR={','.join(record.grpc_addresses)}")
+    print(f"stop it with: make cluster-stop  (or {sys.argv[0]} stop --dir {args.dir})")
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    state_path = Path(args.dir).resolve() / STATE_FILE
+    if not state_path.exists():
+        print(f"no cluster recorded in {state_path}")
+        return 0
+    for name, outcome in stop_recorded(state_path, args.timeout).items():
+        detail = {
+            "foreign": "pid now belongs to another program; left alone",
+            "gone": "was not running",
+        }.get(outcome, outcome)
+        print(f"{name}: {detail}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    state_path = Path(args.dir).resolve() / STATE_FILE
+    if not state_path.exists():
+        print(f"no cluster recorded in {state_path}")
+        return 1
+    record = ClusterRecord.load(state_path)
+    healthy = True
+    for server in record.servers:
+        if not _is_recorded_agent(server):
+            healthy = False
+            print(f"{server.name}  {server.grpc_address}  down")
+            continue
+        answer = query_state_digest(server.grpc_address)
+        healthy = healthy and answer is not None
+        state = _describe_answer(answer) if answer is not None else "running, not answering"
+        print(f"{server.name}  {server.grpc_address}  pid {server.pid}  {state}")
+    for client in record.clients:
+        state = f"pid {client.pid}" if _is_recorded_agent(client) else "down"
+        print(f"{client.name}  {state}")
+    print(f"export DROVER_ADDR={','.join(record.grpc_addresses)}")
+    return 0 if healthy else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cluster.py", description="A local multi-process drover cluster.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="start servers (and clients) in the background")
+    start.add_argument("--servers", type=int, default=3)
+    start.add_argument("--clients", type=int, default=0)
+    start.add_argument("--dir", default=".cluster", help="data dirs, logs and cluster.json")
+    start.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a leader")
+    stop = sub.add_parser("stop", help="stop the agents recorded in <dir>/cluster.json")
+    stop.add_argument("--dir", default=".cluster")
+    stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT, help="seconds before SIGKILL")
+    status = sub.add_parser("status", help="show the recorded agents and what the servers say")
+    status.add_argument("--dir", default=".cluster")
+    args = parser.parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "start": _cmd_start,
+        "stop": _cmd_stop,
+        "status": _cmd_status,
+    }
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The scheduler's seams: what it reads (``State``) and what it returns (``SchedulerResult``).
+
+A scheduler is a pure function ``compute(eval, state, ctx) -> SchedulerResult``: it reads a
+frozen snapshot, decides, and returns a plan plus eval updates. The worker (server/worker.py)
+owns every side effect: submitting the plan, re-planning on a partial commit, writing evals.
+Time, IDs and the shuffle seed come in through ``SchedulerContext``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.structs import Allocation, Evaluation, Job, Node, Plan, SchedulerConfig
+
+
+class State(Protocol):
+    """A read-only snapshot (server.state_store.Snapshot satisfies it; so do test harnesses)."""
+
+    @property
+    def index(self) -> int: ...
+
+    def node(self, node_id: str) -> Node | None: ...
+
+    def nodes(self) -> Iterable[Node]: ...
+
+    def job(self, namespace: str, job_id: str) -> Job | None: ...
+
+    def job_version(self, namespace: str, job_id: str, version: int) -> Job | None: ...
+
+    def allocs_by_job(self, namespace: str, job_id: str) -> list[Allocation]: ...
+
+    def allocs_by_node(self, node_id: str) -> list[Allocation]: ...
+
+    def scheduler_config(self) -> SchedulerConfig: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerContext:
+    """Everything non-deterministic a scheduler may use, decided by the caller."""
+
+    now_ns: int
+    # New IDs (allocs, follow-up evals). Tests pass a counter, servers pass uuid4.
+    new_id: Callable[[], str]
+    # Seeds node shuffles, so a placement can be replayed from the eval ID and index.
+    seed: int = 0
+    # Bounded candidate list for ranking (Nomad's limit iterator: log2(nodes), at least 2).
+    candidate_limit: int = 0
+
+
+def seed_from(eval_id: str, snapshot_index: int) -> int:
+    digest = hashlib.blake2b(f"{eval_id}:{snapshot_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerResult:
+    """What one scheduling pass decided.
+
+    ``plan`` is None when nothing changes. ``eval_update`` is the processed eval with its
+    final status (complete, blocked-with-a-blocked-eval, failed) and queued counts; the worker
+    writes it after the plan commits. ``created_evals`` are follow-ups (a blocked eval for
+    what could not be placed, a delayed eval for the next stagger batch or a reschedule).
+    """
+
+    plan: Plan | None
+    eval_update: Evaluation
+    created_evals: tuple[Evaluation, ...] = ()
+    queued: Mapping[str, int] = field(default_factory=dict)
+    # Named bucket counts per group, for logs, `drover job plan` and tests.
+    annotations: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+class Scheduler(Protocol):
+    def __call__(self, ev: Evaluation, state: State, ctx: SchedulerContext) -> SchedulerResult: ...

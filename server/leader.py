@@ -1,0 +1,254 @@
+"""Leader-only services, started and stopped from one place (Nomad's leader.go).
+
+``establish`` runs only after the local FSM has applied every entry of earlier terms (the
+new leader's no-op is applied), then enables, in order: broker, blocked evals, plan queue,
+plan applier, the eval watcher (which first rebuilds broker and blocked evals from state),
+the broker ticker and the workers. ``revoke`` stops them in reverse. Both run on one
+"leadership" thread, never on raft's tick thread. Every side effect checks that this
+server still leads in the term it was established in.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+import structlog
+
+from scheduler.structs import (
+    EVAL_STATUS_BLOCKED,
+    EVAL_STATUS_FAILED,
+    EVAL_STATUS_PENDING,
+    TRIGGER_FAILED_FOLLOW_UP,
+)
+from server.blocked import BlockedEvals
+from server.broker import EvalBroker
+from server.plan_apply import PlanApplier, PlanQueue
+from server.worker import Worker, write_evals
+
+if TYPE_CHECKING:
+    from server.core import ServerCore
+
+log = structlog.get_logger("drover.leader")
+
+# A failed eval's follow-up waits this long (Nomad: about a minute), so a persistent
+# problem does not spin.
+FAILED_FOLLOW_UP_DELAY_NS: Final = 60_000_000_000
+TICK_S: Final = 0.05
+
+
+class LeaderServices:
+    def __init__(self, core: ServerCore, num_workers: int) -> None:
+        self.core = core
+        self.num_workers = num_workers
+        self.broker = EvalBroker()
+        self.blocked = BlockedEvals()
+        self.plan_queue = PlanQueue()
+        self._events: queue.Queue[bool | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._leadership_loop, name="leadership", daemon=True)
+        self._running: list[threading.Thread] = []
+        self._applier: PlanApplier | None = None
+        self._workers: list[Worker] = []
+        self._stop_services = threading.Event()
+        self._term = -1
+        self.established = threading.Event()
+
+    # -- wiring ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._events.put(None)
+        self._thread.join(timeout=15)
+
+    def on_leadership_change(self, is_leader: bool) -> None:
+        """Called on raft's tick thread: hand off and return at once."""
+        self._events.put(is_leader)
+
+    def still_leader(self) -> bool:
+        raft = self.core.raft
+        return raft.is_leader() and raft.term() == self._term
+
+    def _propose(self, data: bytes, timeout: float) -> object:
+        return self.core.raft.propose(data, timeout)
+
+    def _leadership_loop(self) -> None:
+        leading = False
+        while True:
+            event = self._events.get()
+            if event is None:
+                if leading:
+                    self._revoke()
+                return
+            # Only the latest state matters; collapse a burst of flips.
+            while not self._events.empty():
+                nxt = self._events.get()
+                if nxt is None:
+                    if leading:
+                        self._revoke()
+                    return
+                event = nxt
+            if event and not leading:
+                leading = self._establish()
+            elif not event and leading:
+                self._revoke()
+                leading = False
+
+    # -- establish / revoke ------------------------------------------------------------
+    def _establish(self) -> bool:
+        raft = self.core.raft
+        deadline = self.core.clock.now_ns() + 10_000_000_000
+        while not raft.leader_ready():
+            if not raft.is_leader() or self.core.clock.now_ns() > deadline:
+                return False
+            threading.Event().wait(0.01)
+        self._term = raft.term()
+        self._stop_services.clear()
+        self.broker.set_enabled(True)
+        self.blocked.set_enabled(True)
+        self.plan_queue.set_enabled(True)
+        self._applier = PlanApplier(
+            self.plan_queue,
+            self.core.store,
+            raft.propose_async,
+            self.broker.outstanding,
+            self.core.clock.now_ns,
+            self.still_leader,
+        )
+        self._applier.start()
+        for target, name in ((self._watch_evals, "eval-watcher"), (self._tick_broker, "broker-ticker")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._running.append(thread)
+        self._workers = [
+            Worker(
+                f"{i}",
+                self.broker,
+                self.plan_queue,
+                self.core.store,
+                self.core.clock,
+                self.core.ids,
+                self._propose,
+            )
+            for i in range(self.num_workers)
+        ]
+        for worker in self._workers:
+            worker.start()
+        self.established.set()
+        log.info("leader.established", server=self.core.name, term=self._term, workers=self.num_workers)
+        return True
+
+    def _revoke(self) -> None:
+        self.established.clear()
+        self._stop_services.set()
+        for worker in self._workers:
+            worker.stop()
+        self.plan_queue.set_enabled(False)
+        self.broker.set_enabled(False)
+        self.blocked.set_enabled(False)
+        for worker in self._workers:
+            worker.join(5)
+        if self._applier is not None:
+            self._applier.stop()
+            self._applier = None
+        for thread in self._running:
+            thread.join(timeout=5)
+        self._running.clear()
+        self._workers.clear()
+        log.info("leader.revoked", server=self.core.name, term=self._term)
+
+    # -- services ----------------------------------------------------------------------
+    def _track(self, eval_ids: set[str] | None) -> None:
+        """Route evals to the broker or the blocked tracker; ``None`` means every eval."""
+        snap = self.core.store.snapshot()
+        now = self.core.clock.now_ns()
+        evals = snap.evals() if eval_ids is None else (snap.eval(i) for i in eval_ids)
+        cancelled = []
+        for ev in evals:
+            if ev is None:
+                continue
+            if ev.status == EVAL_STATUS_PENDING:
+                self.broker.enqueue(ev, now)
+            elif ev.status == EVAL_STATUS_BLOCKED:
+                cancelled.extend(self.blocked.block(ev))
+            else:
+                self.broker.untrack(ev.id)
+                self.blocked.untrack(ev.id)
+        if cancelled and self.still_leader():
+            write_evals(
+                self._propose,
+                [
+                    replace(c, status="canceled", status_description="superseded by a newer blocked eval")
+                    for c in cancelled
+                ],
+            )
+
+    def _watch_evals(self) -> None:
+        store = self.core.store
+        seen = store.index
+        self._track(None)  # rebuild from state
+        while not self._stop_services.is_set():
+            if not store.wait_for_index(seen + 1, 0.2):
+                continue
+            changes, newest = store.changes_since(seen)
+            seen = newest
+            try:
+                if any(c.rescan for c in changes):
+                    self._track(None)
+                    capacity = True
+                else:
+                    ids: set[str] = set()
+                    for change in changes:
+                        ids |= change.evals
+                    if ids:
+                        self._track(ids)
+                    capacity = any(c.capacity for c in changes)
+                if capacity:
+                    now = self.core.clock.now_ns()
+                    for ev in self.blocked.unblock_all():
+                        self.broker.enqueue(ev, now)
+            except Exception:
+                log.exception("leader.eval_watch_failed")
+
+    def _tick_broker(self) -> None:
+        while not self._stop_services.wait(TICK_S):
+            now = self.core.clock.now_ns()
+            self.broker.tick(now)
+            failed = self.broker.take_failed()
+            if not failed or not self.still_leader():
+                continue
+            updates = []
+            for ev in failed:
+                follow_up = replace(
+                    ev,
+                    id=self.core.ids.new(),
+                    status=EVAL_STATUS_PENDING,
+                    status_description="",
+                    triggered_by=TRIGGER_FAILED_FOLLOW_UP,
+                    previous_eval=ev.id,
+                    wait_until_ns=now + FAILED_FOLLOW_UP_DELAY_NS,
+                    create_time_ns=now,
+                    modify_time_ns=now,
+                )
+                updates.append(
+                    replace(
+                        ev,
+                        status=EVAL_STATUS_FAILED,
+                        status_description=f"evaluation reached delivery limit ({self.broker.delivery_limit})",
+                        next_eval=follow_up.id,
+                        modify_time_ns=now,
+                    )
+                )
+                updates.append(follow_up)
+                log.warning(
+                    "leader.eval_failed_delivery_limit",
+                    eval_id=ev.id,
+                    job_id=ev.job_id,
+                    follow_up=follow_up.id,
+                )
+            try:
+                write_evals(self._propose, updates)
+            except Exception:
+                log.exception("leader.failed_eval_write_failed")

@@ -1,0 +1,351 @@
+"""The plan queue and the plan applier: one thread commits every plan, node by node.
+
+Theory of operation
+-------------------
+Workers plan on snapshots that may be stale; the applier is the single serialization
+point. For each plan (highest priority first) it:
+
+1. drops the plan if the eval's broker token is no longer outstanding (a redelivered eval's
+   old worker must not commit);
+2. evaluates every node of the plan against the newest state **plus the plan still
+   committing in raft** (optimistic pipelining: plan N+1 is evaluated while N commits,
+   against the state N will produce, computed with the FSM's own apply function);
+3. per node: the node must exist, and be ready and eligible for placements (stops always
+   fit); then ``scheduler.fit.allocs_fit`` over the node's proposed allocs, the same check
+   the schedulers make. A rejected node is left out (partial commit) and the worker gets a
+   refresh index to re-plan from; an all-at-once plan commits nothing on any rejection;
+4. counts rejections per node (``RejectionTracker``, on by default): a node rejected more
+   than ``threshold`` times within ``window`` is marked ineligible **in the same raft
+   entry**, with a node event, a WARN log and a metric, so a persistent disagreement ends
+   instead of looping (seed 000, invariant 6).
+
+At most one plan is in raft at a time: N+1 is evaluated while N commits, and proposed after.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Final
+
+import structlog
+from drover.v1 import raft_pb2
+from prometheus_client import Counter, Histogram
+
+from scheduler.fit import allocs_fit, proposed_allocs
+from scheduler.structs import (
+    NODE_STATUS_READY,
+    Allocation,
+    AllocStop,
+    NodeEvent,
+    Plan,
+    PlanResult,
+    RejectionTrackerConfig,
+)
+from server.codec import to_proto
+from server.fsm import ApplyResult, apply_plan_results, encode_entry
+from server.state_store import Snapshot, StateStore, Tables, Txn
+
+log = structlog.get_logger("drover.plan")
+
+PLAN_NODE_REJECTED = Counter("drover_plan_node_rejected_total", "Nodes rejected by the plan applier")
+PLAN_NODE_INELIGIBLE = Counter(
+    "drover_plan_node_marked_ineligible_total", "Nodes marked ineligible by the plan rejection tracker"
+)
+PLAN_APPLY_SECONDS = Histogram("drover_plan_apply_seconds", "Plan evaluate + commit time")
+
+# Test-only fault injection: the applier rejects placements on these node IDs, simulating
+# a scheduler/applier disagreement (tests/cluster/test_system_seed.py). Never set in production.
+FAULT_REJECT_NODES_ENV: Final = "DROVER_TEST_PLAN_REJECT_NODES"
+
+
+class PlanRejectedError(Exception):
+    """The plan can not be applied at all (stale token, leadership lost)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPlan:
+    plan: Plan
+    future: Future[PlanResult]
+
+
+class PlanQueue:
+    """Plans waiting for the applier, highest priority first, then FIFO."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[int, int, PendingPlan]] = []
+        self._seq = itertools.count()
+        self._enabled = False
+
+    def set_enabled(self, enabled: bool) -> None:
+        with self._cond:
+            self._enabled = enabled
+            if not enabled:
+                for _, _, pending in self._heap:
+                    pending.future.set_exception(PlanRejectedError("plan queue disabled: leadership lost"))
+                self._heap.clear()
+            self._cond.notify_all()
+
+    def enqueue(self, plan: Plan) -> Future[PlanResult]:
+        future: Future[PlanResult] = Future()
+        with self._cond:
+            if not self._enabled:
+                future.set_exception(PlanRejectedError("plan queue disabled: not the leader"))
+                return future
+            heapq.heappush(self._heap, (-plan.priority, next(self._seq), PendingPlan(plan, future)))
+            self._cond.notify()
+        return future
+
+    def dequeue(self, timeout: float) -> PendingPlan | None:
+        with self._cond:
+            if not self._heap:
+                self._cond.wait(timeout)
+            if not self._heap or not self._enabled:
+                return None
+            return heapq.heappop(self._heap)[2]
+
+
+class RejectionTracker:
+    """Counts plan rejections per node within a sliding window."""
+
+    def __init__(self, config: RejectionTrackerConfig) -> None:
+        self.config = config
+        self._history: dict[str, deque[int]] = {}
+
+    def record(self, node_id: str, now_ns: int) -> bool:
+        """Record one rejection; True when the node crossed the threshold (then forgotten)."""
+        if not self.config.enabled:
+            return False
+        history = self._history.setdefault(node_id, deque())
+        history.append(now_ns)
+        while history and history[0] <= now_ns - self.config.window_ns:
+            history.popleft()
+        if len(history) > self.config.threshold:
+            del self._history[node_id]
+            return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    result: PlanResult
+    entry: raft_pb2.ApplyPlanResultsEntry | None
+
+
+def evaluate_plan(
+    plan: Plan,
+    snap: Snapshot,
+    tracker: RejectionTracker,
+    now_ns: int,
+    *,
+    fault_reject_nodes: frozenset[str] = frozenset(),
+) -> Evaluated:
+    """Check every node of ``plan`` against ``snap``; build the entry for what fits."""
+    accepted_alloc: dict[str, tuple[Allocation, ...]] = {}
+    accepted_stop: dict[str, tuple[AllocStop, ...]] = {}
+    rejected: list[str] = []
+    reasons: dict[str, str] = {}
+    for node_id in sorted(set(plan.node_allocation) | set(plan.node_update)):
+        placed = plan.node_allocation.get(node_id, ())
+        stops = plan.node_update.get(node_id, ())
+        reason = _node_rejection(snap, node_id, placed, stops, fault_reject_nodes)
+        if reason:
+            rejected.append(node_id)
+            reasons[node_id] = reason
+            continue
+        if placed:
+            accepted_alloc[node_id] = placed
+        if stops:
+            accepted_stop[node_id] = stops
+    if rejected and plan.all_at_once:
+        accepted_alloc, accepted_stop = {}, {}
+    newly_ineligible: list[str] = []
+    for node_id in rejected:
+        PLAN_NODE_REJECTED.inc()
+        log.info(
+            "plan.node_rejected",
+            eval_id=plan.eval_id,
+            job_id=plan.job_id,
+            node_id=node_id,
+            reason=reasons[node_id],
+        )
+        if tracker.record(node_id, now_ns):
+            newly_ineligible.append(node_id)
+    result = PlanResult(
+        node_allocation=accepted_alloc,
+        node_update=accepted_stop,
+        rejected_nodes=tuple(rejected),
+    )
+    if not accepted_alloc and not accepted_stop and not newly_ineligible:
+        return Evaluated(result, None)
+    entry = raft_pb2.ApplyPlanResultsEntry(eval_id=plan.eval_id, updated_at_ns=now_ns)
+    for allocs in accepted_alloc.values():
+        for alloc in allocs:
+            to_proto(alloc, entry.allocs_upserted.add())
+    for stops in accepted_stop.values():
+        for stop in stops:
+            to_proto(stop, entry.allocs_stopped.add())
+    for node_id in newly_ineligible:
+        PLAN_NODE_INELIGIBLE.inc()
+        config = tracker.config
+        log.warning(
+            "plan.node_marked_ineligible",
+            node_id=node_id,
+            eval_id=plan.eval_id,
+            job_id=plan.job_id,
+            threshold=config.threshold,
+            window_s=config.window_ns / 1e9,
+        )
+        event = NodeEvent(
+            message=(
+                f"Node marked ineligible: plans rejected more than {config.threshold} times "
+                f"within {config.window_ns // 1_000_000_000}s"
+            ),
+            subsystem="Scheduler",
+            details={"last_reason": reasons[node_id]},
+            timestamp_ns=now_ns,
+        )
+        ineligible = entry.nodes_ineligible.add(node_id=node_id)
+        to_proto(event, ineligible.event)
+    return Evaluated(result, entry)
+
+
+def _node_rejection(
+    snap: Snapshot,
+    node_id: str,
+    placed: tuple[Allocation, ...],
+    stops: tuple[AllocStop, ...],
+    fault_reject_nodes: frozenset[str],
+) -> str:
+    if not placed:
+        return ""  # stops always fit
+    node = snap.node(node_id)
+    if node is None:
+        return "node does not exist"
+    if node.status != NODE_STATUS_READY:
+        return f"node is {node.status}"
+    if node.scheduling_eligibility != "eligible" or node.drain_strategy is not None:
+        return "node is not eligible for placements"
+    if node_id in fault_reject_nodes:
+        return "fault injection: applier disagrees with the scheduler"
+    fit = allocs_fit(node, proposed_allocs(snap.allocs_by_node(node_id), (s.alloc_id for s in stops), placed))
+    return "" if fit.fits else f"does not fit: {fit.reason}"
+
+
+class PlanApplier:
+    """The single thread that commits plans (see the module docstring)."""
+
+    def __init__(
+        self,
+        queue: PlanQueue,
+        store: StateStore,
+        propose_async: Callable[[bytes, Callable[[ApplyResult | None, str], None]], None],
+        is_outstanding: Callable[[str, str], bool],
+        now_ns: Callable[[], int],
+        still_leader: Callable[[], bool],
+    ) -> None:
+        self._queue = queue
+        self._store = store
+        self._propose_async = propose_async
+        self._is_outstanding = is_outstanding
+        self._now_ns = now_ns
+        self._still_leader = still_leader
+        self._tracker = RejectionTracker(
+            store.snapshot().scheduler_config().rejection_tracker or RejectionTrackerConfig()
+        )
+        self._fault_nodes = frozenset(n for n in os.environ.get(FAULT_REJECT_NODES_ENV, "").split(",") if n)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plan-applier", daemon=True)
+        # The plan committing in raft: (future of its index, the tables it will produce).
+        self._inflight: tuple[Future[int], Tables] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _view(self) -> Snapshot:
+        """Newest state, plus the in-flight plan's effects if raft has not applied it yet."""
+        snap = self._store.snapshot()
+        if self._inflight is not None:
+            done, expected = self._inflight
+            if not done.done() or (done.exception() is None and snap.index < done.result()):
+                return Snapshot(expected)
+        return snap
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pending = self._queue.dequeue(timeout=0.2)
+            if pending is None:
+                continue
+            try:
+                self._apply(pending)
+            except Exception as exc:  # never let one plan kill the applier
+                log.exception("plan.apply_failed", eval_id=pending.plan.eval_id)
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+
+    def _apply(self, pending: PendingPlan) -> None:
+        plan = pending.plan
+        if not self._is_outstanding(plan.eval_id, plan.eval_token):
+            pending.future.set_exception(
+                PlanRejectedError(f"eval {plan.eval_id} token is no longer outstanding")
+            )
+            return
+        config = self._store.snapshot().scheduler_config().rejection_tracker
+        if config is not None and config != self._tracker.config:
+            self._tracker.config = config
+        now = self._now_ns()
+        with PLAN_APPLY_SECONDS.time():
+            view = self._view()
+            evaluated = evaluate_plan(plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes)
+            # Pipelining: N+1 was evaluated while N committed; propose only once N is done.
+            self._wait_inflight()
+            if evaluated.entry is None:
+                pending.future.set_result(replace(evaluated.result, refresh_index=view.index))
+                return
+            if not self._still_leader():
+                pending.future.set_exception(PlanRejectedError("leadership lost"))
+                return
+            self._commit(pending, evaluated, view)
+
+    def _wait_inflight(self) -> None:
+        if self._inflight is not None:
+            done, _ = self._inflight
+            try:
+                done.result(timeout=30)
+            except Exception:
+                pass
+            self._inflight = None
+
+    def _commit(self, pending: PendingPlan, evaluated: Evaluated, view: Snapshot) -> None:
+        entry = evaluated.entry
+        assert entry is not None
+        committed: Future[int] = Future()
+        # The state this entry will produce, from the FSM's own apply function.
+        txn = Txn(view.tables, view.index + 1)
+        apply_plan_results(txn, entry, view.index + 1)
+        expected = txn.commit()
+        result = evaluated.result
+
+        def on_commit(applied: ApplyResult | None, error: str) -> None:
+            if applied is None or error or applied.error:
+                exc = PlanRejectedError(error or (applied.error if applied else "not committed"))
+                committed.set_exception(exc)
+                pending.future.set_exception(exc)
+                return
+            committed.set_result(applied.index)
+            refresh = applied.index if result.rejected_nodes else 0
+            pending.future.set_result(replace(result, alloc_index=applied.index, refresh_index=refresh))
+
+        self._inflight = (committed, expected)
+        self._propose_async(encode_entry(raft_pb2.ENTRY_TYPE_APPLY_PLAN_RESULTS, entry), on_commit)
