@@ -26,11 +26,14 @@ class BlockedEvals:
         self._lock = threading.Lock()
         self._enabled = False
         self._blocked: dict[BlockKey, Evaluation] = {}
+        # The state index of the last capacity change that released blocked evals.
+        self._last_unblock_index = 0
 
     def set_enabled(self, enabled: bool) -> None:
         with self._lock:
             self._enabled = enabled
             self._blocked.clear()
+            self._last_unblock_index = 0
 
     def block(self, ev: Evaluation) -> list[Evaluation]:
         """Park ``ev``; returns an older blocked eval of the same job it replaces (to cancel)."""
@@ -47,15 +50,21 @@ class BlockedEvals:
             self._blocked[key] = ev
             return []
 
+    def missed_unblock(self, ev: Evaluation) -> bool:
+        """Capacity changed after the eval's snapshot: blocking it now would miss that change."""
+        with self._lock:
+            return ev.snapshot_index < self._last_unblock_index
+
     def untrack(self, eval_id: str) -> None:
         with self._lock:
             for key, ev in list(self._blocked.items()):
                 if ev.id == eval_id:
                     del self._blocked[key]
 
-    def unblock_all(self) -> list[Evaluation]:
-        """Release every blocked eval (capacity changed); the caller enqueues them."""
+    def unblock_all(self, index: int = 0) -> list[Evaluation]:
+        """Release every blocked eval (capacity changed at ``index``); the caller enqueues them."""
         with self._lock:
+            self._last_unblock_index = max(self._last_unblock_index, index)
             released = list(self._blocked.values())
             self._blocked.clear()
             return released

@@ -97,6 +97,8 @@ class EvalBroker:
         self._deliveries: dict[str, int] = {}
         self._known: set[str] = set()
         self._failed: list[Evaluation] = []
+        # Waiting evals made obsolete when their job's eval failed: written as canceled.
+        self._cancelable: list[Evaluation] = []
         # Evals enqueued again while a worker still holds them: admitted again on ack.
         self._requeue: dict[str, Evaluation] = {}
 
@@ -213,7 +215,7 @@ class EvalBroker:
             self._deliveries.pop(ev.id, None)
             self._known.discard(ev.id)
             self._failed.append(ev)
-            self._release_job(ev)
+            self._cancelable.extend(self._release_job(ev))
             self._cond.notify_all()
             return
         delay = self.initial_nack_delay_ns if deliveries <= 1 else self.subsequent_nack_delay_ns
@@ -225,6 +227,12 @@ class EvalBroker:
         with self._cond:
             failed, self._failed = self._failed, []
             return failed
+
+    def take_cancelable(self) -> list[Evaluation]:
+        """Waiting evals superseded when their job's eval failed, to be written as canceled."""
+        with self._cond:
+            cancelable, self._cancelable = self._cancelable, []
+            return cancelable
 
     # -- time --------------------------------------------------------------------------
     def tick(self, now_ns: int) -> None:

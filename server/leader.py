@@ -172,7 +172,10 @@ class LeaderServices:
             if ev.status == EVAL_STATUS_PENDING:
                 self.broker.enqueue(ev, now)
             elif ev.status == EVAL_STATUS_BLOCKED:
-                cancelled.extend(self.blocked.block(ev))
+                if self.blocked.missed_unblock(ev):
+                    self.broker.enqueue(ev, now)
+                else:
+                    cancelled.extend(self.blocked.block(ev))
             else:
                 self.broker.untrack(ev.id)
                 self.blocked.untrack(ev.id)
@@ -207,7 +210,7 @@ class LeaderServices:
                     capacity = any(c.capacity for c in changes)
                 if capacity:
                     now = self.core.clock.now_ns()
-                    for ev in self.blocked.unblock_all():
+                    for ev in self.blocked.unblock_all(newest):
                         self.broker.enqueue(ev, now)
             except Exception:
                 log.exception("leader.eval_watch_failed")
@@ -217,9 +220,13 @@ class LeaderServices:
             now = self.core.clock.now_ns()
             self.broker.tick(now)
             failed = self.broker.take_failed()
-            if not failed or not self.still_leader():
+            cancelable = self.broker.take_cancelable()
+            if not (failed or cancelable) or not self.still_leader():
                 continue
-            updates = []
+            updates = [
+                replace(c, status="canceled", status_description="superseded by a newer eval", modify_time_ns=now)
+                for c in cancelable
+            ]
             for ev in failed:
                 follow_up = replace(
                     ev,

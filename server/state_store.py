@@ -443,11 +443,21 @@ class Txn:
             for alloc in self.allocs_of_job(key):
                 row = rows.get(alloc.task_group, TaskGroupSummary())
                 rows[alloc.task_group] = _bump(row, _alloc_bucket(alloc), +1)
+            children = JobChildrenSummary()
+            if job.is_template():
+                # A purged parent registered again still has its children: count them.
+                counts = {"pending": 0, "running": 0, "dead": 0}
+                for child_key in self.base.jobs:
+                    child = self.job(child_key)
+                    if child is not None and child.parent_id == job.id and child.namespace == job.namespace:
+                        status = child.status or JOB_STATUS_PENDING
+                        counts[status] = counts.get(status, 0) + 1
+                children = JobChildrenSummary(**counts)
             summary = JobSummary(
                 job_id=job.id,
                 namespace=job.namespace,
                 summary=rows,
-                children=JobChildrenSummary(),
+                children=children,
                 create_index=self.index,
                 modify_index=self.index,
             )
