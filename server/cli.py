@@ -15,39 +15,54 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 import grpc
 from drover.v1 import api_pb2, raft_pb2, structs_pb2
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError, Message
 
 from scheduler.structs import Job
+from server._cli_format import (
+    ALLOC_HEADERS,
+    CLIError,
+    alloc_rows,
+    fmt_duration,
+    fmt_time,
+    format_table,
+    parse_duration_ns,
+    plan_header,
+    plan_table,
+    print_json,
+    print_kv,
+    print_table,
+    short_id,
+)
 from server.codec import to_proto
 from server.config import ConfigError, load_client_config, load_dev_config, load_server_config
 from server.sdk import DroverClient, DroverError, parse_addresses
 
+__all__ = ["CLIError", "format_table", "main", "parse_duration_ns"]
+
 DEFAULT_ADDRESS: Final = "127.0.0.1:4646"
 ADDRESS_ENV: Final = "DROVER_ADDR"
-DEFAULT_MONITOR_TIMEOUT_S: Final = 10.0
-# How often to re-read an eval if the server answers a blocking query without blocking.
+DEFAULT_MONITOR_TIMEOUT_S: Final = 60.0
+# While an eval is pending, one blocking query on the job's allocs waits at most this long
+# before the eval is read again.
+_MONITOR_WAIT_S: Final = 1.0
+# How long to pause when the server answers a blocking query without blocking.
 _MONITOR_POLL_S: Final = 0.2
 _UUID_LEN: Final = 36
-_SHORT_ID: Final = 8
+# The server rejects negative drain deadlines, so "-force" is the smallest positive one:
+# the force deadline has passed as soon as the drain starts.
+_FORCE_DRAIN_DEADLINE_NS: Final = 1
+_NODE_EVENTS_SHOWN: Final = 10
 
 Handler = Callable[[argparse.Namespace], int]
 T = TypeVar("T")
-
-
-class CLIError(Exception):
-    """An expected failure: printed as ``Error: <message>``, exit status 1."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +130,44 @@ def _write_flags(p: argparse.ArgumentParser, *, monitor: bool = False) -> None:
     _flag(p, "verbose", action="store_true", help="print full IDs")
     if monitor:
         _flag(p, "detach", action="store_true", help="return after registering, do not monitor")
-        _flag(p, "monitor-timeout", type=float, default=DEFAULT_MONITOR_TIMEOUT_S, metavar="SECONDS")
+        _flag(
+            p,
+            "monitor-timeout",
+            type=float,
+            default=DEFAULT_MONITOR_TIMEOUT_S,
+            metavar="SECONDS",
+            help=f"stop monitoring the evaluation after this long (default {DEFAULT_MONITOR_TIMEOUT_S:g})",
+        )
+
+
+_JOB_RUN_EPILOG: Final = """\
+Unless -detach (or -json) is given, the registration's evaluation is monitored: each
+allocation it creates is printed as it appears, until the evaluation completes, fails or
+blocks, or -monitor-timeout passes.
+
+Periodic and parameterized jobs get no evaluation at registration: there is nothing to
+monitor.
+
+Exit status:
+  0  registered; the evaluation completed, blocked (allocations queued until capacity
+     frees up; the blocked evaluation's ID is printed), or is still pending after
+     -monitor-timeout
+  1  an error, or the evaluation failed
+  2  usage error
+"""
+
+_PLAN_EPILOG: Final = """\
+The server runs the scheduler against a private copy of the cluster state and reports,
+per task group, how many allocations it would place, update (destructively or in
+place), stop, migrate, mark lost or leave alone, and how many could not be placed now
+(they would be queued). Nothing is registered or changed.
+
+Exit status:
+  0  the plan was computed, whether or not the job would change anything
+     (unlike Nomad, which exits 1 when allocations would be created or destroyed)
+  1  an error (bad job file, invalid job, server error)
+  2  usage error
+"""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -124,8 +176,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(group: Any, name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = group.add_parser(name, help=help_, allow_abbrev=False)
+    def command(
+        group: Any, name: str, handler: Handler, help_: str, epilog: str | None = None
+    ) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = group.add_parser(
+            name,
+            help=help_,
+            description=help_[:1].upper() + help_[1:] + "." if epilog else None,
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            allow_abbrev=False,
+        )
         p.set_defaults(handler=handler)
         return p
 
@@ -156,9 +217,21 @@ def _build_parser() -> argparse.ArgumentParser:
 
     # job
     jobs = group("job", "register, inspect and stop jobs")
-    p = command(jobs, "run", _cmd_job_run, "register a job from a job file and monitor its evaluation")
+    p = command(
+        jobs,
+        "run",
+        _cmd_job_run,
+        "register a job from a job file and monitor its evaluation",
+        _JOB_RUN_EPILOG,
+    )
     p.add_argument("file")
     _write_flags(p, monitor=True)
+    p = command(
+        jobs, "plan", _cmd_job_plan, "dry run: show what registering a job file would do", _PLAN_EPILOG
+    )
+    p.add_argument("file")
+    _conn_flags(p)
+    _flag(p, "json", action="store_true", help="print the plan response as JSON")
     p = command(jobs, "status", _cmd_job_status, "list jobs, or show one job")
     p.add_argument("job", nargs="?")
     _read_flags(p)
@@ -179,18 +252,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("node", nargs="?")
     _read_flags(p)
     p = command(nodes, "drain", _cmd_node_drain, "start or stop draining a node")
-    p.add_argument("node")
+    p.add_argument("node", help="node ID, unique ID prefix, or node name")
     _write_flags(p)
     toggle = p.add_mutually_exclusive_group(required=True)
     toggle.add_argument("-enable", "--enable", dest="enable", action="store_const", const=True)
     toggle.add_argument("-disable", "--disable", dest="enable", action="store_const", const=False)
-    _flag(p, "deadline", default="1h", help="drain deadline, e.g. 30m, 1h (default 1h)")
+    _flag(p, "deadline", metavar="DURATION", help="drain deadline, e.g. 30m, 1h (default 1h)")
     _flag(p, "no-deadline", action="store_true", help="no deadline: wait for allocs to migrate")
     _flag(p, "force", action="store_true", help="stop all allocs at once")
     _flag(p, "ignore-system", action="store_true", help="leave system job allocs running")
     _flag(p, "keep-ineligible", action="store_true", help="with -disable: keep the node ineligible")
     p = command(nodes, "eligibility", _cmd_node_eligibility, "toggle a node's scheduling eligibility")
-    p.add_argument("node")
+    p.add_argument("node", help="node ID, unique ID prefix, or node name")
     _write_flags(p)
     toggle = p.add_mutually_exclusive_group(required=True)
     toggle.add_argument("-enable", "--enable", dest="enable", action="store_const", const=True)
@@ -202,7 +275,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _read_flags(p)
     _flag(p, "job", default="", help="only this job's evaluations")
     _flag(p, "status", default="", help="only evaluations with this status")
-    p = command(evals, "status", _cmd_eval_status, "show one evaluation")
+    p = command(evals, "status", _cmd_eval_status, "show one evaluation and the allocations it created")
     p.add_argument("eval")
     _read_flags(p)
 
@@ -308,16 +381,91 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.register_job(job_pb)
         if args.json:
-            _print_json(resp)
+            print_json(resp)
+            return 0
+        if not resp.eval_id:
+            print(f'Job "{job_pb.id}" registered (version {resp.version})')
+            _print_register_warnings(resp.warnings)
+            kind = _template_kind(job_pb)
+            if kind == "periodic":
+                print("Job is periodic: each run it launches is evaluated then; nothing to monitor now")
+            elif kind == "parameterized":
+                print("Job is parameterized: each dispatch is evaluated then; nothing to monitor now")
+            else:
+                print("No evaluation was created: nothing to monitor")
             return 0
         print(f'Job "{job_pb.id}" registered (version {resp.version}), evaluation {resp.eval_id}')
-        if resp.warnings:
-            print(f"Warnings: {resp.warnings}")
-        if args.detach or not resp.eval_id:
+        _print_register_warnings(resp.warnings)
+        if args.detach:
             return 0
-        _monitor_eval(client, args, resp.eval_id)
-        _print_allocs_table(client.list_allocs(job_id=job_pb.id, namespace=job_pb.namespace).allocs, args)
+        return _monitor_eval(client, args, resp.eval_id)
+
+
+def _print_register_warnings(warnings: str) -> None:
+    if warnings:
+        print(f"Warnings: {warnings}")
+
+
+def _template_kind(job: structs_pb2.Job) -> str:
+    """What kind of template the job is ("periodic", "parameterized"), or "" for neither.
+
+    The server registers a template without an evaluation: its children get the evals."""
+    if job.HasField("periodic") and job.periodic.enabled:
+        return "periodic"
+    if job.HasField("parameterized") and not job.dispatched:
+        return "parameterized"
+    return ""
+
+
+def _cmd_job_plan(args: argparse.Namespace) -> int:
+    job_pb = _load_job_file(args.file)
+    with _client(args) as client:
+        plan = client.plan_job(job_pb)
+        if args.json:
+            print_json(plan)
+            return 0
+        # current_version is 0 both for a new job and for an existing job at version 0.
+        new = not _job_exists(client, job_pb.id, job_pb.namespace)
+    print(plan_header(job_pb.id, new=new, changed=plan.job_changed, current_version=plan.current_version))
+    if plan.warnings:
+        print("Warnings:")
+        for warning in plan.warnings:
+            print(f"  - {warning}")
+    kind = _template_kind(job_pb)
+    if kind and not plan.groups:
+        print(
+            f"\nJob is {kind}: registering it places no allocations by itself;"
+            " each child job it launches is scheduled then."
+        )
+        return 0
+    group_order = [g.name for g in job_pb.groups]
+    # Every group of the job gets a row (all zeros if the scheduler reported nothing for it).
+    groups: dict[str, dict[str, int]] = {g: {} for g in group_order}
+    groups.update((g, dict(gp.buckets)) for g, gp in plan.groups.items())
+    headers, rows = plan_table(groups, group_order)
+    print()
+    print_table(headers, rows, empty="No task groups to schedule")
+    queued = {g: n for g, n in plan.queued.items() if n > 0}
+    print()
+    if queued:
+        order = [g for g in group_order if g in queued] + sorted(g for g in queued if g not in group_order)
+        print(
+            f"Scheduler dry-run: {sum(queued.values())} allocation(s) could not be placed now (would be queued):"
+        )
+        print_table(["Group", "Queued"], [[g, str(queued[g])] for g in order])
+    else:
+        print("Scheduler dry-run: all allocations can be placed.")
     return 0
+
+
+def _job_exists(client: DroverClient, job_id: str, namespace: str) -> bool:
+    try:
+        client.get_job(job_id, namespace=namespace)
+    except DroverError as exc:
+        if exc.code == grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
 
 
 def _load_job_file(path: str) -> structs_pb2.Job:
@@ -347,42 +495,106 @@ def _load_job_file(path: str) -> structs_pb2.Job:
     return to_proto(job, structs_pb2.Job())
 
 
-def _monitor_eval(client: DroverClient, args: argparse.Namespace, eval_id: str) -> None:
-    """Follow an eval with blocking queries until it leaves "pending" or the timeout passes."""
+def _monitor_eval(client: DroverClient, args: argparse.Namespace, eval_id: str) -> int:
+    """Follow an eval until it leaves "pending" or -monitor-timeout passes, printing each
+    allocation it creates as it appears; then report queued allocations, a blocked eval and a
+    follow-up eval. Returns the exit status; a failed eval raises :class:`CLIError`."""
     timeout_s: float = args.monitor_timeout
     deadline = time.monotonic() + timeout_s
     print(f'==> Monitoring evaluation "{_id(eval_id, args)}"')
-    resp = client.get_eval(eval_id, stale=args.stale if "stale" in args else False)
-    ev = resp.eval
+    ev = client.get_eval(eval_id).eval
     if ev.job_id:
         print(f'    Evaluation triggered by job "{ev.job_id}"')
     elif ev.node_id:
         print(f'    Evaluation triggered by node "{_id(ev.node_id, args)}"')
     print(f'    Evaluation status "{ev.status}"')
-    index = resp.meta.index
+    watcher = _AllocWatcher(client, ev, args)
     while ev.status == "pending":
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            print(f'==> Evaluation "{_id(eval_id, args)}" still "pending" after {timeout_s:g}s')
+            watcher.poll(0)
+            print(
+                f'==> Evaluation "{_id(eval_id, args)}" still "pending" after {timeout_s:g}s; stopped monitoring'
+            )
+            print(f'    Run "drover eval status {eval_id}" to check on it')
+            return 0
+        # Blocks until the job's allocs change (or a short wait passes), then re-reads the eval.
+        watcher.poll(min(remaining, _MONITOR_WAIT_S))
+        latest = client.get_eval(eval_id).eval
+        if latest.status != ev.status:
+            print(f'    Evaluation status changed: "{ev.status}" -> "{latest.status}"')
+        ev = latest
+    # The eval's allocs are committed before the eval is marked done: one last look.
+    watcher.poll(0)
+    return _report_eval_outcome(ev, args)
+
+
+class _AllocWatcher:
+    """Prints each allocation of one eval the first time it shows up in the job's allocs,
+    read with blocking queries on the alloc table's index."""
+
+    def __init__(self, client: DroverClient, ev: structs_pb2.Evaluation, args: argparse.Namespace) -> None:
+        self.client = client
+        self.ev = ev
+        self.args = args
+        self.index = 0
+        self.seen: set[str] = set()
+
+    def poll(self, wait_s: float) -> None:
+        """Read the job's allocs, blocking up to ``wait_s`` for a change (0: do not block)."""
+        start = time.monotonic()
+        if not self.ev.job_id:
+            time.sleep(min(max(wait_s, 0.0), _MONITOR_POLL_S))
             return
-        resp = client.get_eval(eval_id, min_index=index, wait_ns=max(int(remaining * 1e9), 1))
-        if resp.eval.status != ev.status:
-            print(f'    Evaluation status changed: "{ev.status}" -> "{resp.eval.status}"')
-        ev = resp.eval
-        if resp.meta.index <= index:
-            # The server answered without blocking; do not spin on it.
-            time.sleep(min(_MONITOR_POLL_S, max(deadline - time.monotonic(), 0)))
-        index = max(index, resp.meta.index)
-    for group, count in sorted(ev.queued_allocations.items()):
-        if count:
-            print(f'    Task Group "{group}": {count} allocation(s) queued')
-    for group, reason in sorted(ev.failed_tg_allocs.items()):
-        print(f'    Task Group "{group}" failed to place: {reason}')
-    if ev.blocked_eval:
-        print(f'    Evaluation "{_id(ev.blocked_eval, args)}" waiting for additional capacity')
+        blocking = wait_s > 0 and self.index > 0
+        resp = self.client.list_allocs(
+            job_id=self.ev.job_id,
+            namespace=self.ev.namespace,
+            min_index=self.index if blocking else 0,
+            wait_ns=max(int(wait_s * 1e9), 1) if blocking else 0,
+        )
+        for alloc in sorted(resp.allocs, key=lambda a: (a.create_index, a.name, a.id)):
+            if alloc.eval_id != self.ev.id or alloc.id in self.seen:
+                continue
+            self.seen.add(alloc.id)
+            where = f'node "{_id(alloc.node_id, self.args)}", group "{alloc.task_group}"'
+            if alloc.create_index and alloc.create_index < self.ev.create_index:
+                # Older than the eval: an existing alloc this eval updated in place.
+                print(f'    Allocation "{_id(alloc.id, self.args)}" modified: {where}')
+            elif alloc.desired_status == "run":
+                print(f'    Allocation "{_id(alloc.id, self.args)}" created: {where}')
+        if wait_s > 0 and resp.meta.index <= self.index:
+            # The server answered without blocking (or the wait ran out): do not spin.
+            time.sleep(max(min(_MONITOR_POLL_S, wait_s - (time.monotonic() - start)), 0.0))
+        self.index = max(self.index, resp.meta.index)
+
+
+def _report_eval_outcome(ev: structs_pb2.Evaluation, args: argparse.Namespace) -> int:
+    queued = {g: n for g, n in ev.queued_allocations.items() if n > 0}
+    incomplete = bool(queued or ev.failed_tg_allocs)
+    suffix = " but failed to place all allocations:" if incomplete else ""
+    print(f'==> Evaluation "{_id(ev.id, args)}" finished with status "{ev.status}"{suffix}')
+    for group in sorted(set(queued) | set(ev.failed_tg_allocs)):
+        count = queued.get(group, 0)
+        what = f": {count} allocation(s) queued, could not be placed now" if count else ""
+        print(f'    Task Group "{group}"{what}')
+        if reason := ev.failed_tg_allocs.get(group, ""):
+            print(f"      * {reason}")
     if ev.status_description:
         print(f"    {ev.status_description}")
-    print(f'==> Evaluation "{_id(eval_id, args)}" finished with status "{ev.status}"')
+    if ev.blocked_eval:
+        print(
+            f'    Evaluation "{_id(ev.blocked_eval, args)}" waiting for additional capacity'
+            " to place the remainder"
+        )
+    elif ev.status == "blocked":
+        print("    Evaluation is blocked: queued allocations are placed when capacity frees up")
+    if ev.next_eval:
+        print(f'    Follow-up evaluation "{_id(ev.next_eval, args)}" created')
+    if ev.status == "failed":
+        detail = f": {ev.status_description}" if ev.status_description else ""
+        raise CLIError(f'evaluation "{_id(ev.id, args)}" failed{detail}')
+    return 0
 
 
 def _cmd_job_status(args: argparse.Namespace) -> int:
@@ -390,21 +602,21 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
         if not args.job:
             listing = client.list_jobs(namespace=args.namespace, stale=args.stale)
             if args.json:
-                _print_json(listing.jobs)
+                print_json(listing.jobs)
                 return 0
             rows = [
-                [j.id, j.type, str(j.priority), j.status, _time(j.submit_time_ns)]
+                [j.id, j.type, str(j.priority), j.status, fmt_time(j.submit_time_ns)]
                 for j in sorted(listing.jobs, key=lambda j: j.id)
             ]
-            _print_table(["ID", "Type", "Priority", "Status", "Submit Date"], rows, empty="No jobs")
+            print_table(["ID", "Type", "Priority", "Status", "Submit Date"], rows, empty="No jobs")
             return 0
         got = _get_job(client, args)
         job = got.job
         allocs = client.list_allocs(job_id=job.id, namespace=job.namespace, stale=args.stale).allocs
         if args.json:
-            _print_json({"job": got.job, "summary": got.summary, "allocations": allocs})
+            print_json({"job": got.job, "summary": got.summary, "allocations": allocs})
             return 0
-        _print_kv(
+        print_kv(
             [
                 ("ID", job.id),
                 ("Name", job.name),
@@ -415,7 +627,7 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
                 ("Status", job.status),
                 ("Version", str(job.version)),
                 ("Stop", str(job.stop).lower()),
-                ("Submit Date", _time(job.submit_time_ns)),
+                ("Submit Date", fmt_time(job.submit_time_ns)),
             ]
         )
         print("\nSummary")
@@ -424,7 +636,7 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
             [name, *(str(getattr(tg, state)) for state in states)]
             for name, tg in sorted(got.summary.summary.items())
         ]
-        _print_table(["Task Group", *(s.capitalize() for s in states)], summary_rows, empty="No summary")
+        print_table(["Task Group", *(s.capitalize() for s in states)], summary_rows, empty="No summary")
         print("\nAllocations")
         _print_allocs_table(allocs, args)
     return 0
@@ -435,12 +647,12 @@ def _cmd_job_stop(args: argparse.Namespace) -> int:
         job = _get_job(client, args).job
         resp = client.deregister_job(job.id, namespace=job.namespace, purge=args.purge)
         if args.json:
-            _print_json(resp)
+            print_json(resp)
             return 0
         verb = "purged" if args.purge else "stopped"
         print(f'Job "{job.id}" {verb}, evaluation {resp.eval_id or "(none)"}')
         if not args.detach and resp.eval_id:
-            _monitor_eval(client, args, resp.eval_id)
+            return _monitor_eval(client, args, resp.eval_id)
     return 0
 
 
@@ -449,7 +661,7 @@ def _cmd_job_allocs(args: argparse.Namespace) -> int:
         job = _get_job(client, args).job
         allocs = client.list_allocs(job_id=job.id, namespace=job.namespace, stale=args.stale).allocs
         if args.json:
-            _print_json(allocs)
+            print_json(allocs)
             return 0
         _print_allocs_table(allocs, args)
     return 0
@@ -479,7 +691,9 @@ def _cmd_node_status(args: argparse.Namespace) -> int:
         if not args.node:
             nodes = client.list_nodes(stale=args.stale).nodes
             if args.json:
-                _print_json(nodes)
+                for n in nodes:
+                    n.ClearField("secret_id")
+                print_json(nodes)
                 return 0
             rows = [
                 [
@@ -493,23 +707,25 @@ def _cmd_node_status(args: argparse.Namespace) -> int:
                 ]
                 for n in sorted(nodes, key=lambda n: (n.name, n.id))
             ]
-            _print_table(
+            print_table(
                 ["ID", "DC", "Name", "Class", "Drain", "Eligibility", "Status"], rows, empty="No nodes"
             )
             return 0
         node = client.get_node(_resolve_node(client, args.node, args.stale), stale=args.stale).node
         allocs = client.list_allocs(node_id=node.id, stale=args.stale).allocs
         if args.json:
-            _print_json({"node": node, "allocations": allocs})
+            # The secret authenticates the node's client agent: never print it.
+            node.ClearField("secret_id")
+            print_json({"node": node, "allocations": allocs})
             return 0
         drain = "false"
         if node.HasField("drain_strategy"):
             ds = node.drain_strategy
-            drain = f"true; deadline {_duration(ds.deadline_ns)}"
+            drain = f"true; deadline {_drain_deadline(ds.deadline_ns)}"
             if ds.force_deadline_at_ns:
-                drain += f" (at {_time(ds.force_deadline_at_ns)})"
+                drain += f" (at {fmt_time(ds.force_deadline_at_ns)})"
         res = node.resources
-        _print_kv(
+        print_kv(
             [
                 ("ID", node.id),
                 ("Name", node.name),
@@ -519,40 +735,90 @@ def _cmd_node_status(args: argparse.Namespace) -> int:
                 ("Drain", drain),
                 ("Eligibility", node.scheduling_eligibility),
                 ("Status", node.status),
-                ("Status Updated", _time(node.status_updated_at_ns)),
+                ("Status Description", node.status_description or "<none>"),
+                ("Status Updated", fmt_time(node.status_updated_at_ns)),
                 ("Resources", f"cpu {res.cpu_mhz} MHz, memory {res.memory_mb} MiB, disk {res.disk_mb} MiB"),
             ]
         )
-        if node.events:
-            print("\nNode Events")
-            rows = [[_time(e.timestamp_ns), e.subsystem, e.message] for e in node.events]
-            _print_table(["Time", "Subsystem", "Message"], rows)
+        print("\nNode Events")
+        events = sorted(node.events, key=lambda e: (e.timestamp_ns, e.create_index), reverse=True)
+        shown = events if args.verbose else events[:_NODE_EVENTS_SHOWN]
+        rows = [[fmt_time(e.timestamp_ns), e.subsystem, e.message] for e in shown]
+        print_table(["Time", "Subsystem", "Message"], rows, empty="No events")
+        if len(shown) < len(events):
+            print(f"({len(events) - len(shown)} older events not shown; -verbose shows all)")
         print("\nAllocations")
         _print_allocs_table(allocs, args)
     return 0
 
 
 def _cmd_node_drain(args: argparse.Namespace) -> int:
+    strategy: structs_pb2.DrainStrategy | None = None
+    if args.enable:
+        if args.keep_ineligible:
+            raise CLIError("-keep-ineligible only applies with -disable")
+        chosen = [
+            f
+            for f, on in (
+                ("-deadline", args.deadline is not None),
+                ("-no-deadline", args.no_deadline),
+                ("-force", args.force),
+            )
+            if on
+        ]
+        if len(chosen) > 1:
+            raise CLIError(f"{' and '.join(chosen)} can not be combined")
+        if args.force:
+            deadline_ns = _FORCE_DRAIN_DEADLINE_NS
+        elif args.no_deadline:
+            deadline_ns = 0
+        else:
+            deadline_ns = parse_duration_ns(args.deadline or "1h")
+            if deadline_ns <= 0:
+                raise CLIError(
+                    f'-deadline must be positive, got "{args.deadline}" (see -no-deadline, -force)'
+                )
+        strategy = structs_pb2.DrainStrategy(deadline_ns=deadline_ns, ignore_system_jobs=args.ignore_system)
+    else:
+        unused = [
+            f
+            for f, on in (
+                ("-deadline", args.deadline is not None),
+                ("-no-deadline", args.no_deadline),
+                ("-force", args.force),
+                ("-ignore-system", args.ignore_system),
+            )
+            if on
+        ]
+        if unused:
+            raise CLIError(f"{', '.join(unused)} only appl{'ies' if len(unused) == 1 else 'y'} with -enable")
     with _client(args) as client:
         node_id = _resolve_node(client, args.node, False)
-        if args.enable:
-            if args.force:
-                deadline_ns = -1
-            elif args.no_deadline:
-                deadline_ns = 0
-            else:
-                deadline_ns = parse_duration_ns(args.deadline)
-            strategy = structs_pb2.DrainStrategy(
-                deadline_ns=deadline_ns, ignore_system_jobs=args.ignore_system
-            )
+        if strategy is not None:
             resp = client.update_drain(node_id, strategy)
         else:
             resp = client.update_drain(node_id, None, mark_eligible=not args.keep_ineligible)
         if args.json:
-            _print_json(resp)
+            print_json(resp)
             return 0
-        print(f'Node "{_id(node_id, args)}" drain strategy {"set" if args.enable else "unset"}')
+        if strategy is None:
+            still = " (still ineligible for scheduling)" if args.keep_ineligible else ""
+            print(f'Node "{_id(node_id, args)}" drain strategy unset{still}')
+        else:
+            print(
+                f'Node "{_id(node_id, args)}" drain strategy set'
+                f" (deadline {_drain_deadline(strategy.deadline_ns)});"
+                " the node is ineligible for scheduling until the drain is disabled"
+            )
+        if resp.eval_ids:
+            print(f"Evaluations created: {', '.join(_id(e, args) for e in resp.eval_ids)}")
     return 0
+
+
+def _drain_deadline(deadline_ns: int) -> str:
+    if deadline_ns < 0 or deadline_ns == _FORCE_DRAIN_DEADLINE_NS:
+        return "force"
+    return fmt_duration(deadline_ns)
 
 
 def _cmd_node_eligibility(args: argparse.Namespace) -> int:
@@ -561,7 +827,7 @@ def _cmd_node_eligibility(args: argparse.Namespace) -> int:
         node_id = _resolve_node(client, args.node, False)
         resp = client.update_eligibility(node_id, eligibility)
         if args.json:
-            _print_json(resp)
+            print_json(resp)
             return 0
         print(f'Node "{_id(node_id, args)}" scheduling eligibility set: {eligibility} for scheduling')
     return 0
@@ -586,7 +852,7 @@ def _cmd_eval_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
         evals = client.list_evals(job_id=args.job, status=args.status, stale=args.stale).evals
         if args.json:
-            _print_json(evals)
+            print_json(evals)
             return 0
         rows = [
             [
@@ -601,7 +867,7 @@ def _cmd_eval_list(args: argparse.Namespace) -> int:
             for e in sorted(evals, key=lambda e: e.create_index, reverse=True)
         ]
         headers = ["ID", "Priority", "Triggered By", "Job ID", "Node ID", "Status", "Placement Failures"]
-        _print_table(headers, rows, empty="No evaluations")
+        print_table(headers, rows, empty="No evaluations")
     return 0
 
 
@@ -613,34 +879,43 @@ def _cmd_eval_status(args: argparse.Namespace) -> int:
             lambda i: client.get_eval(i, stale=args.stale).eval,
             lambda: [e.id for e in client.list_evals(stale=args.stale).evals],
         )
-        if args.json:
-            _print_json(ev)
-            return 0
-        _print_kv(
-            [
-                ("ID", ev.id),
-                ("Status", ev.status),
-                ("Status Description", ev.status_description or "<none>"),
-                ("Type", ev.type),
-                ("Triggered By", ev.triggered_by),
-                ("Job ID", ev.job_id),
-                ("Node ID", ev.node_id or "<none>"),
-                ("Priority", str(ev.priority)),
-                ("Previous Eval", ev.previous_eval or "<none>"),
-                ("Next Eval", ev.next_eval or "<none>"),
-                ("Blocked Eval", ev.blocked_eval or "<none>"),
-                ("Create Time", _time(ev.create_time_ns)),
-                ("Modify Time", _time(ev.modify_time_ns)),
-            ]
-        )
-        if ev.queued_allocations:
-            print("\nQueued Allocations")
-            rows = [[g, str(n)] for g, n in sorted(ev.queued_allocations.items())]
-            _print_table(["Task Group", "Queued"], rows)
-        if ev.failed_tg_allocs:
-            print("\nFailed Placements")
-            rows = [[g, reason] for g, reason in sorted(ev.failed_tg_allocs.items())]
-            _print_table(["Task Group", "Reason"], rows)
+        allocs: list[structs_pb2.Allocation] = []
+        if ev.job_id:
+            listing = client.list_allocs(job_id=ev.job_id, namespace=ev.namespace, stale=args.stale)
+            allocs = [a for a in listing.allocs if a.eval_id == ev.id]
+    if args.json:
+        print_json({"eval": ev, "allocations": allocs})
+        return 0
+    none = "<none>"
+    print_kv(
+        [
+            ("ID", ev.id),
+            ("Status", ev.status),
+            ("Status Description", ev.status_description or none),
+            ("Type", ev.type),
+            ("Triggered By", ev.triggered_by),
+            ("Job ID", ev.job_id or none),
+            ("Namespace", ev.namespace or none),
+            ("Node ID", _id(ev.node_id, args) if ev.node_id else none),
+            ("Priority", str(ev.priority)),
+            ("Create Time", fmt_time(ev.create_time_ns)),
+            ("Modify Time", fmt_time(ev.modify_time_ns)),
+            ("Wait Until", fmt_time(ev.wait_until_ns) if ev.wait_until_ns else none),
+            ("Previous Eval", _id(ev.previous_eval, args) if ev.previous_eval else none),
+            ("Next Eval", _id(ev.next_eval, args) if ev.next_eval else none),
+            ("Blocked Eval", _id(ev.blocked_eval, args) if ev.blocked_eval else none),
+        ]
+    )
+    queued = {g: n for g, n in ev.queued_allocations.items() if n > 0}
+    if queued:
+        print("\nQueued Allocations (could not be placed)")
+        print_table(["Task Group", "Queued"], [[g, str(n)] for g, n in sorted(queued.items())])
+    if ev.failed_tg_allocs:
+        print("\nFailed Placements")
+        rows = [[g, reason] for g, reason in sorted(ev.failed_tg_allocs.items())]
+        print_table(["Task Group", "Reason"], rows)
+    print("\nAllocations")
+    _print_allocs_table(allocs, args)
     return 0
 
 
@@ -653,9 +928,9 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
             lambda: [a.id for a in client.list_allocs(stale=args.stale).allocs],
         )
         if args.json:
-            _print_json(alloc)
+            print_json(alloc)
             return 0
-        _print_kv(
+        print_kv(
             [
                 ("ID", alloc.id),
                 ("Eval ID", _id(alloc.eval_id, args)),
@@ -669,8 +944,8 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
                 ("Client Description", alloc.client_description or "<none>"),
                 ("Desired Status", alloc.desired_status),
                 ("Desired Description", alloc.desired_description or "<none>"),
-                ("Created", _time(alloc.create_time_ns)),
-                ("Modified", _time(alloc.modify_time_ns)),
+                ("Created", fmt_time(alloc.create_time_ns)),
+                ("Modified", fmt_time(alloc.modify_time_ns)),
                 ("Previous Allocation", alloc.previous_allocation or "<none>"),
                 ("Next Allocation", alloc.next_allocation or "<none>"),
             ]
@@ -678,15 +953,15 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
         for name, state in sorted(alloc.task_states.items()):
             print(f'\nTask "{name}" is "{state.state}"' + (" (failed)" if state.failed else ""))
             print(
-                f"Restarts: {state.restarts}  Started: {_time(state.started_at_ns) or '-'}"
-                f"  Finished: {_time(state.finished_at_ns) or '-'}"
+                f"Restarts: {state.restarts}  Started: {fmt_time(state.started_at_ns) or '-'}"
+                f"  Finished: {fmt_time(state.finished_at_ns) or '-'}"
             )
-            rows = [[_time(e.time_ns), e.type, e.message] for e in state.events]
-            _print_table(["Time", "Type", "Description"], rows, empty="No events")
+            rows = [[fmt_time(e.time_ns), e.type, e.message] for e in state.events]
+            print_table(["Time", "Type", "Description"], rows, empty="No events")
         if alloc.state_history:
             print("\nClient Status History")
-            rows = [[_time(c.time_ns), c.field, c.value] for c in alloc.state_history]
-            _print_table(["Time", "Field", "Value"], rows)
+            rows = [[fmt_time(c.time_ns), c.field, c.value] for c in alloc.state_history]
+            print_table(["Time", "Field", "Value"], rows)
     return 0
 
 
@@ -720,7 +995,7 @@ def _cmd_raft_peers(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.raft_peers(stale=args.stale)
         if args.json:
-            _print_json(resp)
+            print_json(resp)
             return 0
         rows = [
             [
@@ -733,7 +1008,7 @@ def _cmd_raft_peers(args: argparse.Namespace) -> int:
             ]
             for p in resp.peers
         ]
-        _print_table(["Node", "Raft Address", "gRPC Address", "State", "Voter", "Connected"], rows)
+        print_table(["Node", "Raft Address", "gRPC Address", "State", "Voter", "Connected"], rows)
     return 0
 
 
@@ -792,9 +1067,9 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
         with _client(args) as client:
             resp = client.state_digest()
         if args.json:
-            _print_json(resp)
+            print_json(resp)
         else:
-            _print_kv(
+            print_kv(
                 [
                     ("Server", resp.server),
                     ("Leader", str(resp.leader).lower()),
@@ -814,7 +1089,7 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
                 answers.append((addr, exc))
     failed = sum(isinstance(a, DroverError) for _, a in answers)
     if args.json:
-        _print_json(
+        print_json(
             [a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers]
         )
     else:
@@ -832,7 +1107,7 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
             else [addr, "-", "-", "-", "-", "-", f"ERROR: {a}"]
             for addr, a in answers
         ]
-        _print_table(["Address", "Server", "Leader", "Term", "Applied", "Commit", "Digest"], rows)
+        print_table(["Address", "Server", "Leader", "Term", "Applied", "Commit", "Digest"], rows)
     if failed:
         return _fail(f"{failed} of {len(addresses)} servers did not answer")
     return 0
@@ -856,108 +1131,12 @@ def _client(args: argparse.Namespace) -> DroverClient:
 
 def _id(value: str, args: argparse.Namespace) -> str:
     verbose: bool = getattr(args, "verbose", False)
-    return value if verbose else value[:_SHORT_ID]
+    return short_id(value, verbose)
 
 
 def _print_allocs_table(allocs: Iterable[structs_pb2.Allocation], args: argparse.Namespace) -> None:
-    rows = [
-        [
-            _id(a.id, args),
-            _id(a.node_id, args),
-            a.task_group,
-            str(a.job_version),
-            a.desired_status,
-            a.client_status,
-            _time(a.create_time_ns),
-            _time(a.modify_time_ns),
-        ]
-        for a in sorted(allocs, key=lambda a: (a.create_index, a.name))
-    ]
-    headers = ["ID", "Node ID", "Task Group", "Version", "Desired", "Status", "Created", "Modified"]
-    _print_table(headers, rows, empty="No allocations placed")
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart, no trailing spaces."""
-    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
-    lines = [
-        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [headers, *rows]
-    ]
-    return "\n".join(lines)
-
-
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, empty: str = "") -> None:
-    if not rows and empty:
-        print(empty)
-        return
-    print(format_table(headers, rows))
-
-
-def _print_kv(pairs: Sequence[tuple[str, str]]) -> None:
-    width = max(len(k) for k, _ in pairs)
-    for key, value in pairs:
-        print(f"{key.ljust(width)} = {value}".rstrip())
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, Message):
-        return MessageToDict(value, preserving_proto_field_name=True)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _print_json(value: object) -> None:
-    print(json.dumps(_jsonable(value), indent=2))
-
-
-def _time(ns: int) -> str:
-    if not ns:
-        return ""
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-_DURATION_UNITS: Final = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_duration_ns(text: str) -> int:
-    """A Go-style duration ("1h30m", "90s", "-1s") in nanoseconds."""
-    sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
-    if body == "0":
-        return 0
-    pos, total = 0, 0.0
-    while pos < len(body):
-        m = _DURATION_PART.match(body, pos)
-        if m is None:
-            raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)')
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    if not body:
-        raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)')
-    return sign * round(total)
-
-
-def _duration(ns: int) -> str:
-    if ns < 0:
-        return "force"
-    if ns == 0:
-        return "none"
-    seconds = ns // 1_000_000_000
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return "".join(f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v) or f"{ns}ns"
+    rows = alloc_rows(allocs, getattr(args, "verbose", False))
+    print_table(ALLOC_HEADERS, rows, empty="No allocations placed")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ class PlanPreview:
     queued: dict[str, int]
     current_version: int
     changed: bool
+    new_job: bool = False
 
 
 class Proposer(Protocol):
@@ -143,6 +144,7 @@ class Endpoints:
             queued=dict(result.queued),
             current_version=existing.version if existing else 0,
             changed=changed,
+            new_job=existing is None,
         )
 
     def deregister_job(self, namespace: str, job_id: str, purge: bool) -> tuple[ApplyResult, str]:

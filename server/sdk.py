@@ -187,6 +187,13 @@ class DroverClient:
         req = api_pb2.JobSummaryRequest(job_id=job_id, namespace=namespace, options=opts)
         return self._call(lambda s: s.jobs.Summary, req, options=opts)
 
+    def plan_job(self, job: structs_pb2.Job) -> api_pb2.JobPlanResponse:
+        """Dry run of ``register_job(job)``: the scheduler's per-group bucket counts against a
+        private copy of the state. Writes nothing, so it is retried like a read (also on
+        ``DEADLINE_EXCEEDED``). Always answered by the leader (the request has no ``stale``)."""
+        req = api_pb2.JobPlanRequest(job=job)
+        return self._call(lambda s: s.jobs.Plan, req)
+
     # -- Nodes --------------------------------------------------------------------------
 
     def register_node(self, node: structs_pb2.Node) -> api_pb2.NodeRegisterResponse:

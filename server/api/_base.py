@@ -103,7 +103,12 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
             def run() -> Any:
                 if kind == "local":
                     return method(self, request, context)
-                stale = kind == "read" and request.HasField("options") and request.options.stale
+                stale = (
+                    kind == "read"
+                    and "options" in request.DESCRIPTOR.fields_by_name
+                    and request.HasField("options")
+                    and request.options.stale
+                )
                 if stale:
                     return method(self, request, context)
                 if not core.raft.is_leader():

@@ -106,6 +106,7 @@ class JobsServicer(api_pb2_grpc.JobsServicer):
             meta=meta_for(self.core, self.core.store.index),
             current_version=preview.current_version,
             job_changed=preview.changed,
+            new_job=preview.new_job,
             queued=preview.queued,
         )
         for group, buckets in preview.groups.items():

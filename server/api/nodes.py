@@ -62,7 +62,7 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
                 node.id.startswith(request.prefix) or node.name.startswith(request.prefix)
             ):
                 continue
-            to_proto(node, response.nodes.add())
+            to_proto(node, response.nodes.add()).ClearField("secret_id")
         return response
 
     @rpc(S, "read")
@@ -73,6 +73,8 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
             raise NotFoundError(f"node {request.node_id!r} not found")
         response = api_pb2.NodeGetResponse(meta=meta)
         to_proto(node, response.node)
+        # The secret authenticates the node's own client; it is not for readers.
+        response.node.ClearField("secret_id")
         return response
 
     @rpc(S, "write")

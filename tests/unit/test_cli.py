@@ -36,6 +36,10 @@ EVAL_ID_2 = "6f1c9999-0000-4000-8000-000000000002"
 ALLOC_ID = "a11c0000-0000-4000-8000-000000000001"
 NODE_ID = "b0de0000-0000-4000-8000-000000000001"
 EVAL_INDEX = 10
+ALLOCS_INDEX = 20
+ALLOC_ID_2 = "a22c0000-0000-4000-8000-000000000002"
+NODE_ID_2 = "b0de2222-0000-4000-8000-000000000002"
+BLOCKED_EVAL_ID = "b10c0000-0000-4000-8000-000000000003"
 SUBMIT_NS = 1_700_000_000_000_000_000
 
 
@@ -55,7 +59,16 @@ class FakeDrover:
     jobs: dict[str, structs_pb2.Job] = field(default_factory=dict)
     evals: dict[str, structs_pb2.Evaluation] = field(default_factory=dict)
     allocs: list[structs_pb2.Allocation] = field(default_factory=list)
+    nodes: dict[str, structs_pb2.Node] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # eval ID -> the states successive Evals.Get calls return (the last one then sticks).
+    eval_script: dict[str, list[structs_pb2.Evaluation]] = field(default_factory=dict)
+    # N -> allocs that appear while the Nth Evals.Get call is served ("between polls").
+    alloc_script: dict[int, list[structs_pb2.Allocation]] = field(default_factory=dict)
+    plan_response: api_pb2.JobPlanResponse = field(default_factory=api_pb2.JobPlanResponse)
+    # The alloc table's index; Allocs.List blocks on it like the real server.
+    allocs_index: int = ALLOCS_INDEX
+    allocs_changed: threading.Condition = field(default_factory=threading.Condition)
 
     def enter(self, method: str, request: Message, context: grpc.ServicerContext) -> None:
         with self.lock:
@@ -66,6 +79,17 @@ class FakeDrover:
 
     def calls(self, method: str) -> list[Any]:
         return [req for name, req in self.requests if name == method]
+
+    def add_allocs(self, *allocs: structs_pb2.Allocation) -> None:
+        """New allocs at a new alloc table index, waking blocked Allocs.List queries."""
+        with self.allocs_changed:
+            self.allocs_index += 1
+            for alloc in allocs:
+                placed = structs_pb2.Allocation()
+                placed.CopyFrom(alloc)
+                placed.create_index = placed.modify_index = self.allocs_index
+                self.allocs.append(placed)
+            self.allocs_changed.notify_all()
 
 
 class _Jobs(api_pb2_grpc.JobsServicer):
@@ -79,9 +103,24 @@ class _Jobs(api_pb2_grpc.JobsServicer):
         job.status = "pending"
         job.submit_time_ns = SUBMIT_NS
         self.fake.jobs[job.id] = job
-        self.fake.evals[EVAL_ID] = structs_pb2.Evaluation(
-            id=EVAL_ID, job_id=job.id, status="pending", triggered_by="job-register", modify_index=EVAL_INDEX
+        if job.periodic.enabled or job.HasField("parameterized"):
+            return api_pb2.JobRegisterResponse(meta=api_pb2.WriteMeta(index=EVAL_INDEX), version=job.version)
+        pending = structs_pb2.Evaluation(
+            id=EVAL_ID,
+            job_id=job.id,
+            status="pending",
+            triggered_by="job-register",
+            create_index=EVAL_INDEX,
+            modify_index=EVAL_INDEX,
         )
+        self.fake.evals[EVAL_ID] = pending
+        if EVAL_ID not in self.fake.eval_script:
+            # By default the scheduler finishes the eval by the second read.
+            done = structs_pb2.Evaluation()
+            done.CopyFrom(pending)
+            done.status = "complete"
+            done.modify_index += 1
+            self.fake.eval_script[EVAL_ID] = [pending, done]
         return api_pb2.JobRegisterResponse(
             meta=api_pb2.WriteMeta(index=EVAL_INDEX), eval_id=EVAL_ID, version=job.version
         )
@@ -111,6 +150,10 @@ class _Jobs(api_pb2_grpc.JobsServicer):
     def Summary(self, request: Any, context: grpc.ServicerContext) -> api_pb2.JobSummaryResponse:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
 
+    def Plan(self, request: Any, context: grpc.ServicerContext) -> api_pb2.JobPlanResponse:
+        self.fake.enter("Jobs.Plan", request, context)
+        return self.fake.plan_response
+
 
 class _Evals(api_pb2_grpc.EvalsServicer):
     def __init__(self, fake: FakeDrover) -> None:
@@ -118,13 +161,15 @@ class _Evals(api_pb2_grpc.EvalsServicer):
 
     def Get(self, request: Any, context: grpc.ServicerContext) -> api_pb2.EvalGetResponse:
         self.fake.enter("Evals.Get", request, context)
+        served = len(self.fake.calls("Evals.Get"))
+        if served in self.fake.alloc_script:
+            self.fake.add_allocs(*self.fake.alloc_script.pop(served))
+        script = self.fake.eval_script.get(request.eval_id)
+        if script:
+            self.fake.evals[request.eval_id] = script.pop(0) if len(script) > 1 else script[0]
         ev = self.fake.evals.get(request.eval_id)
         if ev is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f'eval "{request.eval_id}" not found')
-        # A blocking query past the eval's index "waits" for the scheduler, which completes it.
-        if request.options.min_index >= ev.modify_index and ev.status == "pending":
-            ev.status = "complete"
-            ev.modify_index += 1
         return api_pb2.EvalGetResponse(meta=api_pb2.QueryMeta(index=ev.modify_index), eval=ev)
 
     def List(self, request: Any, context: grpc.ServicerContext) -> api_pb2.EvalListResponse:
@@ -138,10 +183,65 @@ class _Allocs(api_pb2_grpc.AllocsServicer):
 
     def List(self, request: Any, context: grpc.ServicerContext) -> api_pb2.AllocListResponse:
         self.fake.enter("Allocs.List", request, context)
-        allocs = [a for a in self.fake.allocs if not request.job_id or a.job_id == request.job_id]
-        return api_pb2.AllocListResponse(allocs=allocs)
+        fake = self.fake
+        with fake.allocs_changed:
+            if request.options.min_index:
+                # A blocking query, as on the real server (capped so a broken test ends).
+                wait_s = min(request.options.wait_ns / 1e9 if request.options.wait_ns > 0 else 5.0, 5.0)
+                fake.allocs_changed.wait_for(lambda: fake.allocs_index > request.options.min_index, wait_s)
+            allocs = [
+                a
+                for a in fake.allocs
+                if (not request.job_id or a.job_id == request.job_id)
+                and (not request.node_id or a.node_id == request.node_id)
+            ]
+            return api_pb2.AllocListResponse(meta=api_pb2.QueryMeta(index=fake.allocs_index), allocs=allocs)
 
     def Get(self, request: Any, context: grpc.ServicerContext) -> api_pb2.AllocGetResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
+
+class _Nodes(api_pb2_grpc.NodesServicer):
+    def __init__(self, fake: FakeDrover) -> None:
+        self.fake = fake
+
+    def List(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeListResponse:
+        self.fake.enter("Nodes.List", request, context)
+        nodes = [n for n in self.fake.nodes.values() if n.id.startswith(request.prefix)]
+        return api_pb2.NodeListResponse(meta=api_pb2.QueryMeta(index=5), nodes=nodes)
+
+    def Get(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeGetResponse:
+        self.fake.enter("Nodes.Get", request, context)
+        node = self.fake.nodes.get(request.node_id)
+        if node is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f'node "{request.node_id}" not found')
+        return api_pb2.NodeGetResponse(meta=api_pb2.QueryMeta(index=5), node=node)
+
+    def UpdateDrain(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeUpdateDrainResponse:
+        self.fake.enter("Nodes.UpdateDrain", request, context)
+        return api_pb2.NodeUpdateDrainResponse(meta=api_pb2.WriteMeta(index=30), eval_ids=[EVAL_ID_2])
+
+    def UpdateEligibility(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> api_pb2.NodeUpdateEligibilityResponse:
+        self.fake.enter("Nodes.UpdateEligibility", request, context)
+        return api_pb2.NodeUpdateEligibilityResponse(meta=api_pb2.WriteMeta(index=31))
+
+    def Register(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeRegisterResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
+    def UpdateStatus(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeUpdateStatusResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
+    def GetClientAllocs(self, request: Any, context: grpc.ServicerContext) -> api_pb2.ClientAllocsResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
+    def WatchClientAllocs(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ClientAllocsResponse]:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
+    def UpdateAllocs(self, request: Any, context: grpc.ServicerContext) -> api_pb2.AllocUpdateResponse:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
 
 
@@ -177,11 +277,12 @@ def snapshot_fixture() -> raft_pb2.StateSnapshot:
 def fake() -> Iterator[tuple[FakeDrover, str]]:
     """An IN-PROCESS FAKE drover server on a free port: (state, "127.0.0.1:port")."""
     state = FakeDrover()
-    pool = futures.ThreadPoolExecutor(max_workers=4)
+    pool = futures.ThreadPoolExecutor(max_workers=8)
     server = grpc.server(pool)
     api_pb2_grpc.add_JobsServicer_to_server(_Jobs(state), server)
     api_pb2_grpc.add_EvalsServicer_to_server(_Evals(state), server)
     api_pb2_grpc.add_AllocsServicer_to_server(_Allocs(state), server)
+    api_pb2_grpc.add_NodesServicer_to_server(_Nodes(state), server)
     api_pb2_grpc.add_OperatorServicer_to_server(_Operator(state), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -197,9 +298,20 @@ def web_job(count: int = 2) -> structs.Job:
     return structs.Job(id="web", groups=(structs.TaskGroup(name="web", count=count, tasks=(task,)),))
 
 
+def periodic_job() -> structs.Job:
+    task = structs.Task(name="app", driver="mock")
+    return structs.Job(
+        id="nightly",
+        type="batch",
+        periodic=structs.PeriodicConfig(spec="0 3 * * *"),
+        groups=(structs.TaskGroup(name="report", count=1, tasks=(task,)),),
+    )
+
+
 @pytest.fixture
 def fake_jobspec(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A stand-in ``server.jobspec``: "web N" parses to web_job(N), "bad" raises JobspecError."""
+    """A stand-in ``server.jobspec``: "web N" parses to web_job(N), "periodic" to periodic_job(),
+    "bad" raises JobspecError."""
     mod = types.ModuleType("server.jobspec")
 
     class JobspecError(ValueError):
@@ -207,6 +319,8 @@ def fake_jobspec(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
     def parse_jobspec(text: str, *, filename: str = "") -> structs.Job:
         words = text.split()
+        if words[0] == "periodic":
+            return periodic_job()
         if words[0] != "web":
             raise JobspecError(f"{filename}:1,1: unexpected {words[0]!r}")
         return web_job(int(words[1]))
@@ -271,33 +385,208 @@ def test_job_run__detach__with_stand_in_jobspec(
     assert "evaluation" in out
 
 
-def test_job_run__monitors_eval_with_blocking_query(
+def web_alloc(alloc_id: str, node_id: str, eval_id: str = EVAL_ID) -> structs_pb2.Allocation:
+    return structs_pb2.Allocation(
+        id=alloc_id,
+        eval_id=eval_id,
+        node_id=node_id,
+        job_id="web",
+        task_group="web",
+        desired_status="run",
+        client_status="pending",
+    )
+
+
+def scripted_eval(status: str, index: int, **fields: Any) -> structs_pb2.Evaluation:
+    return structs_pb2.Evaluation(
+        id=EVAL_ID,
+        job_id="web",
+        status=status,
+        triggered_by="job-register",
+        create_index=EVAL_INDEX,
+        modify_index=index,
+        **fields,
+    )
+
+
+def test_job_run__monitor_prints_allocs_as_they_appear(
     fake: tuple[FakeDrover, str],
     fake_jobspec: types.ModuleType,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     state, addr = fake
-    state.allocs.append(
-        structs_pb2.Allocation(
-            id=ALLOC_ID,
-            node_id=NODE_ID,
-            job_id="web",
-            task_group="web",
-            desired_status="run",
-            client_status="pending",
-        )
+    # An alloc of an older eval of the job: not this registration's, never printed.
+    state.add_allocs(web_alloc("0bd00000-0000-4000-8000-000000000009", NODE_ID, eval_id=EVAL_ID_2))
+    state.eval_script[EVAL_ID] = [
+        scripted_eval("pending", EVAL_INDEX),
+        scripted_eval("pending", EVAL_INDEX),
+        scripted_eval("complete", EVAL_INDEX + 1),
+    ]
+    # One alloc shows up before the 2nd eval read, the other before the 3rd.
+    state.alloc_script = {2: [web_alloc(ALLOC_ID, NODE_ID)], 3: [web_alloc(ALLOC_ID_2, NODE_ID_2)]}
+    path = tmp_path / "web.hcl"
+    path.write_text("web 2")
+    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    assert (code, err) == (0, [])
+    assert out.splitlines() == [
+        f'Job "web" registered (version 0), evaluation {EVAL_ID}',
+        f'==> Monitoring evaluation "{EVAL_ID[:8]}"',
+        '    Evaluation triggered by job "web"',
+        '    Evaluation status "pending"',
+        f'    Allocation "{ALLOC_ID[:8]}" created: node "{NODE_ID[:8]}", group "web"',
+        '    Evaluation status changed: "pending" -> "complete"',
+        f'    Allocation "{ALLOC_ID_2[:8]}" created: node "{NODE_ID_2[:8]}", group "web"',
+        f'==> Evaluation "{EVAL_ID[:8]}" finished with status "complete"',
+    ]
+    # Eval reads do not block; the job's allocs are read with blocking queries.
+    assert [g.options.min_index for g in state.calls("Evals.Get")] == [0, 0, 0]
+    lists = state.calls("Allocs.List")
+    assert {(r.job_id, r.namespace) for r in lists} == {("web", "")}
+    assert lists[0].options.min_index == 0
+    blocking = [r for r in lists if r.options.min_index]
+    assert blocking and all(r.options.wait_ns > 0 for r in blocking)
+    assert blocking[0].options.min_index == ALLOCS_INDEX + 1
+
+
+def test_job_run__monitor_wakes_on_new_alloc(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The alloc list query blocks on the server until the placement lands."""
+    state, addr = fake
+    state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX)]
+
+    def scheduler_finishes() -> None:
+        state.eval_script.pop(EVAL_ID)
+        state.evals[EVAL_ID] = scripted_eval("complete", EVAL_INDEX + 1)
+        state.add_allocs(web_alloc(ALLOC_ID, NODE_ID))
+
+    path = tmp_path / "web.hcl"
+    path.write_text("web 1")
+    timer = threading.Timer(0.3, scheduler_finishes)
+    timer.start()
+    try:
+        code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    finally:
+        timer.cancel()
+    assert (code, err) == (0, [])
+    assert f'Allocation "{ALLOC_ID[:8]}" created: node "{NODE_ID[:8]}", group "web"' in out
+    assert out.endswith(f'==> Evaluation "{EVAL_ID[:8]}" finished with status "complete"\n')
+    # Woken by the new alloc, not by a poll: one blocking query, then the final look.
+    blocking = [r for r in state.calls("Allocs.List") if r.options.min_index]
+    assert [r.options.min_index for r in blocking] == [ALLOCS_INDEX]
+
+
+def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    done = scripted_eval(
+        "complete",
+        EVAL_INDEX + 1,
+        blocked_eval=BLOCKED_EVAL_ID,
+        queued_allocations={"web": 2},
+        failed_tg_allocs={"web": "resources exhausted on 3 nodes"},
     )
+    state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX), done]
+    state.alloc_script = {2: [web_alloc(ALLOC_ID, NODE_ID)]}
+    path = tmp_path / "web.hcl"
+    path.write_text("web 3")
+    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    assert (code, err) == (0, [])
+    lines = out.splitlines()
+    assert lines[lines.index('    Evaluation status changed: "pending" -> "complete"') + 1 :] == [
+        f'    Allocation "{ALLOC_ID[:8]}" created: node "{NODE_ID[:8]}", group "web"',
+        f'==> Evaluation "{EVAL_ID[:8]}" finished with status "complete" but failed to place all allocations:',
+        '    Task Group "web": 2 allocation(s) queued, could not be placed now',
+        "      * resources exhausted on 3 nodes",
+        f'    Evaluation "{BLOCKED_EVAL_ID[:8]}" waiting for additional capacity to place the remainder',
+    ]
+
+
+def test_job_run__follow_up_eval_is_shown(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    done = scripted_eval("complete", EVAL_INDEX + 1, next_eval=EVAL_ID_2)
+    state.eval_script[EVAL_ID] = [done]
+    path = tmp_path / "web.hcl"
+    path.write_text("web 1")
+    code, out, _ = run(capsys, "job", "run", "-verbose", "-address", addr, str(path))
+    assert code == 0
+    assert f'    Follow-up evaluation "{EVAL_ID_2}" created' in out.splitlines()
+    # Already complete at the first read: one eval read, one alloc read, no blocking.
+    assert len(state.calls("Evals.Get")) == 1
+    assert [r.options.min_index for r in state.calls("Allocs.List")] == [0]
+
+
+def test_job_run__failed_eval__exit_1(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    failed = scripted_eval("failed", EVAL_INDEX + 1, status_description="maximum attempts reached (5)")
+    state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX), failed]
     path = tmp_path / "web.hcl"
     path.write_text("web 1")
     code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    assert code == 1
+    assert err == [f'Error: evaluation "{EVAL_ID[:8]}" failed: maximum attempts reached (5)']
+    assert 'finished with status "failed"' in out
+
+
+def test_job_run__monitor_timeout__exit_0(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX)]
+    path = tmp_path / "web.hcl"
+    path.write_text("web 1")
+    start = time.monotonic()
+    code, out, err = run(capsys, "job", "run", "-monitor-timeout", "0.5", "-address", addr, str(path))
     assert (code, err) == (0, [])
-    gets = state.calls("Evals.Get")
-    assert [g.options.min_index for g in gets] == [0, EVAL_INDEX]
-    assert gets[1].options.wait_ns > 0
-    assert 'Evaluation status changed: "pending" -> "complete"' in out
-    assert f'Evaluation "{EVAL_ID[:8]}" finished with status "complete"' in out
-    assert ALLOC_ID[:8] in out and NODE_ID[:8] in out
+    assert time.monotonic() - start < 3
+    assert f'==> Evaluation "{EVAL_ID[:8]}" still "pending" after 0.5s; stopped monitoring' in out
+    assert f'Run "drover eval status {EVAL_ID}" to check on it' in out
+
+
+def test_job_run__periodic_job__nothing_to_monitor(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    path = tmp_path / "nightly.hcl"
+    path.write_text("periodic")
+    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    assert (code, err) == (0, [])
+    assert out.splitlines() == [
+        'Job "nightly" registered (version 0)',
+        "Job is periodic: each run it launches is evaluated then; nothing to monitor now",
+    ]
+    assert state.calls("Evals.Get") == []
+
+
+def test_job_run__default_monitor_timeout_is_60s() -> None:
+    from server.cli import _build_parser
+
+    args = _build_parser().parse_args(["job", "run", "web.hcl"])
+    assert args.monitor_timeout == 60.0
 
 
 def test_job_run__bad_job_file__one_error_line(
@@ -466,6 +755,358 @@ def test_eval_status__unique_prefix(fake: tuple[FakeDrover, str], capsys: pytest
     code, _, err = run(capsys, "eval", "status", "-address", addr, "6f1c")
     assert code == 1
     assert err == [f'Error: prefix "6f1c" matched 2 evaluations: {EVAL_ID}, {EVAL_ID_2}']
+
+
+def test_eval_status__details_and_its_allocs(
+    fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, addr = fake
+    state.evals[EVAL_ID] = structs_pb2.Evaluation(
+        id=EVAL_ID,
+        namespace="default",
+        priority=50,
+        type="service",
+        triggered_by="job-register",
+        job_id="web",
+        status="complete",
+        previous_eval=EVAL_ID_2,
+        blocked_eval=BLOCKED_EVAL_ID,
+        queued_allocations={"web": 1, "db": 0},
+        failed_tg_allocs={"web": "resources exhausted on 3 nodes"},
+        create_time_ns=SUBMIT_NS,
+        modify_time_ns=SUBMIT_NS + 2_000_000_000,
+        wait_until_ns=SUBMIT_NS + 60_000_000_000,
+    )
+    state.add_allocs(web_alloc(ALLOC_ID, NODE_ID), web_alloc(ALLOC_ID_2, NODE_ID_2, eval_id=EVAL_ID_2))
+    code, out, err = run(capsys, "eval", "status", "-address", addr, EVAL_ID)
+    assert (code, err) == (0, [])
+    assert out.splitlines() == [
+        f"ID                 = {EVAL_ID}",
+        "Status             = complete",
+        "Status Description = <none>",
+        "Type               = service",
+        "Triggered By       = job-register",
+        "Job ID             = web",
+        "Namespace          = default",
+        "Node ID            = <none>",
+        "Priority           = 50",
+        "Create Time        = 2023-11-14T22:13:20Z",
+        "Modify Time        = 2023-11-14T22:13:22Z",
+        "Wait Until         = 2023-11-14T22:14:20Z",
+        f"Previous Eval      = {EVAL_ID_2[:8]}",
+        "Next Eval          = <none>",
+        f"Blocked Eval       = {BLOCKED_EVAL_ID[:8]}",
+        "",
+        "Queued Allocations (could not be placed)",
+        "Task Group  Queued",
+        "web         1",
+        "",
+        "Failed Placements",
+        "Task Group  Reason",
+        "web         resources exhausted on 3 nodes",
+        "",
+        "Allocations",
+        "ID        Node ID   Task Group  Version  Desired  Status   Created  Modified",
+        f"{ALLOC_ID[:8]}  {NODE_ID[:8]}  web         0        run      pending",
+    ]
+    [listing] = state.calls("Allocs.List")
+    assert (listing.job_id, listing.namespace) == ("web", "default")
+
+    code, out, _ = run(capsys, "eval", "status", "-json", "-address", addr, EVAL_ID[:6])
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["eval"]["id"] == EVAL_ID
+    assert doc["eval"]["queued_allocations"] == {"web": 1, "db": 0}
+    assert [a["id"] for a in doc["allocations"]] == [ALLOC_ID]
+
+
+def test_eval_status__no_allocs(fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]) -> None:
+    state, addr = fake
+    state.evals[EVAL_ID] = structs_pb2.Evaluation(id=EVAL_ID, job_id="web", status="pending")
+    code, out, _ = run(capsys, "eval", "status", "-address", addr, EVAL_ID)
+    assert code == 0
+    assert out.endswith("\nAllocations\nNo allocations placed\n")
+    assert "Queued Allocations" not in out and "Failed Placements" not in out
+
+
+# ---------------------------------------------------------------------------------------
+# job plan
+
+
+def plan_fixture(*, changed: bool = True, version: int = 3) -> api_pb2.JobPlanResponse:
+    plan = api_pb2.JobPlanResponse(
+        meta=api_pb2.QueryMeta(index=40), current_version=version, job_changed=changed
+    )
+    plan.groups["web"].buckets.update(
+        {"place": 1, "update_destructive": 2, "ignore": 1, "reschedule_now": 1, "canary": 1}
+    )
+    plan.groups["old"].buckets.update({"stop": 3})
+    plan.queued.update({"web": 1, "old": 0})
+    return plan
+
+
+def test_job_plan__table_of_buckets(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.jobs["web"] = structs_pb2.Job(id="web", version=3)
+    state.plan_response = plan_fixture()
+    path = tmp_path / "web.hcl"
+    path.write_text("web 4")
+    code, out, err = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert (code, err) == (0, [])
+    assert out.splitlines() == [
+        'Job: "web" (changes: version 3 -> 4)',
+        "",
+        "Group  Place  Update (destructive)  Update (in-place)  Stop  Migrate  Lost  Ignore  canary"
+        "  Reschedule (now)",
+        "web    1      2                     0                  0     0        0     1       1       1",
+        "old    0      0                     0                  3     0        0     0       0       0",
+        "",
+        "Scheduler dry-run: 1 allocation(s) could not be placed now (would be queued):",
+        "Group  Queued",
+        "web    1",
+    ]
+    [request] = state.calls("Jobs.Plan")
+    assert request.job == to_proto(web_job(4), structs_pb2.Job())
+    assert state.calls("Jobs.Register") == []
+
+
+def test_job_plan__new_job(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    plan = api_pb2.JobPlanResponse(job_changed=True)
+    plan.groups["web"].buckets["place"] = 2
+    state.plan_response = plan
+    path = tmp_path / "web.hcl"
+    path.write_text("web 2")
+    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == 'Job: "web" (new)'
+    assert lines[3].split() == ["web", "2", "0", "0", "0", "0", "0", "0"]
+    assert lines[-1] == "Scheduler dry-run: all allocations can be placed."
+
+
+def test_job_plan__no_changes__exit_0(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.jobs["web"] = structs_pb2.Job(id="web", version=2)
+    plan = api_pb2.JobPlanResponse(current_version=2, job_changed=False)
+    plan.groups["web"].buckets["ignore"] = 2
+    state.plan_response = plan
+    path = tmp_path / "web.hcl"
+    path.write_text("web 2")
+    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert code == 0
+    assert out.splitlines()[0] == 'Job: "web" (no changes)'
+
+
+def test_job_plan__group_without_buckets_gets_a_zero_row(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.plan_response = api_pb2.JobPlanResponse(job_changed=True)
+    path = tmp_path / "web.hcl"
+    path.write_text("web 0")
+    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert code == 0
+    assert out.splitlines()[3].split() == ["web", "0", "0", "0", "0", "0", "0", "0"]
+
+
+def test_job_plan__json(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.plan_response = plan_fixture()
+    path = tmp_path / "web.hcl"
+    path.write_text("web 4")
+    code, out, _ = run(capsys, "job", "plan", "-json", "-address", addr, str(path))
+    assert code == 0
+    assert json.loads(out) == {
+        "meta": {"index": "40"},
+        "groups": {
+            "web": {
+                "buckets": {
+                    "place": 1,
+                    "update_destructive": 2,
+                    "ignore": 1,
+                    "reschedule_now": 1,
+                    "canary": 1,
+                }
+            },
+            "old": {"buckets": {"stop": 3}},
+        },
+        "current_version": "3",
+        "job_changed": True,
+        "queued": {"web": 1, "old": 0},
+    }
+    assert state.calls("Jobs.Get") == []
+
+
+def test_job_plan__periodic_job(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.plan_response = api_pb2.JobPlanResponse(job_changed=True)
+    path = tmp_path / "nightly.hcl"
+    path.write_text("periodic")
+    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert code == 0
+    assert out.splitlines() == [
+        'Job: "nightly" (new)',
+        "",
+        "Job is periodic: registering it places no allocations by itself; each child job it launches"
+        " is scheduled then.",
+    ]
+
+
+def test_job_plan__read_retried_after_deadline_exceeded(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.faults["Jobs.Plan"].append((grpc.StatusCode.DEADLINE_EXCEEDED, "slow"))
+    state.faults["Jobs.Plan"].append((grpc.StatusCode.UNAVAILABLE, "no leader"))
+    path = tmp_path / "web.hcl"
+    path.write_text("web 1")
+    code, _, err = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert (code, err) == (0, [])
+    assert len(state.calls("Jobs.Plan")) == 3
+
+
+def test_job_plan__invalid_argument__exit_1(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state, addr = fake
+    state.outage["Jobs.Plan"] = (grpc.StatusCode.INVALID_ARGUMENT, "job.type: can not change")
+    path = tmp_path / "web.hcl"
+    path.write_text("web 1")
+    code, out, err = run(capsys, "job", "plan", "-address", addr, str(path))
+    assert (code, out, err) == (1, "", ["Error: job.type: can not change"])
+
+
+def test_job_plan__help_documents_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["job", "plan", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "Exit status:" in out
+    assert "0  the plan was computed, whether or not the job would change anything" in out
+
+
+# ---------------------------------------------------------------------------------------
+# node
+
+
+def node_fixture(events: int = 0) -> structs_pb2.Node:
+    node = structs_pb2.Node(
+        id=NODE_ID,
+        name="client-1",
+        datacenter="dc1",
+        status="ready",
+        scheduling_eligibility="eligible",
+        secret_id="s3cr3t",
+    )
+    for i in range(events):
+        node.events.add(message=f"event {i}", subsystem="Cluster", timestamp_ns=SUBMIT_NS + i * 10**9)
+    return node
+
+
+def test_node_status__last_10_events_and_allocs(
+    fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, addr = fake
+    state.nodes[NODE_ID] = node_fixture(events=12)
+    state.add_allocs(web_alloc(ALLOC_ID, NODE_ID), web_alloc(ALLOC_ID_2, NODE_ID_2))
+    code, out, err = run(capsys, "node", "status", "-address", addr, "client-1")
+    assert (code, err) == (0, [])
+    lines = out.splitlines()
+    events = lines[lines.index("Node Events") + 2 : lines.index("Allocations") - 2]
+    assert [line.split()[-1] for line in events] == [str(i) for i in range(11, 1, -1)]
+    assert "(2 older events not shown; -verbose shows all)" in lines
+    assert ALLOC_ID[:8] in out and ALLOC_ID_2[:8] not in out
+    assert state.calls("Allocs.List")[0].node_id == NODE_ID
+    code, out, _ = run(capsys, "node", "status", "-json", "-address", addr, NODE_ID[:4])
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["node"]["id"] == NODE_ID and "secret_id" not in doc["node"]
+    assert [a["id"] for a in doc["allocations"]] == [ALLOC_ID]
+
+
+def test_node_drain__enable_and_disable(
+    fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, addr = fake
+    state.nodes[NODE_ID] = node_fixture()
+    code, out, err = run(capsys, "node", "drain", "-enable", "-deadline", "30m", "-address", addr, "client-1")
+    assert (code, err) == (0, [])
+    assert out.startswith(f'Node "{NODE_ID[:8]}" drain strategy set (deadline 30m)')
+    code, _, _ = run(capsys, "node", "drain", "-enable", "-force", "-address", addr, NODE_ID)
+    assert code == 0
+    code, out, _ = run(capsys, "node", "drain", "-disable", "-address", addr, NODE_ID[:6])
+    assert code == 0
+    assert out.startswith(f'Node "{NODE_ID[:8]}" drain strategy unset')
+    first, forced, off = state.calls("Nodes.UpdateDrain")
+    assert first.node_id == NODE_ID and first.drain_strategy.deadline_ns == 30 * 60 * 10**9
+    # The server rejects negative deadlines: "force" is a deadline that has already passed.
+    assert forced.drain_strategy.deadline_ns == 1
+    assert not off.HasField("drain_strategy") and off.mark_eligible
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-enable", "-force", "-no-deadline"], "Error: -no-deadline and -force can not be combined"),
+        (
+            ["-enable", "-deadline", "0"],
+            'Error: -deadline must be positive, got "0" (see -no-deadline, -force)',
+        ),
+        (["-disable", "-deadline", "1h"], "Error: -deadline only applies with -enable"),
+        (["-enable", "-keep-ineligible"], "Error: -keep-ineligible only applies with -disable"),
+    ],
+    ids=["force-and-no-deadline", "zero-deadline", "deadline-with-disable", "keep-ineligible-with-enable"],
+)
+def test_node_drain__conflicting_flags(
+    fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "node", "drain", *argv, "-address", fake[1], NODE_ID)
+    assert (code, out, err) == (1, "", [message])
+    assert fake[0].requests == []
+
+
+def test_node_eligibility(fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]) -> None:
+    state, addr = fake
+    state.nodes[NODE_ID] = node_fixture()
+    assert run(capsys, "node", "eligibility", "-disable", "-address", addr, "client-1")[0] == 0
+    assert run(capsys, "node", "eligibility", "-enable", "-address", addr, "client-1")[0] == 0
+    assert [r.eligibility for r in state.calls("Nodes.UpdateEligibility")] == ["ineligible", "eligible"]
+    assert [r.node_id for r in state.calls("Nodes.UpdateEligibility")] == [NODE_ID, NODE_ID]
 
 
 def test_operator_state__json(fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -532,9 +532,11 @@ class JobPlanResponse(_message.Message):
     JOB_CHANGED_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    NEW_JOB_FIELD_NUMBER: _builtins.int
     current_version: _builtins.int
-    """The job version the registration would create and the current one (0 when new)."""
+    """The job's current version (0 when it does not exist yet: see new_job)."""
     job_changed: _builtins.bool
+    new_job: _builtins.bool
     @_builtins.property
     def meta(self) -> Global___QueryMeta: ...
     @_builtins.property
@@ -552,10 +554,11 @@ class JobPlanResponse(_message.Message):
         job_changed: _builtins.bool = ...,
         queued: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        new_job: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "groups", b"groups", "job_changed", b"job_changed", "meta", b"meta", "queued", b"queued", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "groups", b"groups", "job_changed", b"job_changed", "meta", b"meta", "new_job", b"new_job", "queued", b"queued", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

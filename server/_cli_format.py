@@ -1,0 +1,221 @@
+"""Formatting helpers for the ``drover`` CLI (server/cli.py): tables, key = value lists,
+JSON, times and durations, and the ``job plan`` bucket table.
+
+Nothing here talks to a server; everything takes plain values or protobuf messages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Final
+
+from drover.v1 import structs_pb2
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+__all__ = [
+    "ALLOC_HEADERS",
+    "SHORT_ID_LEN",
+    "CLIError",
+    "alloc_rows",
+    "fmt_duration",
+    "fmt_time",
+    "format_table",
+    "jsonable",
+    "parse_duration_ns",
+    "plan_header",
+    "plan_table",
+    "print_json",
+    "print_kv",
+    "print_table",
+    "short_id",
+]
+
+SHORT_ID_LEN: Final = 8
+
+
+class CLIError(Exception):
+    """An expected failure: printed as ``Error: <message>``, exit status 1."""
+
+
+def short_id(value: str, verbose: bool) -> str:
+    return value if verbose else value[:SHORT_ID_LEN]
+
+
+# ---------------------------------------------------------------------------------------
+# Tables, key = value lists, JSON
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, no trailing spaces."""
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, empty: str = "") -> None:
+    if not rows and empty:
+        print(empty)
+        return
+    print(format_table(headers, rows))
+
+
+def print_kv(pairs: Sequence[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in pairs)
+    for key, value in pairs:
+        print(f"{key.ljust(width)} = {value}".rstrip())
+
+
+def jsonable(value: object) -> object:
+    if isinstance(value, Message):
+        return MessageToDict(value, preserving_proto_field_name=True)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def print_json(value: object) -> None:
+    print(json.dumps(jsonable(value), indent=2))
+
+
+def alloc_rows(allocs: Iterable[structs_pb2.Allocation], verbose: bool) -> list[list[str]]:
+    """Rows for :data:`ALLOC_HEADERS`, oldest first."""
+    return [
+        [
+            short_id(a.id, verbose),
+            short_id(a.node_id, verbose),
+            a.task_group,
+            str(a.job_version),
+            a.desired_status,
+            a.client_status,
+            fmt_time(a.create_time_ns),
+            fmt_time(a.modify_time_ns),
+        ]
+        for a in sorted(allocs, key=lambda a: (a.create_index, a.name, a.id))
+    ]
+
+
+ALLOC_HEADERS: Final = ("ID", "Node ID", "Task Group", "Version", "Desired", "Status", "Created", "Modified")
+
+
+# ---------------------------------------------------------------------------------------
+# Times and durations
+
+
+def fmt_time(ns: int) -> str:
+    if not ns:
+        return ""
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_DURATION_UNITS: Final = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration_ns(text: str) -> int:
+    """A Go-style duration ("1h30m", "90s", "-1s") in nanoseconds."""
+    sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+    if body == "0":
+        return 0
+    pos, total = 0, 0.0
+    while pos < len(body):
+        m = _DURATION_PART.match(body, pos)
+        if m is None:
+            raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)')
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if not body:
+        raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)')
+    return sign * round(total)
+
+
+def fmt_duration(ns: int) -> str:
+    if ns < 0:
+        return "force"
+    if ns == 0:
+        return "none"
+    seconds = ns // 1_000_000_000
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v) or f"{ns}ns"
+
+
+# ---------------------------------------------------------------------------------------
+# job plan
+
+# The scheduler's bucket names -> a column. Some schedulers name the update buckets
+# "update_destructive"/"update_inplace", others "destructive"/"inplace": one column each.
+PLAN_COLUMNS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("Place", ("place",)),
+    ("Update (destructive)", ("destructive", "update_destructive")),
+    ("Update (in-place)", ("inplace", "update_inplace")),
+    ("Stop", ("stop",)),
+    ("Migrate", ("migrate",)),
+    ("Lost", ("lost",)),
+    ("Ignore", ("ignore",)),
+)
+# Headers for other buckets the scheduler is known to report; any bucket not named here
+# gets its own column headed by its raw name. Extra columns go in bucket-name order.
+_EXTRA_BUCKET_HEADERS: Final = {
+    "disconnecting": "Disconnecting",
+    "reconnecting": "Reconnecting",
+    "reschedule_now": "Reschedule (now)",
+    "reschedule_later": "Reschedule (later)",
+}
+_KNOWN_BUCKETS: Final = frozenset(key for _, keys in PLAN_COLUMNS for key in keys)
+
+
+def plan_header(job_id: str, *, new: bool, changed: bool, current_version: int) -> str:
+    if new:
+        what = "new"
+    elif changed:
+        what = f"changes: version {current_version} -> {current_version + 1}"
+    else:
+        what = "no changes"
+    return f'Job: "{job_id}" ({what})'
+
+
+def plan_table(
+    groups: Mapping[str, Mapping[str, int]], group_order: Sequence[str] = ()
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the per-group bucket counts.
+
+    The fixed columns (:data:`PLAN_COLUMNS`) are always there; any other bucket that came
+    back gets a column after them, sorted by bucket name. Groups come in ``group_order``
+    (the job file's order), then any others (say, a group the new version removes) by name.
+    """
+    extra = sorted({key for buckets in groups.values() for key in buckets} - _KNOWN_BUCKETS)
+    headers = [
+        "Group",
+        *(title for title, _ in PLAN_COLUMNS),
+        *(_EXTRA_BUCKET_HEADERS.get(key, key) for key in extra),
+    ]
+    ordered = [g for g in dict.fromkeys(group_order) if g in groups]
+    ordered += sorted(g for g in groups if g not in ordered)
+    rows: list[list[str]] = []
+    for group in ordered:
+        buckets = groups[group]
+        rows.append(
+            [
+                group,
+                *(str(sum(buckets.get(key, 0) for key in keys)) for _, keys in PLAN_COLUMNS),
+                *(str(buckets.get(key, 0)) for key in extra),
+            ]
+        )
+    return headers, rows
