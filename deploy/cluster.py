@@ -18,7 +18,8 @@ Two ways in:
       python deploy/cluster.py status [--dir .cluster]
       python deploy/cluster.py stop [--dir .cluster]
 
-  ``start`` leaves the agents running in the background, records them in
+  ``start`` begins a fresh cluster (it clears the data dirs and logs a previous one left
+  in ``<dir>``), leaves the agents running in the background, records them in
   ``<dir>/cluster.json`` and returns once a leader is elected; ``stop`` ends exactly the
   processes recorded there.
 
@@ -41,6 +42,7 @@ import ctypes
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,7 +239,7 @@ class ProcessRecord:
     name: str
     pid: int
     # The exact argv it was started with: ``stop`` signals the pid only while
-    # /proc/<pid>/cmdline still equals it (``-m server.cli`` and this agent's own data dir).
+    # /proc/<pid>/cmdline still contains "server.cli" and equals it (data dir included).
     argv: tuple[str, ...]
     data_dir: str
     log: str
@@ -345,7 +347,20 @@ def process_cmdline(pid: int) -> list[str] | None:
 
 
 def _is_recorded_agent(record: ProcessRecord) -> bool:
-    return process_cmdline(record.pid) == list(record.argv)
+    """True while ``record.pid`` still runs the agent recorded: a drover agent
+    (``-m server.cli``) started with exactly the recorded argv, its own data dir included."""
+    cmdline = process_cmdline(record.pid)
+    return cmdline is not None and AGENT_MODULE in cmdline and cmdline == list(record.argv)
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _send(pid: int, sig: int) -> None:
@@ -409,7 +424,7 @@ def stop_recorded(state_path: Path, timeout: float = STOP_TIMEOUT) -> dict[str, 
             _terminate(member.pid)
             signalled.append(member)
         else:
-            outcome[member.name] = "foreign" if process_cmdline(member.pid) is not None else "gone"
+            outcome[member.name] = "foreign" if _pid_exists(member.pid) else "gone"
 
     def all_exited() -> bool:
         return not any(_is_recorded_agent(m) for m in signalled)
@@ -630,6 +645,7 @@ class LocalCluster:
         return [self._spec(i).raft_address for i in range(len(self._servers))]
 
     def pid(self, i: int) -> int | None:
+        """The pid of server ``i``'s latest process, even if it has exited since."""
         proc = self._server(i).proc
         return proc.pid if proc is not None else None
 
@@ -730,7 +746,7 @@ class LocalCluster:
     # --- internals --------------------------------------------------------------------
 
     def _members(self) -> list[_Member]:
-        return [*self._clients, *self._servers]
+        return [*self._servers, *self._clients]
 
     def _server(self, i: int) -> _Member:
         if not self._started:
@@ -904,6 +920,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
             )
             return 1
         state_path.unlink()
+    # Each start is a fresh cluster: new ports would not match an old raft journal.
+    for name in [f"s{i + 1}" for i in range(args.servers)] + [f"c{j + 1}" for j in range(args.clients)]:
+        shutil.rmtree(base / name, ignore_errors=True)
+        (base / f"{name}.log").unlink(missing_ok=True)
     cluster = LocalCluster(base, servers=args.servers, clients=args.clients)
     try:
         cluster.start()
@@ -927,7 +947,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
     for client in record.clients:
         print(f"{client.name}  pid {client.pid}  log {client.log}")
     print(f"export DROVER_ADDR={','.join(record.grpc_addresses)}")
-    print(f"stop it with: make cluster-stop  (or {sys.argv[0]} stop --dir {args.dir})")
+    print(f"stop it with: make cluster-stop  (or: python deploy/cluster.py stop --dir {args.dir})")
     return 0
 
 

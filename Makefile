@@ -1,0 +1,67 @@
+# drover developer tasks. A fresh machine needs only make and python3.11 (or a python3 that
+# is 3.11 or newer): `make test` builds .venv first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := test
+
+VENV  := .venv
+BIN   := $(VENV)/bin
+PY    := $(BIN)/python
+# Touched after a successful install; older than pyproject.toml means reinstall.
+STAMP := $(VENV)/.installed
+
+.PHONY: install proto lint test dev cluster cluster-stop bench chaos clean distclean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if ! $(PY) -m pip --version >/dev/null 2>&1; then \
+	    if command -v python3.11 >/dev/null 2>&1; then boot=python3.11; else boot=python3; fi; \
+	    echo "creating $(VENV) with $$boot"; \
+	    $$boot -m venv --clear $(VENV) || { \
+	        echo "could not create $(VENV) (on Debian/Ubuntu: apt-get install python3.11-venv)" >&2; \
+	        exit 1; }; \
+	fi
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[dev]'
+	@touch $@
+
+# Regenerates the checked-in modules and stubs beside the .proto files (imported as drover.v1.*).
+proto: install
+	PATH=$(CURDIR)/$(BIN):$$PATH $(PY) -m grpc_tools.protoc -I proto \
+	    --python_out=proto --grpc_python_out=proto \
+	    --mypy_out=proto --mypy_grpc_out=proto \
+	    proto/drover/v1/*.proto
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy server scheduler client_agent
+
+test: install lint
+	$(BIN)/pytest -q -m "not chaos and not bench" -p no:cacheprovider
+
+# One dev agent on 127.0.0.1:4646 with the demo job; Ctrl-C stops it.
+dev: install
+	bash deploy/dev.sh
+
+# Three servers on free loopback ports in the background (.cluster/); `make cluster-stop` ends them.
+cluster: install
+	$(PY) deploy/cluster.py start
+
+cluster-stop:
+	$(PY) deploy/cluster.py stop
+
+bench: install
+	$(PY) -m tests.bench.run
+
+chaos: install
+	$(BIN)/pytest -q -m chaos
+
+# Stops a running local cluster first, so no agent is left writing into a removed directory.
+clean:
+	@if [ -f .cluster/cluster.json ] && [ -x $(PY) ]; then $(PY) deploy/cluster.py stop; fi
+	rm -rf .cluster build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

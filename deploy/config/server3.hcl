@@ -1,0 +1,20 @@
+# drover server 3 of 3 (host 10.0.0.13): /etc/drover/server.hcl on that host.
+# The three files differ only in node_name, bind and peers.
+node_name = "server3"
+data_dir  = "/var/lib/drover/server"
+
+# Listen on this host's address. Any address but loopback requires raft_key_file.
+bind      = "10.0.0.13"
+grpc_port = 4646
+raft_port = 4647
+
+# The OTHER two servers' raft addresses.
+peers = ["10.0.0.11:4647", "10.0.0.12:4647"]
+
+# 32 random bytes, base64; the same file on all three servers (see deploy/README.md).
+# Raft traffic is encrypted and authenticated with it; without it the agent refuses a
+# non-loopback bind.
+raft_key_file = "/etc/drover/raft.key"
+
+log_json  = true
+log_level = "info"
