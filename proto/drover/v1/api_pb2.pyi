@@ -614,21 +614,27 @@ Global___NodeRegisterResponse: _TypeAlias = NodeRegisterResponse  # noqa: Y015
 
 @_typing.final
 class NodeUpdateStatusRequest(_message.Message):
+    """Also the client's heartbeat: a client sends status "ready" every heartbeat_ttl."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    SECRET_ID_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     status: _builtins.str
+    secret_id: _builtins.str
+    """Required from clients once the node has a secret; operators' tools may leave it empty."""
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         status: _builtins.str = ...,
+        secret_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "secret_id", b"secret_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -936,16 +942,25 @@ class AllocUpdateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ALLOCS_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SECRET_ID_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    """The reporting node; its status updates are refused while the servers consider it down
+    or disconnected, until it registers again.
+    """
+    secret_id: _builtins.str
     @_builtins.property
     def allocs(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Allocation]: ...
     def __init__(
         self,
         *,
         allocs: _abc.Iterable[_structs_pb2.Allocation] | None = ...,
+        node_id: _builtins.str = ...,
+        secret_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "node_id", b"node_id", "secret_id", b"secret_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
