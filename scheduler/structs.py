@@ -319,6 +319,8 @@ class Node:
     create_index: int = 0
     modify_index: int = 0
     secret_id: str = ""
+    last_missed_heartbeat_index: int = 0
+    last_alloc_update_index: int = 0
 
     @property
     def drain(self) -> bool:

@@ -212,6 +212,10 @@ def _build_parser() -> argparse.ArgumentParser:
     _flag(p, "node-class")
     _flag(p, "meta", action="append", metavar="KEY=VALUE", help="client node metadata (repeatable)")
     _flag(p, "num-workers", type=int)
+    _flag(p, "min-heartbeat-ttl", metavar="DURATION", help="shortest client heartbeat TTL (10s)")
+    _flag(p, "max-heartbeats-per-second", type=int, help="heartbeat rate the TTL scales to (50)")
+    _flag(p, "heartbeat-grace", metavar="DURATION", help="extra wait before a node is marked down (10s)")
+    _flag(p, "failover-heartbeat-ttl", metavar="DURATION", help="TTL every node gets from a new leader (5m)")
     _flag(p, "log-json", action="store_true", default=None)
     _flag(p, "log-level", choices=("debug", "info", "warning", "error"))
 
@@ -318,6 +322,10 @@ _AGENT_KEYS: Final = {
         "peers",
         "raft_key_file",
         "num_workers",
+        "min_heartbeat_ttl",
+        "max_heartbeats_per_second",
+        "heartbeat_grace",
+        "failover_heartbeat_ttl",
         "log_json",
         "log_level",
     ),

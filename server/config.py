@@ -35,6 +35,11 @@ class ServerConfig:
     num_workers: int = 2
     log_json: bool = False
     log_level: str = "info"
+    # Heartbeats (Nomad's defaults): durations like "10s", "5m".
+    min_heartbeat_ttl: str = "10s"
+    max_heartbeats_per_second: int = 50
+    heartbeat_grace: str = "10s"
+    failover_heartbeat_ttl: str = "5m"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from server.codec import to_proto
 from server.config import ServerConfig
 from server.endpoints import Endpoints
 from server.fsm import FSM, encode_entry
+from server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from server.leader import LeaderServices
 from server.state_store import StateStore
 
@@ -78,6 +79,25 @@ def read_raft_key(cfg: ServerConfig) -> str | None:
     return None
 
 
+def heartbeat_config(cfg: ServerConfig) -> HeartbeatConfig:
+    from server.jobspec import parse_duration
+
+    def ns(text: str, key: str) -> int:
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise StartupError(f"-{key.replace('_', '-')}: {exc}") from exc
+
+    if cfg.max_heartbeats_per_second <= 0:
+        raise StartupError("-max-heartbeats-per-second: must be > 0")
+    return HeartbeatConfig(
+        min_ttl_ns=ns(cfg.min_heartbeat_ttl, "min_heartbeat_ttl"),
+        max_per_second=float(cfg.max_heartbeats_per_second),
+        grace_ns=ns(cfg.heartbeat_grace, "heartbeat_grace"),
+        failover_ttl_ns=ns(cfg.failover_heartbeat_ttl, "failover_heartbeat_ttl"),
+    )
+
+
 class ServerCore:
     def __init__(
         self,
@@ -106,7 +126,8 @@ class ServerCore:
             tuning=tuning,
             on_state_changed=self._on_leadership,
         )
-        self.endpoints = Endpoints(self.raft, self.store, self.clock, self.ids)
+        self.heartbeats = HeartbeatTimers(heartbeat_config(cfg))
+        self.endpoints = Endpoints(self.raft, self.store, self.clock, self.ids, self.heartbeats)
         self.leader = LeaderServices(self, cfg.num_workers)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -17,7 +17,9 @@ from scheduler import validate
 from scheduler.structs import (
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
+    NODE_STATUS_DISCONNECTED,
     NODE_STATUS_DOWN,
+    NODE_STATUS_INIT,
     NODE_STATUS_READY,
     TRIGGER_JOB_DEREGISTER,
     TRIGGER_JOB_REGISTER,
@@ -30,8 +32,9 @@ from scheduler.structs import (
 )
 from server.clock import Clock, IdSource
 from server.codec import from_proto, to_proto
-from server.errors import ConflictError, NotFoundError, ValidationError
+from server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from server.fsm import ApplyResult, apply_job_register, encode_entry
+from server.heartbeat import HeartbeatTimers
 from server.snapshot import from_snapshot
 from server.state_store import Snapshot, StateStore, Txn
 
@@ -57,11 +60,19 @@ class Proposer(Protocol):
 
 
 class Endpoints:
-    def __init__(self, raft: Proposer, store: StateStore, clock: Clock, ids: IdSource) -> None:
+    def __init__(
+        self,
+        raft: Proposer,
+        store: StateStore,
+        clock: Clock,
+        ids: IdSource,
+        heartbeats: HeartbeatTimers | None = None,
+    ) -> None:
         self._raft = raft
         self._store = store
         self._clock = clock
         self._ids = ids
+        self._heartbeats = heartbeats
 
     def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
         result = self._raft.propose(encode_entry(entry_type, payload), DEFAULT_WRITE_TIMEOUT)
@@ -184,7 +195,7 @@ class Endpoints:
             evals.append(self._new_eval(job, TRIGGER_NODE_UPDATE, now, node_id=node_id))
         return evals
 
-    def register_node(self, node: Node) -> tuple[ApplyResult, list[str]]:
+    def register_node(self, node: Node) -> tuple[ApplyResult, list[str], int]:
         if not node.status:
             node = replace(node, status=NODE_STATUS_READY)
         validate.validate_node(node)
@@ -192,7 +203,14 @@ class Endpoints:
         snap = self._store.snapshot()
         existing = snap.node(node.id)
         if existing is not None and existing.secret_id and node.secret_id != existing.secret_id:
-            raise ConflictError(f"node {node.id!r} is registered with a different secret")
+            raise PermissionDeniedError(f"node {node.id!r} is registered with a different secret")
+        if existing is not None:
+            node = replace(
+                node,
+                status=self._next_status(snap, existing, node.status),
+                last_missed_heartbeat_index=existing.last_missed_heartbeat_index,
+                last_alloc_update_index=existing.last_alloc_update_index,
+            )
         entry = raft_pb2.NodeRegisterEntry()
         to_proto(replace(node, status_updated_at_ns=now), entry.node)
         evals: list[Evaluation] = []
@@ -200,7 +218,8 @@ class Endpoints:
             evals = self.node_evals(snap, node.id, now)
         for ev in evals:
             to_proto(ev, entry.evals.add())
-        return self._propose(ET.ENTRY_TYPE_NODE_REGISTER, entry), [e.id for e in evals]
+        result = self._propose(ET.ENTRY_TYPE_NODE_REGISTER, entry)
+        return result, [e.id for e in evals], self._arm_heartbeat(node.id, node.status, now)
 
     def _node(self, node_id: str) -> tuple[Snapshot, Node]:
         if not node_id:
@@ -211,21 +230,93 @@ class Endpoints:
             raise NotFoundError(f"node {node_id!r} not found")
         return snap, node
 
-    def update_node_status(self, node_id: str, status: str) -> tuple[ApplyResult, list[str]]:
+    def _next_status(self, snap: Snapshot, node: Node, requested: str) -> str:
+        """Nomad's status gate (#15808): a node back from disconnected is "initializing" until
+        it has re-sent its allocs' states; only then "ready"."""
+        if requested != NODE_STATUS_READY:
+            return requested
+        if node.status == NODE_STATUS_DISCONNECTED:
+            return NODE_STATUS_INIT
+        if node.status == NODE_STATUS_INIT and node.last_missed_heartbeat_index:
+            live = any(not a.terminal() for a in snap.allocs_by_node(node.id))
+            if live and node.last_alloc_update_index <= node.last_missed_heartbeat_index:
+                return NODE_STATUS_INIT
+        return requested
+
+    def _arm_heartbeat(self, node_id: str, status: str, now: int) -> int:
+        if self._heartbeats is None:
+            return HEARTBEAT_TTL_NS
+        if status == NODE_STATUS_DOWN:
+            self._heartbeats.remove(node_id)
+            return 0
+        return self._heartbeats.reset(node_id, now)
+
+    def update_node_status(
+        self, node_id: str, status: str, *, secret_id: str = "", event: str = ""
+    ) -> tuple[ApplyResult | None, list[str], int]:
+        """A status change, or a client's heartbeat (status "ready" again: no raft write).
+
+        Returns the write (None when nothing changed), the evals created, and the TTL to
+        tell the client.
+        """
         validate.validate_node_status(status, "status")
         snap, node = self._node(node_id)
+        if secret_id and node.secret_id and secret_id != node.secret_id:
+            raise PermissionDeniedError(f"node {node_id!r}: wrong node secret")
         now = self._clock.now_ns()
-        entry = raft_pb2.NodeUpdateStatusEntry(node_id=node_id, status=status, updated_at_ns=now)
+        new_status = self._next_status(snap, node, status)
+        result: ApplyResult | None = None
         evals: list[Evaluation] = []
-        if status != node.status:
-            entry.event.message = f"Node status changed to {status}"
+        if new_status != node.status or event:
+            entry = raft_pb2.NodeUpdateStatusEntry(node_id=node_id, status=new_status, updated_at_ns=now)
+            entry.event.message = event or f"Node status changed to {new_status}"
             entry.event.subsystem = "Cluster"
             entry.event.timestamp_ns = now
-            if status in (NODE_STATUS_READY, NODE_STATUS_DOWN):
+            if new_status != node.status and _transition_needs_evals(node.status, new_status):
                 evals = self.node_evals(snap, node_id, now)
-        for ev in evals:
-            to_proto(ev, entry.evals.add())
-        return self._propose(ET.ENTRY_TYPE_NODE_UPDATE_STATUS, entry), [e.id for e in evals]
+            for ev in evals:
+                to_proto(ev, entry.evals.add())
+            result = self._propose(ET.ENTRY_TYPE_NODE_UPDATE_STATUS, entry)
+        return result, [e.id for e in evals], self._arm_heartbeat(node_id, new_status, now)
+
+    def heartbeat_missed(self, node_id: str) -> str:
+        """The leader's verdict on a node whose heartbeat timer ran out: "disconnected" while
+        one of its running allocs may wait for it (a group with ``disconnect.lost_after``
+        that has not expired), else "down". Returns the new status ("" if the node is gone)."""
+        snap = self._store.snapshot()
+        node = snap.node(node_id)
+        if node is None or node.status == NODE_STATUS_DOWN:
+            return ""
+        now = self._clock.now_ns()
+        status = NODE_STATUS_DOWN
+        if node.status != NODE_STATUS_INIT and self._awaits_reconnect(snap, node_id, now):
+            status = NODE_STATUS_DISCONNECTED
+        self.update_node_status(node_id, status, event="Node heartbeat missed")
+        return status
+
+    def _awaits_reconnect(self, snap: Snapshot, node_id: str, now: int) -> bool:
+        for alloc in snap.allocs_by_node(node_id):
+            if alloc.desired_status != "run" or alloc.client_terminal():
+                continue
+            job = snap.job_version(alloc.namespace, alloc.job_id, alloc.job_version)
+            group = job.lookup_group(alloc.task_group) if job is not None else None
+            if group is None or group.disconnect is None or group.disconnect.lost_after_ns <= 0:
+                continue
+            unknown_since = (
+                next(
+                    (
+                        c.time_ns
+                        for c in reversed(alloc.state_history)
+                        if c.field == "client_status" and c.value == "unknown"
+                    ),
+                    now,
+                )
+                if alloc.client_status == "unknown"
+                else now
+            )
+            if unknown_since + group.disconnect.lost_after_ns > now:
+                return True
+        return False
 
     def update_drain(
         self, node_id: str, strategy: DrainStrategy | None, mark_eligible: bool
@@ -272,11 +363,22 @@ class Endpoints:
         return self._propose(ET.ENTRY_TYPE_NODE_UPDATE_ELIGIBILITY, entry), [e.id for e in evals]
 
     # -- allocs ------------------------------------------------------------------------
-    def update_allocs(self, allocs: list[structs_pb2.Allocation]) -> ApplyResult:
+    def update_allocs(
+        self, allocs: list[structs_pb2.Allocation], *, node_id: str = "", secret_id: str = ""
+    ) -> ApplyResult:
         if not allocs:
             raise ValidationError("allocs: at least one alloc required")
         snap = self._store.snapshot()
-        entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=self._clock.now_ns())
+        if node_id:
+            node = snap.node(node_id)
+            if node is None:
+                raise NotFoundError(f"node {node_id!r} not found")
+            if secret_id and node.secret_id and secret_id != node.secret_id:
+                raise PermissionDeniedError(f"node {node_id!r}: wrong node secret")
+            if node.status in (NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED):
+                # Nomad #15068: a node back from a partition heartbeats (re-registers) first.
+                raise ConflictError(f"node {node_id!r} is {node.status}: heartbeat before reporting allocs")
+        entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=self._clock.now_ns(), node_id=node_id)
         for i, alloc in enumerate(allocs):
             if not alloc.id:
                 raise ValidationError(f"allocs[{i}].id: required")
@@ -307,6 +409,15 @@ class Endpoints:
 
 
 _CLIENT_STATUSES: Final = ("pending", "running", "complete", "failed", "lost", "unknown")
+
+
+def _transition_needs_evals(old: str, new: str) -> bool:
+    """Nomad's nodeStatusTransitionRequiresEval, plus down (which drains the node)."""
+    return (
+        new == NODE_STATUS_DOWN
+        or (old, new) in ((NODE_STATUS_INIT, NODE_STATUS_READY), (NODE_STATUS_DOWN, NODE_STATUS_READY))
+        or NODE_STATUS_DISCONNECTED in (old, new)
+    )
 
 
 def decode_drain(msg: Any) -> DrainStrategy | None:

@@ -4,6 +4,7 @@
     ├── ValidationError      bad input; names the field          -> INVALID_ARGUMENT
     ├── NotFoundError        no such job/node/alloc/eval          -> NOT_FOUND
     ├── ConflictError        check-and-set or state refusal       -> FAILED_PRECONDITION
+    ├── PermissionDeniedError  wrong node secret                  -> PERMISSION_DENIED
     └── RaftError            could not commit                     -> INTERNAL
         ├── NotLeaderError   this server is not the leader        -> UNAVAILABLE (retryable)
         ├── NoLeaderError    no leader known / leadership moved   -> UNAVAILABLE (retryable)
@@ -35,6 +36,10 @@ class ConflictError(DroverError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class PermissionDeniedError(DroverError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class RaftError(DroverError):
     code = grpc.StatusCode.INTERNAL
 
@@ -62,6 +67,7 @@ ERROR_CODES: Final[dict[type[DroverError], grpc.StatusCode]] = {
         ValidationError,
         NotFoundError,
         ConflictError,
+        PermissionDeniedError,
         RaftError,
         NotLeaderError,
         NoLeaderError,

@@ -21,10 +21,14 @@ from drover.v1 import raft_pb2
 from google.protobuf.message import DecodeError, Message
 
 from scheduler.structs import (
+    ALLOC_CLIENT_UNKNOWN,
     JOB_STATUS_PENDING,
     MAX_NODE_EVENTS,
     NODE_ELIGIBLE,
     NODE_INELIGIBLE,
+    NODE_STATUS_DISCONNECTED,
+    NODE_STATUS_DOWN,
+    NODE_STATUS_READY,
     Allocation,
     AllocStateChange,
     DrainStrategy,
@@ -196,7 +200,18 @@ def _require_node(txn: Txn, node_id: str) -> Node:
 def apply_node_update_status(txn: Txn, entry: raft_pb2.NodeUpdateStatusEntry, index: int) -> Any:
     node = _require_node(txn, entry.node_id)
     if node.status != entry.status:
-        node = replace(node, status=entry.status, status_updated_at_ns=entry.updated_at_ns)
+        unresponsive = (NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED)
+        missed = node.last_missed_heartbeat_index
+        if entry.status in unresponsive and node.status not in unresponsive:
+            missed = index
+        elif entry.status == NODE_STATUS_READY:
+            missed = 0
+        node = replace(
+            node,
+            status=entry.status,
+            status_updated_at_ns=entry.updated_at_ns,
+            last_missed_heartbeat_index=missed,
+        )
     node = _add_event(replace(node, modify_index=index), entry.event, index)
     txn.put_node(node)
     _put_evals(txn, entry.evals)
@@ -229,6 +244,10 @@ def apply_node_update_eligibility(txn: Txn, entry: raft_pb2.NodeUpdateEligibilit
 
 
 def apply_alloc_client_update(txn: Txn, entry: raft_pb2.AllocClientUpdateEntry, index: int) -> Any:
+    if entry.node_id:
+        reporter = txn.node(entry.node_id)
+        if reporter is not None:
+            txn.put_node(replace(reporter, last_alloc_update_index=index))
     for msg in entry.allocs:
         existing = txn.alloc(msg.id)
         if existing is None:
@@ -295,7 +314,21 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
     for msg in entry.allocs_upserted:
         alloc = from_proto(msg, Allocation)
         existing = txn.alloc(alloc.id)
-        if existing is not None:
+        if existing is not None and alloc.client_status == ALLOC_CLIENT_UNKNOWN != existing.client_status:
+            # The one client status the server decides: its node stopped heartbeating.
+            change = AllocStateChange(
+                field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=entry.updated_at_ns
+            )
+            alloc = replace(
+                alloc,
+                client_description=alloc.client_description
+                or "alloc is unknown since its node is disconnected",
+                task_states=existing.task_states,
+                state_history=(*existing.state_history, change)[-10:],
+                create_index=existing.create_index,
+                create_time_ns=existing.create_time_ns,
+            )
+        elif existing is not None:
             # An in-place update: the client owns its status fields.
             alloc = replace(
                 alloc,

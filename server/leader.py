@@ -21,6 +21,7 @@ from scheduler.structs import (
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_FAILED,
     EVAL_STATUS_PENDING,
+    NODE_STATUS_DOWN,
     TRIGGER_FAILED_FOLLOW_UP,
 )
 from server.blocked import BlockedEvals
@@ -109,6 +110,10 @@ class LeaderServices:
         self.broker.set_enabled(True)
         self.blocked.set_enabled(True)
         self.plan_queue.set_enabled(True)
+        heartbeats = self.core.heartbeats
+        heartbeats.set_enabled(True)
+        live = [n.id for n in self.core.store.snapshot().nodes() if n.status != NODE_STATUS_DOWN]
+        heartbeats.initialize(live, self.core.clock.now_ns())
         self._applier = PlanApplier(
             self.plan_queue,
             self.core.store,
@@ -118,7 +123,11 @@ class LeaderServices:
             self.still_leader,
         )
         self._applier.start()
-        for target, name in ((self._watch_evals, "eval-watcher"), (self._tick_broker, "broker-ticker")):
+        for target, name in (
+            (self._watch_evals, "eval-watcher"),
+            (self._tick_broker, "broker-ticker"),
+            (self._reap_heartbeats, "heartbeat-reaper"),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._running.append(thread)
@@ -148,6 +157,7 @@ class LeaderServices:
         self.plan_queue.set_enabled(False)
         self.broker.set_enabled(False)
         self.blocked.set_enabled(False)
+        self.core.heartbeats.set_enabled(False)
         for worker in self._workers:
             worker.join(5)
         if self._applier is not None:
@@ -215,6 +225,21 @@ class LeaderServices:
             except Exception:
                 log.exception("leader.eval_watch_failed")
 
+    def _reap_heartbeats(self) -> None:
+        """Nodes whose heartbeat timer ran out become disconnected or down (with evals)."""
+        heartbeats = self.core.heartbeats
+        while not self._stop_services.wait(0.1):
+            for node_id in heartbeats.expired(self.core.clock.now_ns()):
+                if not self.still_leader():
+                    return
+                try:
+                    status = self.core.endpoints.heartbeat_missed(node_id)
+                except Exception:
+                    log.exception("leader.heartbeat_missed_failed", node_id=node_id)
+                    heartbeats.reset(node_id, self.core.clock.now_ns())
+                    continue
+                log.warning("leader.heartbeat_missed", node_id=node_id, status=status)
+
     def _tick_broker(self) -> None:
         while not self._stop_services.wait(TICK_S):
             now = self.core.clock.now_ns()
@@ -224,7 +249,9 @@ class LeaderServices:
             if not (failed or cancelable) or not self.still_leader():
                 continue
             updates = [
-                replace(c, status="canceled", status_description="superseded by a newer eval", modify_time_ns=now)
+                replace(
+                    c, status="canceled", status_description="superseded by a newer eval", modify_time_ns=now
+                )
                 for c in cancelable
             ]
             for ev in failed:

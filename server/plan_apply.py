@@ -40,6 +40,8 @@ from prometheus_client import Counter, Histogram
 
 from scheduler.fit import allocs_fit, proposed_allocs
 from scheduler.structs import (
+    ALLOC_CLIENT_UNKNOWN,
+    NODE_STATUS_DISCONNECTED,
     NODE_STATUS_READY,
     Allocation,
     AllocStop,
@@ -229,6 +231,11 @@ def _node_rejection(
     node = snap.node(node_id)
     if node is None:
         return "node does not exist"
+    if node.status == NODE_STATUS_DISCONNECTED:
+        # Only marking its allocs unknown is allowed on a node that stopped heartbeating.
+        if all(a.client_status == ALLOC_CLIENT_UNKNOWN for a in placed):
+            return ""
+        return "node is disconnected and the plan places allocs on it"
     if node.status != NODE_STATUS_READY:
         return f"node is {node.status}"
     if node.scheduling_eligibility != "eligible" or node.drain_strategy is not None:

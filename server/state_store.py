@@ -87,6 +87,8 @@ class Tables:
     # Newest first, at most TRACKED_JOB_VERSIONS.
     job_versions: immutables.Map[JobKey, tuple[Job, ...]] = _EMPTY
     jobs_by_type: immutables.Map[str, immutables.Map[JobKey, None]] = _EMPTY
+    # Child jobs (periodic launches, dispatches) by their parent's key, parent present or not.
+    children_by_parent: immutables.Map[JobKey, immutables.Map[JobKey, None]] = _EMPTY
     evals: immutables.Map[str, Evaluation] = _EMPTY
     evals_by_job: immutables.Map[JobKey, immutables.Map[str, None]] = _EMPTY
     allocs: immutables.Map[str, Allocation] = _EMPTY
@@ -401,8 +403,13 @@ class Txn:
         self._m("jobs")[key] = job
         self._index_add("jobs_by_type", job.type, key)
         self._status_dirty.add(key)
-        if old is None and job.parent_id:
-            self._children_delta(job.namespace, job.parent_id, None, job.status or JOB_STATUS_PENDING)
+        if old is None or old.parent_id != job.parent_id:
+            if old is not None and old.parent_id:
+                self._index_remove("children_by_parent", (old.namespace, old.parent_id), key)
+                self._children_delta(old.namespace, old.parent_id, old.status or JOB_STATUS_PENDING, None)
+            if job.parent_id:
+                self._index_add("children_by_parent", (job.namespace, job.parent_id), key)
+                self._children_delta(job.namespace, job.parent_id, None, job.status or JOB_STATUS_PENDING)
         self._touch("jobs")
 
     def put_job_version(self, job: Job) -> None:
@@ -424,7 +431,8 @@ class Txn:
                 del table[key]
                 self._touch(name)
         if job.parent_id:
-            self._children_delta(job.namespace, job.parent_id, job.status, None)
+            self._index_remove("children_by_parent", (job.namespace, job.parent_id), key)
+            self._children_delta(job.namespace, job.parent_id, job.status or JOB_STATUS_PENDING, None)
         self._status_dirty.discard(key)
         self._touch("jobs")
 
@@ -443,16 +451,14 @@ class Txn:
             for alloc in self.allocs_of_job(key):
                 row = rows.get(alloc.task_group, TaskGroupSummary())
                 rows[alloc.task_group] = _bump(row, _alloc_bucket(alloc), +1)
-            children = JobChildrenSummary()
-            if job.is_template():
-                # A purged parent registered again still has its children: count them.
-                counts = {"pending": 0, "running": 0, "dead": 0}
-                for child_key in self.base.jobs:
-                    child = self.job(child_key)
-                    if child is not None and child.parent_id == job.id and child.namespace == job.namespace:
-                        status = child.status or JOB_STATUS_PENDING
-                        counts[status] = counts.get(status, 0) + 1
-                children = JobChildrenSummary(**counts)
+            # A purged parent registered again still has its children: count them.
+            counts = {"pending": 0, "running": 0, "dead": 0}
+            for child_key in self._m("children_by_parent").get(key, _EMPTY):
+                child = self.job(child_key)
+                if child is not None:
+                    status = child.status or JOB_STATUS_PENDING
+                    counts[status] = counts.get(status, 0) + 1
+            children = JobChildrenSummary(**counts)
             summary = JobSummary(
                 job_id=job.id,
                 namespace=job.namespace,

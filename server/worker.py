@@ -195,7 +195,9 @@ class Worker:
         result = reblocked(ev, result)
         now = self._clock.now_ns()
         update = replace(result.eval_update, snapshot_index=snap.index, modify_time_ns=now)
-        created = [e if e.snapshot_index else replace(e, snapshot_index=snap.index) for e in result.created_evals]
+        created = [
+            e if e.snapshot_index else replace(e, snapshot_index=snap.index) for e in result.created_evals
+        ]
         write_evals(self._propose, [update, *created])
         bound.info(
             "worker.eval_done", status=update.status, attempts=attempts, created=len(result.created_evals)

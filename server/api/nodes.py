@@ -12,7 +12,7 @@ from drover.v1 import api_pb2, api_pb2_grpc
 from scheduler.structs import Node
 from server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, meta_for, query, rpc, write_meta
 from server.codec import from_proto, to_proto
-from server.endpoints import HEARTBEAT_TTL_NS, decode_drain
+from server.endpoints import decode_drain
 from server.errors import NotFoundError, ValidationError
 from server.state_store import Snapshot
 
@@ -37,18 +37,21 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
     ) -> api_pb2.NodeRegisterResponse:
         if not request.HasField("node"):
             raise ValidationError("node: required")
-        result, eval_ids = self.core.endpoints.register_node(from_proto(request.node, Node))
+        result, eval_ids, ttl = self.core.endpoints.register_node(from_proto(request.node, Node))
         return api_pb2.NodeRegisterResponse(
-            meta=write_meta(result.index), heartbeat_ttl_ns=HEARTBEAT_TTL_NS, eval_ids=eval_ids
+            meta=write_meta(result.index), heartbeat_ttl_ns=ttl, eval_ids=eval_ids
         )
 
     @rpc(S, "write")
     def UpdateStatus(
         self, request: api_pb2.NodeUpdateStatusRequest, context: grpc.ServicerContext
     ) -> api_pb2.NodeUpdateStatusResponse:
-        result, eval_ids = self.core.endpoints.update_node_status(request.node_id, request.status)
+        result, eval_ids, ttl = self.core.endpoints.update_node_status(
+            request.node_id, request.status, secret_id=request.secret_id
+        )
+        index = result.index if result is not None else self.core.store.index
         return api_pb2.NodeUpdateStatusResponse(
-            meta=write_meta(result.index), heartbeat_ttl_ns=HEARTBEAT_TTL_NS, eval_ids=eval_ids
+            meta=write_meta(index), heartbeat_ttl_ns=ttl, eval_ids=eval_ids
         )
 
     @rpc(S, "read")
@@ -147,5 +150,7 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
     def UpdateAllocs(
         self, request: api_pb2.AllocUpdateRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocUpdateResponse:
-        result = self.core.endpoints.update_allocs(list(request.allocs))
+        result = self.core.endpoints.update_allocs(
+            list(request.allocs), node_id=request.node_id, secret_id=request.secret_id
+        )
         return api_pb2.AllocUpdateResponse(meta=write_meta(result.index))

@@ -319,7 +319,10 @@ class AllocClientUpdateEntry(_message.Message):
     ALLOCS_FIELD_NUMBER: _builtins.int
     EVALS_FIELD_NUMBER: _builtins.int
     UPDATED_AT_NS_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
     updated_at_ns: _builtins.int
+    node_id: _builtins.str
+    """The reporting node (empty for updates not from a client)."""
     @_builtins.property
     def allocs(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Allocation]: ...
     @_builtins.property
@@ -330,10 +333,11 @@ class AllocClientUpdateEntry(_message.Message):
         allocs: _abc.Iterable[_structs_pb2.Allocation] | None = ...,
         evals: _abc.Iterable[_structs_pb2.Evaluation] | None = ...,
         updated_at_ns: _builtins.int = ...,
+        node_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "evals", b"evals", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "evals", b"evals", "node_id", b"node_id", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
