@@ -255,6 +255,8 @@ class EvalBroker:
     def untrack(self, eval_id: str) -> None:
         """Forget an eval that became terminal elsewhere (e.g. cancelled by an operator)."""
         with self._cond:
+            # A re-enqueue recorded while a worker held it must not bring it back on ack.
+            self._requeue.pop(eval_id, None)
             if eval_id not in self._known or eval_id in self._unacked:
                 return
             self._known.discard(eval_id)

@@ -100,9 +100,6 @@ class Endpoints:
     ) -> tuple[ApplyResult, str]:
         job = validate.canonicalize_job(job)
         validate.validate_job(job)
-        encoded = to_proto(job, structs_pb2.Job())
-        if encoded.ByteSize() > MAX_JOB_BYTES:
-            raise ValidationError(f"job: encoded size {encoded.ByteSize()} exceeds {MAX_JOB_BYTES} bytes")
         snap = self._store.snapshot()
         existing = snap.job(job.namespace, job.id)
         if enforce_index:
@@ -116,6 +113,9 @@ class Endpoints:
         now = self._clock.now_ns()
         entry = raft_pb2.JobRegisterEntry()
         to_proto(replace(job, submit_time_ns=now), entry.job)
+        size = entry.job.ByteSize()
+        if size > MAX_JOB_BYTES:
+            raise ValidationError(f"job: encoded size {size} exceeds {MAX_JOB_BYTES} bytes")
         eval_id = ""
         # Periodic and parameterized parents are templates: their children get evals.
         if not job.is_template():

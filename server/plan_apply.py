@@ -238,11 +238,17 @@ def _node_rejection(
         return "node is disconnected and the plan places allocs on it"
     if node.status != NODE_STATUS_READY:
         return f"node is {node.status}"
+    existing = snap.allocs_by_node(node_id)
+    live_ids = {a.id for a in existing if not a.terminal()}
+    if all(a.id in live_ids for a in placed):
+        # In-place updates only: they take nothing new, even on an ineligible node (Nomad's
+        # AllocSubset rule); refusing them would loop against the scheduler.
+        return ""
     if node.scheduling_eligibility != "eligible" or node.drain_strategy is not None:
         return "node is not eligible for placements"
     if node_id in fault_reject_nodes:
         return "fault injection: applier disagrees with the scheduler"
-    fit = allocs_fit(node, proposed_allocs(snap.allocs_by_node(node_id), (s.alloc_id for s in stops), placed))
+    fit = allocs_fit(node, proposed_allocs(existing, (s.alloc_id for s in stops), placed))
     return "" if fit.fits else f"does not fit: {fit.reason}"
 
 
@@ -314,9 +320,13 @@ class PlanApplier:
         now = self._now_ns()
         with PLAN_APPLY_SECONDS.time():
             view = self._view()
+            on_inflight = view is not None and view.tables is not self._store.snapshot().tables
             evaluated = evaluate_plan(plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes)
             # Pipelining: N+1 was evaluated while N committed; propose only once N is done.
-            self._wait_inflight()
+            if not self._wait_inflight() and on_inflight:
+                # N did not commit: what N+1 was checked against never existed. Check again.
+                view = self._store.snapshot()
+                evaluated = evaluate_plan(plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes)
             if evaluated.entry is None:
                 pending.future.set_result(replace(evaluated.result, refresh_index=view.index))
                 return
@@ -325,14 +335,17 @@ class PlanApplier:
                 return
             self._commit(pending, evaluated, view)
 
-    def _wait_inflight(self) -> None:
-        if self._inflight is not None:
-            done, _ = self._inflight
-            try:
-                done.result(timeout=30)
-            except Exception:
-                pass
-            self._inflight = None
+    def _wait_inflight(self) -> bool:
+        """Wait for the plan in raft; False if it failed to commit."""
+        if self._inflight is None:
+            return True
+        done, _ = self._inflight
+        self._inflight = None
+        try:
+            done.result(timeout=30)
+        except Exception:
+            return False
+        return True
 
     def _commit(self, pending: PendingPlan, evaluated: Evaluated, view: Snapshot) -> None:
         entry = evaluated.entry

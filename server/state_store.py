@@ -247,7 +247,13 @@ class StateStore:
         """Changes committed after ``index`` and the newest index; a gap means "rescan"."""
         with self._changed:
             newest = self._tables.index
-            feed = [c for i, c in self._feed if i > index]
+            # Newest first, stopping at ``index``: callers keep up, so this reads a few entries.
+            feed: list[Changes] = []
+            for i, change in reversed(self._feed):
+                if i <= index:
+                    break
+                feed.append(change)
+            feed.reverse()
             if index < self._feed_floor:
                 # Changes the reader has not seen fell off the feed: it must rescan the state.
                 feed.insert(0, Changes(rescan=True))

@@ -19,7 +19,6 @@ from scheduler.structs import (
 )
 from server.blocked import BlockedEvals
 
-
 INDEX = 100
 
 

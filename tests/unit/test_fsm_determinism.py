@@ -333,16 +333,19 @@ PRELUDE = (
 
 @st.composite
 def logs(draw: st.DrawFn, min_size: int = 0, max_size: int = 60) -> list[Entry]:
-    # st.lists averages a handful of elements; drawing the length first spreads it over
-    # the whole range (and still shrinks: the length shrinks first).
-    size = draw(st.integers(min_size, max_size), label="length")
-    body = draw(st.lists(entries, min_size=size, max_size=size))
+    # A flat st.lists averages a handful of elements; a list of short runs averages ~25
+    # and still shrinks well (the shrinker deletes entries and whole runs).
+    runs = draw(st.lists(st.lists(entries, max_size=10), max_size=max_size // 10))
+    body = [entry for run in runs for entry in run]
+    if len(body) < min_size:
+        body += draw(st.lists(entries, min_size=min_size - len(body), max_size=min_size - len(body)))
     prelude = list(PRELUDE) if draw(st.booleans(), label="from a populated cluster") else []
     return prelude + body
 
 
 PROPERTY_SETTINGS = settings(
-    max_examples=100,
+    # `make chaos` style deep runs: DROVER_HYPOTHESIS_EXAMPLES=2000.
+    max_examples=int(os.environ.get("DROVER_HYPOTHESIS_EXAMPLES", "100")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

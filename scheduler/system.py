@@ -1,0 +1,331 @@
+"""The system and sysbatch scheduler: ``compute_system(ev, state, ctx) -> SchedulerResult``.
+
+Reads the job at its current version and everything about its nodes from the snapshot,
+asks ``scheduler.system_diff.diff_system_allocs`` for the buckets, and turns them into a
+plan with ``PlanBuilder``. One pass, no retries: the worker owns submission and refresh.
+
+Bucket -> plan (scheduler/README.md has the flow diagram):
+
+* stop, migrate          -> stop (desired stop) with the bucket's description
+* lost                   -> stop with client status "lost"
+* update_destructive     -> stop the old alloc (unless already finished: a sysbatch re-run)
+                            and place a new one on the same node, previous_allocation set
+* update_inplace         -> same alloc ID re-upserted with the new job_version
+* place                  -> a new alloc on that node (previous_allocation = the newest
+                            finished alloc of the slot there, if any)
+* disconnecting          -> a node_update entry with desired status *run* and client status
+                            "unknown" (see ``_mark_unknown``)
+* reconnecting, ignore   -> nothing
+* deferred               -> nothing now; one follow-up eval (rolling-update) at now + stagger
+
+A placement that does not fit is counted in ``queued_allocations`` and yields one blocked
+eval for the job. The result is a fixed point: committed as planned, a second pass over the
+new state plans nothing (tests/unit/test_system_scheduler.py checks it as a property).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Final
+
+from scheduler.interfaces import SchedulerContext, SchedulerResult, State
+from scheduler.placement import PlanBuilder, feasible_nodes, place_on_node
+from scheduler.structs import (
+    ALLOC_CLIENT_LOST,
+    ALLOC_CLIENT_PENDING,
+    ALLOC_CLIENT_UNKNOWN,
+    ALLOC_DESIRED_RUN,
+    EVAL_STATUS_BLOCKED,
+    EVAL_STATUS_COMPLETE,
+    EVAL_STATUS_FAILED,
+    EVAL_STATUS_PENDING,
+    JOB_TYPE_SYSBATCH,
+    JOB_TYPE_SYSTEM,
+    TRIGGER_QUEUED_ALLOCS,
+    TRIGGER_ROLLING_UPDATE,
+    Allocation,
+    AllocStop,
+    Evaluation,
+    Job,
+    Node,
+    Plan,
+)
+from scheduler.system_diff import (
+    DESC_UNKNOWN,
+    AllocTuple,
+    SystemDiff,
+    diff_system_allocs,
+    stagger_ns,
+)
+
+SYSTEM_JOB_TYPES: Final = (JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)
+
+# How many node IDs a failed-placement message names before it says "and N more".
+_FAILED_NODES_SHOWN: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SystemInputs:
+    """What the diff needs, read from the snapshot in one place."""
+
+    nodes_ready: Mapping[str, Node]
+    tainted_nodes: Mapping[str, Node | None]
+    allocs: tuple[Allocation, ...]
+    infeasible: Mapping[str, frozenset[str]]
+    drain_pending: frozenset[str]
+    job_versions: Mapping[int, Job]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOutcome:
+    plan: Plan | None
+    # group -> IDs of the nodes where a placement did not fit
+    failed: Mapping[str, tuple[str, ...]]
+
+
+def read_inputs(state: State, namespace: str, job_id: str, job: Job | None) -> SystemInputs:
+    allocs = tuple(state.allocs_by_job(namespace, job_id))
+    ready: dict[str, Node] = {}
+    feasible: dict[str, set[str]] = {}
+    if job is not None and not job.stop:
+        for group in job.groups:
+            nodes = feasible_nodes(state, job, group)
+            feasible[group.name] = {n.id for n in nodes}
+            ready.update((n.id, n) for n in nodes)
+    infeasible = {name: frozenset(set(ready) - ids) for name, ids in feasible.items()}
+    tainted = {a.node_id: state.node(a.node_id) for a in allocs if a.node_id not in ready}
+    live_here = {a.node_id for a in allocs if not a.terminal()}
+    drain_pending = frozenset(
+        node_id
+        for node_id, node in tainted.items()
+        if node is not None and node.drain_strategy is not None and node_id in live_here
+        if _holds_other_work(state, node_id)
+    )
+    versions: dict[int, Job] = {}
+    if job is not None:
+        for version in {a.job_version for a in allocs} - {job.version}:
+            old = state.job_version(namespace, job_id, version)
+            if old is not None:
+                versions[version] = old
+    return SystemInputs(ready, tainted, allocs, infeasible, drain_pending, versions)
+
+
+def _holds_other_work(state: State, node_id: str) -> bool:
+    """Whether the node still runs service/batch allocs (the drainer moves those first).
+
+    An alloc whose job is gone counts as other work: its own eval will stop it, and until
+    then the node's system allocs keep serving it.
+    """
+    for alloc in state.allocs_by_node(node_id):
+        if alloc.terminal():
+            continue
+        job = state.job(alloc.namespace, alloc.job_id)
+        if job is None or job.type not in SYSTEM_JOB_TYPES:
+            return True
+    return False
+
+
+def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> SchedulerResult:
+    """One scheduling pass for a system or sysbatch job (the type comes from the job)."""
+    job = state.job(ev.namespace, ev.job_id)
+    if job is not None and job.type not in SYSTEM_JOB_TYPES:
+        failed = replace(
+            ev,
+            status=EVAL_STATUS_FAILED,
+            status_description=f"system scheduler cannot handle job type {job.type!r}",
+            snapshot_index=state.index,
+            modify_time_ns=ctx.now_ns,
+        )
+        return SchedulerResult(plan=None, eval_update=failed)
+
+    inputs = read_inputs(state, ev.namespace, ev.job_id, job)
+    diff = diff_system_allocs(
+        job,
+        inputs.nodes_ready.values(),
+        inputs.tainted_nodes,
+        inputs.allocs,
+        ctx.now_ns,
+        infeasible=inputs.infeasible,
+        drain_pending=inputs.drain_pending,
+        job_versions=inputs.job_versions,
+    )
+    outcome = build_plan(state, ev, job, diff, inputs.nodes_ready, ctx)
+
+    groups = [g.name for g in job.groups] if job is not None else []
+    queued = {name: len(outcome.failed.get(name, ())) for name in groups}
+    failed_tg = {name: _failed_message(nodes) for name, nodes in outcome.failed.items() if nodes}
+    created: list[Evaluation] = []
+    blocked_id = next_id = ""
+    if failed_tg and job is not None:
+        blocked = _follow_up(ev, job, ctx, status=EVAL_STATUS_BLOCKED, triggered_by=TRIGGER_QUEUED_ALLOCS)
+        blocked = replace(blocked, queued_allocations=queued, failed_tg_allocs=failed_tg)
+        created.append(blocked)
+        blocked_id = blocked.id
+    if diff.deferred and job is not None:
+        wait = min(stagger_ns(job, g) for g in job.groups if any(t.group == g.name for t in diff.deferred))
+        rolling = _follow_up(ev, job, ctx, status=EVAL_STATUS_PENDING, triggered_by=TRIGGER_ROLLING_UPDATE)
+        rolling = replace(rolling, wait_until_ns=ctx.now_ns + wait)
+        created.append(rolling)
+        next_id = rolling.id
+
+    eval_update = replace(
+        ev,
+        status=EVAL_STATUS_COMPLETE,
+        status_description="",
+        queued_allocations=queued,
+        failed_tg_allocs=failed_tg,
+        blocked_eval=blocked_id,
+        next_eval=next_id or ev.next_eval,
+        snapshot_index=state.index,
+        modify_time_ns=ctx.now_ns,
+    )
+    return SchedulerResult(
+        plan=outcome.plan,
+        eval_update=eval_update,
+        created_evals=tuple(created),
+        queued=queued,
+        annotations=diff.counts_by_group(groups),
+    )
+
+
+# One function for both types: the job says which rules apply (sysbatch: count per node,
+# finished allocs are not re-run).
+compute_sysbatch = compute_system
+
+
+def build_plan(
+    state: State,
+    ev: Evaluation,
+    job: Job | None,
+    diff: SystemDiff,
+    nodes_ready: Mapping[str, Node],
+    ctx: SchedulerContext,
+) -> PlanOutcome:
+    """The diff as a plan. Stops go in first, so placements see what they free."""
+    builder = PlanBuilder(state, ev, job)
+    for t in (*diff.stop, *diff.migrate):
+        builder.stop(_existing(t), t.reason)
+    for t in diff.lost:
+        builder.stop(_existing(t), t.reason, client_status=ALLOC_CLIENT_LOST)
+    for t in diff.update_destructive:
+        if t.alloc is not None and not t.alloc.terminal():
+            builder.stop(t.alloc, t.reason)
+
+    failed: dict[str, list[str]] = defaultdict(list)
+    if job is not None:
+        for t in diff.update_inplace:
+            alloc = _existing(t)
+            builder.place(replace(alloc, job_version=job.version, eval_id=ev.id, modify_time_ns=ctx.now_ns))
+        for t in sorted((*diff.place, *diff.update_destructive), key=lambda t: (t.node_id, t.name)):
+            group = job.lookup_group(t.group)
+            node = nodes_ready.get(t.node_id)
+            if group is None or node is None:  # pragma: no cover - the diff only places there
+                continue
+            choice = place_on_node(builder, job, group, node)
+            if choice is None:
+                failed[group.name].append(node.id)
+                continue
+            builder.place(
+                Allocation(
+                    id=ctx.new_id(),
+                    namespace=job.namespace,
+                    eval_id=ev.id,
+                    name=t.name,
+                    node_id=node.id,
+                    node_name=node.name,
+                    job_id=job.id,
+                    job_version=job.version,
+                    task_group=group.name,
+                    resources=choice.resources,
+                    desired_status=ALLOC_DESIRED_RUN,
+                    client_status=ALLOC_CLIENT_PENDING,
+                    previous_allocation=t.alloc.id if t.alloc is not None else "",
+                    create_time_ns=ctx.now_ns,
+                    modify_time_ns=ctx.now_ns,
+                    index=t.index,
+                )
+            )
+    plan = _mark_unknown(builder.build(), diff.disconnecting, ev, state)
+    return PlanOutcome(plan, {name: tuple(nodes) for name, nodes in failed.items()})
+
+
+def _mark_unknown(
+    plan: Plan | None, disconnecting: Iterable[AllocTuple], ev: Evaluation, state: State
+) -> Plan | None:
+    """Add the disconnecting allocs to the plan as "unknown, still desired to run".
+
+    PlanBuilder can only stop allocs, and an upsert of an existing alloc keeps the
+    client-owned fields (client_status, state_history: server/fsm.py apply_plan_results).
+    An ``AllocStop`` whose desired status stays *run* is the entry the FSM applies as
+    exactly this: client status unknown, one "unknown" record appended to state_history,
+    the alloc untouched otherwise. It frees nothing, so the builder's view stays right.
+    """
+    marks: dict[str, list[AllocStop]] = defaultdict(list)
+    for t in disconnecting:
+        alloc = _existing(t)
+        marks[alloc.node_id].append(
+            AllocStop(
+                alloc_id=alloc.id,
+                desired_status=ALLOC_DESIRED_RUN,
+                desired_description=DESC_UNKNOWN,
+                client_status=ALLOC_CLIENT_UNKNOWN,
+            )
+        )
+    if not marks:
+        return plan
+    if plan is None:
+        plan = Plan(
+            eval_id=ev.id,
+            priority=ev.priority,
+            job_id=ev.job_id,
+            namespace=ev.namespace,
+            snapshot_index=state.index,
+        )
+    node_update = {node_id: tuple(stops) for node_id, stops in plan.node_update.items()}
+    for node_id, stops in marks.items():
+        node_update[node_id] = (*node_update.get(node_id, ()), *stops)
+    return replace(plan, node_update=node_update)
+
+
+def _existing(t: AllocTuple) -> Allocation:
+    if t.alloc is None:  # pragma: no cover - only place tuples lack an alloc
+        raise AssertionError(f"bucket entry {t.name} on {t.node_id} has no alloc")
+    return t.alloc
+
+
+def _follow_up(
+    ev: Evaluation, job: Job, ctx: SchedulerContext, *, status: str, triggered_by: str
+) -> Evaluation:
+    return Evaluation(
+        id=ctx.new_id(),
+        namespace=job.namespace,
+        priority=ev.priority,
+        type=job.type,
+        triggered_by=triggered_by,
+        job_id=job.id,
+        job_modify_index=job.job_modify_index,
+        status=status,
+        previous_eval=ev.id,
+        create_time_ns=ctx.now_ns,
+        modify_time_ns=ctx.now_ns,
+    )
+
+
+def _failed_message(node_ids: Iterable[str]) -> str:
+    ids = sorted(node_ids)
+    shown = ", ".join(ids[:_FAILED_NODES_SHOWN])
+    more = f" and {len(ids) - _FAILED_NODES_SHOWN} more" if len(ids) > _FAILED_NODES_SHOWN else ""
+    return f"no room on {len(ids)} node(s): {shown}{more}"
+
+
+__all__ = [
+    "SYSTEM_JOB_TYPES",
+    "PlanOutcome",
+    "SystemInputs",
+    "build_plan",
+    "compute_sysbatch",
+    "compute_system",
+    "read_inputs",
+]
