@@ -28,6 +28,7 @@ import heapq
 import itertools
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -60,7 +61,16 @@ PLAN_NODE_REJECTED = Counter("drover_plan_node_rejected_total", "Nodes rejected 
 PLAN_NODE_INELIGIBLE = Counter(
     "drover_plan_node_marked_ineligible_total", "Nodes marked ineligible by the plan rejection tracker"
 )
-PLAN_APPLY_SECONDS = Histogram("drover_plan_apply_seconds", "Plan evaluate + commit time")
+PLAN_APPLY_SECONDS = Histogram(
+    "drover_plan_apply_seconds",
+    "Time from dequeue to the plan's raft proposal (evaluation, waiting for the plan before it)",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
+PLAN_COMMIT_SECONDS = Histogram(
+    "drover_plan_commit_seconds",
+    "Time from dequeue until the plan's result is committed and applied on the leader",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
 
 # Test-only fault injection: the applier rejects placements on these node IDs, simulating
 # a scheduler/applier disagreement (tests/cluster/test_system_seed.py). Never set in production.
@@ -309,6 +319,8 @@ class PlanApplier:
 
     def _apply(self, pending: PendingPlan) -> None:
         plan = pending.plan
+        started = time.monotonic()
+        pending.future.add_done_callback(lambda _f: PLAN_COMMIT_SECONDS.observe(time.monotonic() - started))
         if not self._is_outstanding(plan.eval_id, plan.eval_token):
             pending.future.set_exception(
                 PlanRejectedError(f"eval {plan.eval_id} token is no longer outstanding")
@@ -326,7 +338,9 @@ class PlanApplier:
             if not self._wait_inflight() and on_inflight:
                 # N did not commit: what N+1 was checked against never existed. Check again.
                 view = self._store.snapshot()
-                evaluated = evaluate_plan(plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes)
+                evaluated = evaluate_plan(
+                    plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes
+                )
             if evaluated.entry is None:
                 pending.future.set_result(replace(evaluated.result, refresh_index=view.index))
                 return

@@ -322,6 +322,10 @@ class DroverClient:
         req = api_pb2.SnapshotRestoreRequest(snapshot=snapshot)
         return self._call(lambda s: s.operator.SnapshotRestore, req, write=True)
 
+    def metrics(self) -> api_pb2.MetricsResponse:
+        """Prometheus text metrics of whichever server answers (never forwarded)."""
+        return self._call(lambda s: s.operator.Metrics, api_pb2.MetricsRequest())
+
     def state_digest(self) -> api_pb2.StateDigestResponse:
         """The digest of whichever server answers (never forwarded): to compare servers, use
         one single-address client per server."""

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 from drover.v1 import api_pb2, api_pb2_grpc
+from prometheus_client import generate_latest
 
 from server.api._base import meta_for, query, rpc, write_meta
 from server.errors import ValidationError
@@ -60,6 +61,12 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
             raise ValidationError("snapshot: required")
         result = self.core.endpoints.restore_snapshot(request.snapshot)
         return api_pb2.SnapshotRestoreResponse(meta=write_meta(result.index))
+
+    @rpc("Operator", "local")
+    def Metrics(
+        self, request: api_pb2.MetricsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.MetricsResponse:
+        return api_pb2.MetricsResponse(text=generate_latest().decode(), server=self.core.name)
 
     @rpc("Operator", "local")
     def StateDigest(

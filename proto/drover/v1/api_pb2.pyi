@@ -1188,6 +1188,43 @@ class AllocGetResponse(_message.Message):
 Global___AllocGetResponse: _TypeAlias = AllocGetResponse  # noqa: Y015
 
 @_typing.final
+class MetricsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetricsRequest: _TypeAlias = MetricsRequest  # noqa: Y015
+
+@_typing.final
+class MetricsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    server: _builtins.str
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        server: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server", b"server", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetricsResponse: _TypeAlias = MetricsResponse  # noqa: Y015
+
+@_typing.final
 class RaftPeersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -1034,6 +1034,11 @@ class OperatorStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.StateDigestRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.StateDigestResponse.FromString,
                 _registered_method=True)
+        self.Metrics = channel.unary_unary(
+                '/drover.v1.Operator/Metrics',
+                request_serializer=drover_dot_v1_dot_api__pb2.MetricsRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.MetricsResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -1065,6 +1070,13 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Metrics(self, request, context):
+        """This server's Prometheus metrics in the text exposition format (never forwarded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1087,6 +1099,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.StateDigest,
                     request_deserializer=drover_dot_v1_dot_api__pb2.StateDigestRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.StateDigestResponse.SerializeToString,
+            ),
+            'Metrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.Metrics,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.MetricsRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.MetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1197,6 +1214,33 @@ class Operator:
             '/drover.v1.Operator/StateDigest',
             drover_dot_v1_dot_api__pb2.StateDigestRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.StateDigestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Metrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/Metrics',
+            drover_dot_v1_dot_api__pb2.MetricsRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.MetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,

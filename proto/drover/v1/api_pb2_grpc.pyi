@@ -289,6 +289,8 @@ class OperatorStub:
     """The state digest and applied index of the server that answers (never forwarded):
     what the chaos tests and `drover operator state` compare across servers.
     """
+    Metrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.MetricsRequest, _api_pb2.MetricsResponse]
+    """This server's Prometheus metrics in the text exposition format (never forwarded)."""
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -300,6 +302,8 @@ class OperatorAsyncStub(OperatorStub):
     """The state digest and applied index of the server that answers (never forwarded):
     what the chaos tests and `drover operator state` compare across servers.
     """
+    Metrics: _aio.UnaryUnaryMultiCallable[_api_pb2.MetricsRequest, _api_pb2.MetricsResponse]  # type: ignore[assignment]
+    """This server's Prometheus metrics in the text exposition format (never forwarded)."""
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -332,5 +336,13 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         """The state digest and applied index of the server that answers (never forwarded):
         what the chaos tests and `drover operator state` compare across servers.
         """
+
+    @_abc_1.abstractmethod
+    def Metrics(
+        self,
+        request: _api_pb2.MetricsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.MetricsResponse, _abc.Awaitable[_api_pb2.MetricsResponse]]:
+        """This server's Prometheus metrics in the text exposition format (never forwarded)."""
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
