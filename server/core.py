@@ -22,6 +22,7 @@ from server._raft import RaftNode, RaftTuning
 from server.clock import Clock, IdSource, SystemClock, UuidIds
 from server.codec import to_proto
 from server.config import ServerConfig
+from server.datadir import DataDirBusyError, DataDirLock
 from server.endpoints import Endpoints
 from server.fsm import FSM, encode_entry
 from server.heartbeat import HeartbeatConfig, HeartbeatTimers
@@ -112,6 +113,11 @@ class ServerCore:
         self.clock = clock or SystemClock()
         self.ids = ids or UuidIds()
         password = read_raft_key(cfg)
+        self._lock = DataDirLock(cfg.data_dir)
+        try:
+            self._lock.acquire()
+        except DataDirBusyError as exc:
+            raise StartupError(str(exc)) from exc
         self.store = StateStore()
         self.fsm = FSM(self.store)
         self.raft_address = f"{cfg.bind}:{cfg.raft_port}"
@@ -168,6 +174,7 @@ class ServerCore:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+        self._lock.release()
         log.info("server.stopped", server=self.name)
 
     def wait_stopped(self, timeout: float | None = None) -> bool:

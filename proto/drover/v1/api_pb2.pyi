@@ -105,6 +105,129 @@ class WriteMeta(_message.Message):
 Global___WriteMeta: _TypeAlias = WriteMeta  # noqa: Y015
 
 @_typing.final
+class JobDispatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetaEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    META_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    namespace: _builtins.str
+    payload: _builtins.bytes
+    @_builtins.property
+    def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        payload: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "meta", b"meta", "namespace", b"namespace", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobDispatchRequest: _TypeAlias = JobDispatchRequest  # noqa: Y015
+
+@_typing.final
+class JobDispatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    DISPATCHED_JOB_ID_FIELD_NUMBER: _builtins.int
+    EVAL_ID_FIELD_NUMBER: _builtins.int
+    dispatched_job_id: _builtins.str
+    eval_id: _builtins.str
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        dispatched_job_id: _builtins.str = ...,
+        eval_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatched_job_id", b"dispatched_job_id", "eval_id", b"eval_id", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobDispatchResponse: _TypeAlias = JobDispatchResponse  # noqa: Y015
+
+@_typing.final
+class JobPeriodicForceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    namespace: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobPeriodicForceRequest: _TypeAlias = JobPeriodicForceRequest  # noqa: Y015
+
+@_typing.final
+class JobPeriodicForceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    CHILD_JOB_ID_FIELD_NUMBER: _builtins.int
+    EVAL_ID_FIELD_NUMBER: _builtins.int
+    child_job_id: _builtins.str
+    eval_id: _builtins.str
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        child_job_id: _builtins.str = ...,
+        eval_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_job_id", b"child_job_id", "eval_id", b"eval_id", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobPeriodicForceResponse: _TypeAlias = JobPeriodicForceResponse  # noqa: Y015
+
+@_typing.final
 class JobRegisterRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1186,6 +1309,73 @@ class AllocGetResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocGetResponse: _TypeAlias = AllocGetResponse  # noqa: Y015
+
+@_typing.final
+class ReconcileSummariesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReconcileSummariesRequest: _TypeAlias = ReconcileSummariesRequest  # noqa: Y015
+
+@_typing.final
+class SummaryCorrection(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    job_id: _builtins.str
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """e.g. "web.running: 3 -> 2", "children.pending: 1 -> 0"."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        changes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "job_id", b"job_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SummaryCorrection: _TypeAlias = SummaryCorrection  # noqa: Y015
+
+@_typing.final
+class ReconcileSummariesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    CORRECTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    @_builtins.property
+    def corrections(self) -> _containers.RepeatedCompositeFieldContainer[Global___SummaryCorrection]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        corrections: _abc.Iterable[Global___SummaryCorrection] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrections", b"corrections", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReconcileSummariesResponse: _TypeAlias = ReconcileSummariesResponse  # noqa: Y015
 
 @_typing.final
 class MetricsRequest(_message.Message):

@@ -69,6 +69,16 @@ class JobsStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.JobPlanRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.JobPlanResponse.FromString,
                 _registered_method=True)
+        self.Dispatch = channel.unary_unary(
+                '/drover.v1.Jobs/Dispatch',
+                request_serializer=drover_dot_v1_dot_api__pb2.JobDispatchRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.JobDispatchResponse.FromString,
+                _registered_method=True)
+        self.PeriodicForce = channel.unary_unary(
+                '/drover.v1.Jobs/PeriodicForce',
+                request_serializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceResponse.FromString,
+                _registered_method=True)
 
 
 class JobsServicer:
@@ -117,6 +127,20 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Dispatch(self, request, context):
+        """Run a parameterized job: a child `<parent>/dispatch-<unix>-<8 hex>` with payload and meta.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeriodicForce(self, request, context):
+        """Launch a periodic job's child now, outside its schedule.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +178,16 @@ def add_JobsServicer_to_server(servicer, server):
                     servicer.Plan,
                     request_deserializer=drover_dot_v1_dot_api__pb2.JobPlanRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.JobPlanResponse.SerializeToString,
+            ),
+            'Dispatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Dispatch,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.JobDispatchRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.JobDispatchResponse.SerializeToString,
+            ),
+            'PeriodicForce': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeriodicForce,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +379,60 @@ class Jobs:
             '/drover.v1.Jobs/Plan',
             drover_dot_v1_dot_api__pb2.JobPlanRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.JobPlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Dispatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Jobs/Dispatch',
+            drover_dot_v1_dot_api__pb2.JobDispatchRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.JobDispatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeriodicForce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Jobs/PeriodicForce',
+            drover_dot_v1_dot_api__pb2.JobPeriodicForceRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.JobPeriodicForceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1039,6 +1127,11 @@ class OperatorStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.MetricsRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.MetricsResponse.FromString,
                 _registered_method=True)
+        self.ReconcileSummaries = channel.unary_unary(
+                '/drover.v1.Operator/ReconcileSummaries',
+                request_serializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -1077,6 +1170,13 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReconcileSummaries(self, request, context):
+        """Recompute every job summary from allocs and children; reports what changed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1104,6 +1204,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.Metrics,
                     request_deserializer=drover_dot_v1_dot_api__pb2.MetricsRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.MetricsResponse.SerializeToString,
+            ),
+            'ReconcileSummaries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReconcileSummaries,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1241,6 +1346,33 @@ class Operator:
             '/drover.v1.Operator/Metrics',
             drover_dot_v1_dot_api__pb2.MetricsRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.MetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReconcileSummaries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/ReconcileSummaries',
+            drover_dot_v1_dot_api__pb2.ReconcileSummariesRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ReconcileSummariesResponse.FromString,
             options,
             channel_credentials,
             insecure,

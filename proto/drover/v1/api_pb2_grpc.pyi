@@ -43,6 +43,10 @@ class JobsStub:
     Summary: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobSummaryRequest, _api_pb2.JobSummaryResponse]
     Plan: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobPlanRequest, _api_pb2.JobPlanResponse]
     """Dry run: what the scheduler would do if this job were registered now. Writes nothing."""
+    Dispatch: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobDispatchRequest, _api_pb2.JobDispatchResponse]
+    """Run a parameterized job: a child `<parent>/dispatch-<unix>-<8 hex>` with payload and meta."""
+    PeriodicForce: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobPeriodicForceRequest, _api_pb2.JobPeriodicForceResponse]
+    """Launch a periodic job's child now, outside its schedule."""
 
 @_typing.type_check_only
 class JobsAsyncStub(JobsStub):
@@ -55,6 +59,10 @@ class JobsAsyncStub(JobsStub):
     Summary: _aio.UnaryUnaryMultiCallable[_api_pb2.JobSummaryRequest, _api_pb2.JobSummaryResponse]  # type: ignore[assignment]
     Plan: _aio.UnaryUnaryMultiCallable[_api_pb2.JobPlanRequest, _api_pb2.JobPlanResponse]  # type: ignore[assignment]
     """Dry run: what the scheduler would do if this job were registered now. Writes nothing."""
+    Dispatch: _aio.UnaryUnaryMultiCallable[_api_pb2.JobDispatchRequest, _api_pb2.JobDispatchResponse]  # type: ignore[assignment]
+    """Run a parameterized job: a child `<parent>/dispatch-<unix>-<8 hex>` with payload and meta."""
+    PeriodicForce: _aio.UnaryUnaryMultiCallable[_api_pb2.JobPeriodicForceRequest, _api_pb2.JobPeriodicForceResponse]  # type: ignore[assignment]
+    """Launch a periodic job's child now, outside its schedule."""
 
 class JobsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -106,6 +114,22 @@ class JobsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.JobPlanResponse, _abc.Awaitable[_api_pb2.JobPlanResponse]]:
         """Dry run: what the scheduler would do if this job were registered now. Writes nothing."""
+
+    @_abc_1.abstractmethod
+    def Dispatch(
+        self,
+        request: _api_pb2.JobDispatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.JobDispatchResponse, _abc.Awaitable[_api_pb2.JobDispatchResponse]]:
+        """Run a parameterized job: a child `<parent>/dispatch-<unix>-<8 hex>` with payload and meta."""
+
+    @_abc_1.abstractmethod
+    def PeriodicForce(
+        self,
+        request: _api_pb2.JobPeriodicForceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.JobPeriodicForceResponse, _abc.Awaitable[_api_pb2.JobPeriodicForceResponse]]:
+        """Launch a periodic job's child now, outside its schedule."""
 
 def add_JobsServicer_to_server(servicer: JobsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -291,6 +315,8 @@ class OperatorStub:
     """
     Metrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.MetricsRequest, _api_pb2.MetricsResponse]
     """This server's Prometheus metrics in the text exposition format (never forwarded)."""
+    ReconcileSummaries: _grpc.UnaryUnaryMultiCallable[_api_pb2.ReconcileSummariesRequest, _api_pb2.ReconcileSummariesResponse]
+    """Recompute every job summary from allocs and children; reports what changed."""
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -304,6 +330,8 @@ class OperatorAsyncStub(OperatorStub):
     """
     Metrics: _aio.UnaryUnaryMultiCallable[_api_pb2.MetricsRequest, _api_pb2.MetricsResponse]  # type: ignore[assignment]
     """This server's Prometheus metrics in the text exposition format (never forwarded)."""
+    ReconcileSummaries: _aio.UnaryUnaryMultiCallable[_api_pb2.ReconcileSummariesRequest, _api_pb2.ReconcileSummariesResponse]  # type: ignore[assignment]
+    """Recompute every job summary from allocs and children; reports what changed."""
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -344,5 +372,13 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.MetricsResponse, _abc.Awaitable[_api_pb2.MetricsResponse]]:
         """This server's Prometheus metrics in the text exposition format (never forwarded)."""
+
+    @_abc_1.abstractmethod
+    def ReconcileSummaries(
+        self,
+        request: _api_pb2.ReconcileSummariesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ReconcileSummariesResponse, _abc.Awaitable[_api_pb2.ReconcileSummariesResponse]]:
+        """Recompute every job summary from allocs and children; reports what changed."""
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -48,6 +48,8 @@ class _EntryTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType.V
     ENTRY_TYPE_PERIODIC_LAUNCH: _EntryType.ValueType  # 13
     ENTRY_TYPE_SERVER_MEMBER: _EntryType.ValueType  # 14
     ENTRY_TYPE_SNAPSHOT_RESTORE: _EntryType.ValueType  # 15
+    ENTRY_TYPE_RECONCILE_SUMMARIES: _EntryType.ValueType  # 16
+    """Recompute every job summary from allocs and children (`drover system reconcile summaries`)."""
     ENTRY_TYPE_IGNORABLE_FLOAT: _EntryType.ValueType  # 1000
     """Entry types at or above this value may be skipped by an older server (logged, not
     applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -71,6 +73,8 @@ ENTRY_TYPE_SCHEDULER_CONFIG: EntryType.ValueType  # 12
 ENTRY_TYPE_PERIODIC_LAUNCH: EntryType.ValueType  # 13
 ENTRY_TYPE_SERVER_MEMBER: EntryType.ValueType  # 14
 ENTRY_TYPE_SNAPSHOT_RESTORE: EntryType.ValueType  # 15
+ENTRY_TYPE_RECONCILE_SUMMARIES: EntryType.ValueType  # 16
+"""Recompute every job summary from allocs and children (`drover system reconcile summaries`)."""
 ENTRY_TYPE_IGNORABLE_FLOAT: EntryType.ValueType  # 1000
 """Entry types at or above this value may be skipped by an older server (logged, not
 applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -105,21 +109,29 @@ class JobRegisterEntry(_message.Message):
 
     JOB_FIELD_NUMBER: _builtins.int
     EVAL_FIELD_NUMBER: _builtins.int
+    LAUNCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> _structs_pb2.Job: ...
     @_builtins.property
     def eval(self) -> _structs_pb2.Evaluation:
         """Created with the job, in the same entry, so a registered job is never without its eval."""
 
+    @_builtins.property
+    def launch(self) -> _structs_pb2.PeriodicLaunch:
+        """For a periodic launch: the parent's launch record, written with the child and its eval,
+        so a slot is either launched (all three) or not at all, whichever server leads.
+        """
+
     def __init__(
         self,
         *,
         job: _structs_pb2.Job | None = ...,
         eval: _structs_pb2.Evaluation | None = ...,
+        launch: _structs_pb2.PeriodicLaunch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job", "launch", b"launch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job", "launch", b"launch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -543,6 +555,21 @@ class ServerMemberEntry(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ServerMemberEntry: _TypeAlias = ServerMemberEntry  # noqa: Y015
+
+@_typing.final
+class ReconcileSummariesEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReconcileSummariesEntry: _TypeAlias = ReconcileSummariesEntry  # noqa: Y015
 
 @_typing.final
 class SnapshotRestoreEntry(_message.Message):
