@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from scheduler.structs import Allocation, Evaluation, Job, Node, Plan, SchedulerConfig
+
+if TYPE_CHECKING:
+    import random
 
 
 class State(Protocol):
@@ -48,6 +51,9 @@ class SchedulerContext:
     seed: int = 0
     # Bounded candidate list for ranking (Nomad's limit iterator: log2(nodes), at least 2).
     candidate_limit: int = 0
+    # The shuffle source, seeded by the caller (servers: random.Random(seed_from(eval, index)))
+    # so a placement can be replayed; the scheduler never creates randomness itself.
+    rng: random.Random | None = None
 
 
 def seed_from(eval_id: str, snapshot_index: int) -> int:

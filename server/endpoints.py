@@ -7,13 +7,15 @@ server/api/ only convert messages and call one function here.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
-from drover.v1 import raft_pb2, structs_pb2
 from google.protobuf.message import Message
 
+from drover.v1 import raft_pb2, structs_pb2
 from scheduler import validate
+from scheduler.periodic import derive_dispatched_child, dispatched_child_id
 from scheduler.structs import (
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
@@ -35,6 +37,7 @@ from server.codec import from_proto, to_proto
 from server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from server.fsm import ApplyResult, apply_job_register, encode_entry
 from server.heartbeat import HeartbeatTimers
+from server.periodic import force_launch_ns, launch_entry
 from server.snapshot import from_snapshot
 from server.state_store import Snapshot, StateStore, Txn
 
@@ -110,6 +113,15 @@ class Endpoints:
                 )
         if existing is not None and existing.type != job.type:
             raise ValidationError(f"job.type: can not change the type of job {job.id!r} from {existing.type}")
+        if job.dispatched:
+            raise ValidationError(
+                "job.dispatched: set by `job dispatch` on the child it creates, not by register"
+            )
+        if existing is not None and (existing.periodic is None) != (job.periodic is None):
+            was, now_is = ("periodic", "non-periodic") if existing.periodic else ("non-periodic", "periodic")
+            raise ValidationError(
+                f"job.periodic: can not change job {job.id!r} from {was} to {now_is}; stop and purge it first"
+            )
         now = self._clock.now_ns()
         entry = raft_pb2.JobRegisterEntry()
         to_proto(replace(job, submit_time_ns=now), entry.job)
@@ -123,6 +135,54 @@ class Endpoints:
             to_proto(ev, entry.eval)
             eval_id = ev.id
         return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), eval_id
+
+    def dispatch_job(
+        self, namespace: str, job_id: str, meta: dict[str, str], payload: bytes
+    ) -> tuple[ApplyResult, str, str]:
+        """Run a parameterized job: a fresh child ``<parent>/dispatch-<unix>-<8 hex>`` with
+        its eval, in one entry. Returns the write, the child's ID and the eval's ID."""
+        if not job_id:
+            raise ValidationError("job_id: required")
+        parent = self._store.snapshot().job(namespace, job_id)
+        if parent is None:
+            raise NotFoundError(f"job {job_id!r} not found")
+        validate.validate_dispatch(parent, meta, payload)
+        if parent.stop:
+            raise ConflictError(f"job {job_id!r} is stopped; register it again before dispatching")
+        now = self._clock.now_ns()
+        suffix = self._ids.new().replace("-", "")[:8]
+        child = derive_dispatched_child(
+            parent, dispatched_child_id(parent.id, now, suffix), now, meta, payload
+        )
+        entry = raft_pb2.JobRegisterEntry()
+        to_proto(child, entry.job)
+        ev = self._new_eval(child, TRIGGER_JOB_REGISTER, now)
+        to_proto(ev, entry.eval)
+        return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), child.id, ev.id
+
+    def force_periodic(self, namespace: str, job_id: str) -> tuple[ApplyResult, str, str]:
+        """Launch a periodic job's child now, outside its schedule (``prohibit_overlap`` is
+        not consulted, as in Nomad). Returns the write, the child's ID and the eval's ID."""
+        if not job_id:
+            raise ValidationError("job_id: required")
+        snap = self._store.snapshot()
+        parent = snap.job(namespace, job_id)
+        if parent is None:
+            raise NotFoundError(f"job {job_id!r} not found")
+        if not parent.is_periodic() or parent.is_parameterized():
+            raise ValidationError(
+                f"job_id: job {job_id!r} is not an enabled periodic job; it can not be forced"
+            )
+        if parent.stop:
+            raise ConflictError(f"job {job_id!r} is stopped; register it again before forcing a launch")
+        now = self._clock.now_ns()
+        eval_id = self._ids.new()
+        entry = launch_entry(parent, force_launch_ns(snap, parent, now), now, eval_id)
+        return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), entry.job.id, eval_id
+
+    def reconcile_summaries(self) -> ApplyResult:
+        """Recompute every job summary in the FSM; ``value`` lists the corrections."""
+        return self._propose(ET.ENTRY_TYPE_RECONCILE_SUMMARIES, raft_pb2.ReconcileSummariesEntry())
 
     def plan_job(self, job: Job) -> PlanPreview:
         """Dry run of a registration: the scheduler's buckets on a private copy of the state."""
@@ -148,7 +208,8 @@ class Endpoints:
         from server.worker import scheduler_for
 
         ev = replace(self._new_eval(planned, TRIGGER_JOB_REGISTER, now), annotate_plan=True)
-        ctx = SchedulerContext(now_ns=now, new_id=self._ids.new, seed=seed_from(ev.id, view.index))
+        seed = seed_from(ev.id, view.index)
+        ctx = SchedulerContext(now_ns=now, new_id=self._ids.new, seed=seed, rng=random.Random(seed))
         result = scheduler_for(job.type)(ev, view, ctx)
         return PlanPreview(
             groups={g: dict(b) for g, b in result.annotations.items()},

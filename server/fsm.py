@@ -2,7 +2,7 @@
 
 Rules (design.md, "FSM determinism"): ``apply`` depends only on the entry and the state
 before it. No clock, no randomness, no I/O here: IDs, timestamps and evaluations were
-decided by the leader and travel inside the entry. tests/unit/test_fsm_purity.py greps this
+decided by the leader and travel inside the entry. tests/unit/test_purity.py greps this
 module for the calls that would break that.
 
 Each entry type has one ``apply_<type>(txn, payload, index)`` function. ``FSM.apply``
@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import structlog
-from drover.v1 import raft_pb2
 from google.protobuf.message import DecodeError, Message
 
+from drover.v1 import raft_pb2
 from scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     JOB_STATUS_PENDING,
@@ -74,8 +74,15 @@ class EntryTargetMissing(EntryRejected):
 # Helpers shared by the apply functions
 
 
+def _require_id(value: str, what: str) -> None:
+    """The leader never proposes an object without an ID; refuse one rather than key it by ''."""
+    if not value:
+        raise EntryRejected(f"{what} without an ID")
+
+
 def _put_evals(txn: Txn, evals: Any) -> None:
     for msg in evals:
+        _require_id(msg.id, "eval")
         txn.put_eval(from_proto(msg, Evaluation))
 
 
@@ -105,10 +112,50 @@ def _spec_equal(a: Job, b: Job) -> bool:
 # Apply functions, one per entry type
 
 
+def _check_launch(txn: Txn, job: Job, launch: PeriodicLaunch) -> None:
+    """A periodic launch is applied at most once per slot, and only for a live periodic parent.
+
+    The launch record only moves forward: an entry whose slot is at or before the recorded
+    one is refused, so two leaders (pysyncobj may briefly have two) or a retried proposal
+    can never launch the same slot twice.
+    """
+    parent = txn.job((launch.namespace, launch.job_id))
+    if parent is None or parent.stop:
+        raise EntryRejected(f"periodic launch: parent job {launch.job_id!r} is stopped or gone")
+    if not parent.is_periodic() or parent.is_parameterized():
+        raise EntryRejected(f"periodic launch: job {launch.job_id!r} is not an active periodic job")
+    if job.parent_id != launch.job_id or job.namespace != launch.namespace:
+        raise EntryRejected(f"periodic launch: child {job.id!r} does not belong to {launch.job_id!r}")
+    recorded = txn.periodic_launch((launch.namespace, launch.job_id))
+    if recorded is not None and launch.launch_ns <= recorded.launch_ns:
+        raise EntryRejected(
+            f"periodic launch of {launch.job_id!r} at {launch.launch_ns} refused:"
+            f" already launched up to {recorded.launch_ns}"
+        )
+    if txn.job((job.namespace, job.id)) is not None:
+        raise EntryRejected(f"periodic launch: child job {job.id!r} already exists")
+
+
+def _check_dispatch(txn: Txn, job: Job) -> None:
+    """A new dispatched child needs its parameterized parent, still running."""
+    parent = txn.job((job.namespace, job.parent_id))
+    if parent is None or parent.stop:
+        raise EntryRejected(f"dispatch: parent job {job.parent_id!r} is stopped or gone")
+    if not parent.is_parameterized():
+        raise EntryRejected(f"dispatch: job {job.parent_id!r} is not a parameterized job")
+
+
 def apply_job_register(txn: Txn, entry: raft_pb2.JobRegisterEntry, index: int) -> Any:
+    _require_id(entry.job.id, "job")
     job = from_proto(entry.job, Job)
     key = (job.namespace, job.id)
     old = txn.job(key)
+    launch: PeriodicLaunch | None = None
+    if entry.HasField("launch"):
+        launch = from_proto(entry.launch, PeriodicLaunch)
+        _check_launch(txn, job, launch)
+    elif old is None and job.dispatched and job.parent_id:
+        _check_dispatch(txn, job)
     if old is None:
         job = replace(
             job,
@@ -136,6 +183,10 @@ def apply_job_register(txn: Txn, entry: raft_pb2.JobRegisterEntry, index: int) -
     if changed:
         txn.put_job_version(job)
     txn.ensure_summary(job)
+    if launch is not None:
+        recorded = txn.periodic_launch((launch.namespace, launch.job_id))
+        create_index = recorded.create_index if recorded is not None else index
+        txn.put_periodic_launch(replace(launch, create_index=create_index, modify_index=index))
     if entry.HasField("eval"):
         ev = from_proto(entry.eval, Evaluation)
         txn.put_eval(replace(ev, job_modify_index=job.job_modify_index))
@@ -160,6 +211,7 @@ def apply_job_deregister(txn: Txn, entry: raft_pb2.JobDeregisterEntry, index: in
 
 
 def apply_node_register(txn: Txn, entry: raft_pb2.NodeRegisterEntry, index: int) -> Any:
+    _require_id(entry.node.id, "node")
     node = from_proto(entry.node, Node)
     old = txn.node(node.id)
     if old is not None:
@@ -312,6 +364,7 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
             )
         )
     for msg in entry.allocs_upserted:
+        _require_id(msg.id, "alloc")
         alloc = from_proto(msg, Allocation)
         existing = txn.alloc(alloc.id)
         if existing is not None and alloc.client_status == ALLOC_CLIENT_UNKNOWN != existing.client_status:
@@ -370,6 +423,21 @@ def apply_periodic_launch(txn: Txn, entry: raft_pb2.PeriodicLaunchEntry, index: 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryCorrection:
+    namespace: str
+    job_id: str
+    changes: tuple[str, ...]
+
+
+def apply_reconcile_summaries(txn: Txn, entry: raft_pb2.ReconcileSummariesEntry, index: int) -> Any:
+    """Recompute every job summary (and job status) from the state; returns the corrections."""
+    return [
+        SummaryCorrection(namespace=ns, job_id=job_id, changes=changes)
+        for (ns, job_id), changes in txn.reconcile_summaries()
+    ]
+
+
 def apply_server_member(txn: Txn, entry: raft_pb2.ServerMemberEntry, index: int) -> Any:
     txn.put_server(replace(from_proto(entry.member, ServerMember), modify_index=index))
     return None
@@ -395,6 +463,7 @@ APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
     ET.ENTRY_TYPE_SCHEDULER_CONFIG: (raft_pb2.SchedulerConfigEntry, apply_scheduler_config),
     ET.ENTRY_TYPE_PERIODIC_LAUNCH: (raft_pb2.PeriodicLaunchEntry, apply_periodic_launch),
     ET.ENTRY_TYPE_SERVER_MEMBER: (raft_pb2.ServerMemberEntry, apply_server_member),
+    ET.ENTRY_TYPE_RECONCILE_SUMMARIES: (raft_pb2.ReconcileSummariesEntry, apply_reconcile_summaries),
 }
 
 

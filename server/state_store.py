@@ -156,6 +156,11 @@ class Snapshot:
     def job_summary(self, namespace: str, job_id: str) -> JobSummary | None:
         return self._t.job_summaries.get((namespace, job_id))
 
+    def children(self, namespace: str, parent_id: str) -> list[Job]:
+        """The jobs whose ``parent_id`` is this job (periodic launches, dispatches)."""
+        keys = self._t.children_by_parent.get((namespace, parent_id), _EMPTY)
+        return [self._t.jobs[k] for k in keys]
+
     def periodic_launch(self, namespace: str, job_id: str) -> PeriodicLaunch | None:
         return self._t.periodic_launches.get((namespace, job_id))
 
@@ -307,6 +312,9 @@ _CLIENT_STATUS_BUCKET: Final = {
 }
 
 
+_SUMMARY_COUNTERS: Final = ("queued", "starting", "running", "failed", "complete", "lost", "unknown")
+
+
 def _bump(summary: TaskGroupSummary, bucket: str, delta: int) -> TaskGroupSummary:
     return replace(summary, **{bucket: getattr(summary, bucket) + delta})
 
@@ -369,6 +377,13 @@ class Txn:
 
     def summary(self, key: JobKey) -> JobSummary | None:
         return self._m("job_summaries").get(key)  # type: ignore[no-any-return]
+
+    def periodic_launch(self, key: JobKey) -> PeriodicLaunch | None:
+        return self._m("periodic_launches").get(key)  # type: ignore[no-any-return]
+
+    def children_of(self, key: JobKey) -> list[Job]:
+        jobs = self._m("jobs")
+        return [jobs[k] for k in self._m("children_by_parent").get(key, _EMPTY) if k in jobs]
 
     def job_versions(self, key: JobKey) -> tuple[Job, ...]:
         return self._m("job_versions").get(key, ())  # type: ignore[no-any-return]
@@ -446,6 +461,12 @@ class Txn:
         self._m("job_summaries")[(summary.namespace, summary.job_id)] = summary
         self._touch("job_summaries")
 
+    def delete_summary(self, key: JobKey) -> None:
+        table = self._m("job_summaries")
+        if key in table:
+            del table[key]
+            self._touch("job_summaries")
+
     def ensure_summary(self, job: Job) -> None:
         """Every job has a summary with a row per group (rows are kept for removed groups)."""
         key = (job.namespace, job.id)
@@ -458,18 +479,11 @@ class Txn:
                 row = rows.get(alloc.task_group, TaskGroupSummary())
                 rows[alloc.task_group] = _bump(row, _alloc_bucket(alloc), +1)
             # A purged parent registered again still has its children: count them.
-            counts = {"pending": 0, "running": 0, "dead": 0}
-            for child_key in self._m("children_by_parent").get(key, _EMPTY):
-                child = self.job(child_key)
-                if child is not None:
-                    status = child.status or JOB_STATUS_PENDING
-                    counts[status] = counts.get(status, 0) + 1
-            children = JobChildrenSummary(**counts)
             summary = JobSummary(
                 job_id=job.id,
                 namespace=job.namespace,
                 summary=rows,
-                children=children,
+                children=self._count_children(key),
                 create_index=self.index,
                 modify_index=self.index,
             )
@@ -479,6 +493,13 @@ class Txn:
             for name in missing:
                 merged[name] = TaskGroupSummary()
             self.put_summary(replace(summary, summary=merged, modify_index=self.index))
+
+    def _count_children(self, key: JobKey) -> JobChildrenSummary:
+        counts = {JOB_STATUS_PENDING: 0, JOB_STATUS_RUNNING: 0, JOB_STATUS_DEAD: 0}
+        for child in self.children_of(key):
+            status = child.status or JOB_STATUS_PENDING
+            counts[status] = counts.get(status, 0) + 1
+        return JobChildrenSummary(**counts)
 
     def _children_delta(self, namespace: str, parent_id: str, old: str | None, new: str | None) -> None:
         """Move one child between the parent's pending/running/dead counts (seed 002)."""
@@ -512,6 +533,9 @@ class Txn:
         ev = replace(ev, modify_index=self.index)
         self._m("evals")[ev.id] = ev
         self.changes.evals.add(ev.id)
+        if old is not None and old.job_id and (old.namespace, old.job_id) != key:
+            self._index_remove("evals_by_job", (old.namespace, old.job_id), ev.id)
+            self._status_dirty.add((old.namespace, old.job_id))
         if ev.job_id:
             self._index_add("evals_by_job", key, ev.id)
             self._status_dirty.add(key)
@@ -544,9 +568,17 @@ class Txn:
         key = (alloc.namespace, alloc.job_id)
         if old is not None and not old.terminal() and alloc.terminal():
             self.changes.capacity = True
+        if old is not None and (old.namespace, old.job_id) != key:
+            # Moving to another job: leave the old job's index and summary as a delete would.
+            self._index_remove("allocs_by_job", (old.namespace, old.job_id), alloc.id)
+            self._account(old, None)
+            old_for_account = None
+        else:
+            old_for_account = old
         self._m("allocs")[alloc.id] = alloc
-        if old is None:
+        if old is None or old_for_account is None:
             self._index_add("allocs_by_job", key, alloc.id)
+        if old is None:
             self._index_add("allocs_by_eval", alloc.eval_id, alloc.id)
         elif old.eval_id != alloc.eval_id:
             self._index_remove("allocs_by_eval", old.eval_id, alloc.id)
@@ -555,7 +587,7 @@ class Txn:
             if old is not None:
                 self._index_remove("allocs_by_node", old.node_id, alloc.id)
             self._index_add("allocs_by_node", alloc.node_id, alloc.id)
-        self._account(old, alloc)
+        self._account(old_for_account, alloc)
         self._touch("allocs")
 
     def delete_alloc(self, alloc_id: str) -> None:
@@ -604,6 +636,65 @@ class Txn:
         if new_slot is not None:
             rows[new_slot[0]] = _bump(rows.get(new_slot[0], TaskGroupSummary()), new_slot[1], +1)
         self.put_summary(replace(summary, summary=rows, modify_index=self.index))
+
+    # -- reconciliation ----------------------------------------------------------------
+    def reconcile_summaries(self) -> list[tuple[JobKey, tuple[str, ...]]]:
+        """Recompute every job's status and summary from its allocs, evals and children.
+
+        Counters are maintained incrementally on every write, so this should find nothing;
+        it is the operator's check (`drover system reconcile summaries`) and repair. Queued
+        counts come from evals, not allocs, so they are kept. Returns, per corrected job,
+        what changed ("web.running: 3 -> 2", "children.pending: 1 -> 0").
+        """
+        # Runs alone in its transaction (one raft entry): the base tables are the state.
+        keys = sorted(self.base.jobs.keys())
+        corrections: dict[JobKey, list[str]] = {}
+        self._status_dirty.update(keys)
+        self._settle_job_status()
+        for key in keys:
+            job = self.job(key)
+            assert job is not None
+            before = self.base.jobs[key].status
+            if job.status != before:
+                corrections.setdefault(key, []).append(f"status: {before or '(none)'} -> {job.status}")
+            changes = self._reconcile_summary(key, job)
+            if changes:
+                corrections.setdefault(key, []).extend(changes)
+        for key in sorted(k for k in self.base.job_summaries if k not in self.base.jobs):
+            self.delete_summary(key)
+            corrections.setdefault(key, []).append("summary of a job that no longer exists: removed")
+        return [(key, tuple(changes)) for key, changes in sorted(corrections.items())]
+
+    def _reconcile_summary(self, key: JobKey, job: Job) -> list[str]:
+        old = self.summary(key)
+        old_rows = dict(old.summary) if old is not None else {}
+        rows = {name: TaskGroupSummary(queued=row.queued) for name, row in old_rows.items()}
+        for group in job.groups:
+            rows.setdefault(group.name, TaskGroupSummary())
+        for alloc in self.allocs_of_job(key):
+            row = rows.get(alloc.task_group, TaskGroupSummary())
+            rows[alloc.task_group] = _bump(row, _alloc_bucket(alloc), +1)
+        children = self._count_children(key)
+        if old is not None and old_rows == rows and old.children == children:
+            return []
+        changes: list[str] = [] if old is not None else ["summary missing: created"]
+        for name in sorted(set(old_rows) | set(rows)):
+            have, want = old_rows.get(name), rows[name]
+            if have is None:
+                changes.append(f"{name}: row added")
+                continue
+            for counter in _SUMMARY_COUNTERS:
+                if getattr(have, counter) != getattr(want, counter):
+                    changes.append(f"{name}.{counter}: {getattr(have, counter)} -> {getattr(want, counter)}")
+        old_children = (old.children if old is not None else None) or JobChildrenSummary()
+        for bucket in (JOB_STATUS_PENDING, JOB_STATUS_RUNNING, JOB_STATUS_DEAD):
+            if getattr(old_children, bucket) != getattr(children, bucket):
+                changes.append(
+                    f"children.{bucket}: {getattr(old_children, bucket)} -> {getattr(children, bucket)}"
+                )
+        base = old or JobSummary(job_id=job.id, namespace=job.namespace, create_index=self.index)
+        self.put_summary(replace(base, summary=rows, children=children, modify_index=self.index))
+        return changes
 
     # -- the rest ----------------------------------------------------------------------
     def set_scheduler_config(self, config: SchedulerConfig) -> None:

@@ -9,14 +9,15 @@ the eval is acked; any failure nacks it (the broker redelivers, then fails it).
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Final
 
 import structlog
-from drover.v1 import raft_pb2
 
+from drover.v1 import raft_pb2
 from scheduler.interfaces import SchedulerContext, SchedulerResult, seed_from
 from scheduler.structs import (
     EVAL_STATUS_BLOCKED,
@@ -165,8 +166,9 @@ class Worker:
         while True:
             attempts += 1
             snap = self._store.snapshot()
+            seed = seed_from(ev.id, snap.index)
             ctx = SchedulerContext(
-                now_ns=self._clock.now_ns(), new_id=self._ids.new, seed=seed_from(ev.id, snap.index)
+                now_ns=self._clock.now_ns(), new_id=self._ids.new, seed=seed, rng=random.Random(seed)
             )
             result = scheduler(ev, snap, ctx)
             if result.plan is None:

@@ -15,6 +15,7 @@ like a cluster's history::
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -72,7 +73,9 @@ class Harness:
         return self.store.snapshot()
 
     def context(self, seed: int = 7) -> SchedulerContext:
-        return SchedulerContext(now_ns=self.now_ns, new_id=lambda: f"id-{next(self._ids)}", seed=seed)
+        return SchedulerContext(
+            now_ns=self.now_ns, new_id=lambda: f"id-{next(self._ids)}", seed=seed, rng=random.Random(seed)
+        )
 
     def run(
         self,

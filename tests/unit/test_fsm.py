@@ -8,11 +8,12 @@ every entry, whatever the test is about.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
-from drover.v1 import raft_pb2
 
+from drover.v1 import raft_pb2
 from scheduler import validate
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
@@ -20,7 +21,6 @@ from scheduler.structs import (
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_PENDING,
     ALLOC_CLIENT_RUNNING,
-    ALLOC_DESIRED_RUN,
     ALLOC_DESIRED_STOP,
     EVAL_STATUS_COMPLETE,
     JOB_STATUS_DEAD,
@@ -45,7 +45,7 @@ from scheduler.structs import (
 from server.codec import to_proto
 from server.fsm import FSM, ApplyResult, encode_entry
 from server.snapshot import state_digest
-from server.state_store import TABLES, TRACKED_JOB_VERSIONS, Snapshot, StateStore
+from server.state_store import TABLES, TRACKED_JOB_VERSIONS, Snapshot, StateStore, Tables
 from tests.fixtures import mock
 
 ET = raft_pb2.EntryType
@@ -330,6 +330,19 @@ def test_fsm__periodic_parent_purged_and_reregistered__counts_its_live_children(
     assert log.children(parent) == JobChildrenSummary(pending=1, running=0, dead=0)
 
 
+def test_fsm__child_committed_after_its_parent_was_purged__counted_when_the_parent_returns(log: Log) -> None:
+    parent = mock.periodic_job()
+    registered(log, parent, with_eval=False)
+    log.apply(mock.deregister_entry(parent.id, purge=True))
+    # A launch decided before the purge commits after it: its parent has no summary.
+    child = launch_child(log, parent, mock.NOW, status=JOB_STATUS_RUNNING)
+
+    registered(log, parent, with_eval=False)
+
+    assert log.job(child).status == JOB_STATUS_PENDING
+    assert log.children(parent) == JobChildrenSummary(pending=1, running=0, dead=0)
+
+
 # ---------------------------------------------------------------------------------------
 # Job deregister
 
@@ -480,7 +493,9 @@ def test_fsm__node_drained__becomes_ineligible(log: Log) -> None:
     [(False, NODE_INELIGIBLE), (True, NODE_ELIGIBLE)],
     ids=["stays-ineligible", "marked-eligible"],
 )
-def test_fsm__node_drain_disabled__eligibility_as_asked(log: Log, mark_eligible: bool, eligibility: str) -> None:
+def test_fsm__node_drain_disabled__eligibility_as_asked(
+    log: Log, mark_eligible: bool, eligibility: str
+) -> None:
     node = mock.node()
     log.apply(mock.register_node_entry(node))
     log.apply(mock.drain_entry(node.id, DrainStrategy()))
@@ -609,7 +624,11 @@ def test_fsm__plan_inplace_update__keeps_client_fields(log: Log) -> None:
     registered(log, job)
     alloc = mock.alloc(job, node)
     log.apply(mock.plan_entry([alloc]))
-    log.apply(mock.client_update_entry(alloc.id, ALLOC_CLIENT_RUNNING, task_states={"web": mock.running_task_state()}))
+    log.apply(
+        mock.client_update_entry(
+            alloc.id, ALLOC_CLIENT_RUNNING, task_states={"web": mock.running_task_state()}
+        )
+    )
     running = log.snap.alloc(alloc.id)
     assert running is not None
 
@@ -873,10 +892,12 @@ def _seed_state(log: Log) -> None:
 
 @pytest.mark.parametrize(
     "entry_type",
-    [ET.ENTRY_TYPE_UNSPECIFIED, 16, 999],
+    [ET.ENTRY_TYPE_UNSPECIFIED, max(ET.values()[:-1]) + 1, 999],
     ids=["unspecified", "next-type", "999"],
 )
-def test_fsm__unknown_entry_type__leaves_state_unchanged_and_does_not_raise(log: Log, entry_type: int) -> None:
+def test_fsm__unknown_entry_type__leaves_state_unchanged_and_does_not_raise(
+    log: Log, entry_type: int
+) -> None:
     _seed_state(log)
     before = log.snap.tables
 
@@ -938,6 +959,29 @@ def test_fsm__refused_entry_at_index__later_entry_applies_at_its_own_index(log: 
     assert log.snap.table_index("nodes") == 2
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        mock.raw_entry(ET.ENTRY_TYPE_JOB_REGISTER, b""),
+        mock.register_job_entry(replace(mock.job(), id="")),
+        mock.raw_entry(ET.ENTRY_TYPE_NODE_REGISTER, b""),
+        mock.plan_entry([replace(mock.alloc(mock.job(), mock.node()), id="")]),
+        mock.eval_update_entry(replace(mock.eval_for(mock.job()), id="")),
+    ],
+    ids=[
+        "register-without-job",
+        "job-without-id",
+        "register-without-node",
+        "alloc-without-id",
+        "eval-without-id",
+    ],
+)
+def test_fsm__entry_with_an_object_without_id__refused_and_unchanged(log: Log, entry: bytes) -> None:
+    log.apply(entry, refused=True)
+
+    assert log.snap.index == 0
+
+
 # ---------------------------------------------------------------------------------------
 # Snapshot restore, config, periodic launches, servers
 
@@ -953,11 +997,10 @@ def test_fsm__snapshot_restore_entry__replaces_state(log: Log) -> None:
     log.apply(mock.snapshot_restore_entry(source.snap.tables))
 
     got, want = log.snap.tables, source.snap.tables
-    for table in ("nodes", "jobs", "job_versions", "evals", "allocs", "job_summaries", "servers"):
-        assert getattr(got, table) == getattr(want, table), table
-    for derived in ("jobs_by_type", "evals_by_job", "allocs_by_job", "allocs_by_node", "allocs_by_eval"):
-        assert getattr(got, derived) == getattr(want, derived), derived
-    assert got.live_allocs_by_job == want.live_allocs_by_job
+    # Every table, secondary index and counter is the source's; only the indexes moved.
+    for f in dataclasses.fields(Tables):
+        if f.name not in ("index", "table_index"):
+            assert getattr(got, f.name) == getattr(want, f.name), f.name
     assert got.index == 41
     assert {name: got.table_index.get(name) for name in TABLES} == dict.fromkeys(TABLES, 41)
 
@@ -966,7 +1009,9 @@ def test_fsm__snapshot_restore_of_garbage__refused_and_unchanged(log: Log) -> No
     _seed_state(log)
     before = log.snap.tables
 
-    result = log.apply(mock.raw_entry(ET.ENTRY_TYPE_SNAPSHOT_RESTORE, b"\x0a\x05\xff\xff\xff\xff\xff"), refused=True)
+    result = log.apply(
+        mock.raw_entry(ET.ENTRY_TYPE_SNAPSHOT_RESTORE, b"\x0a\x05\xff\xff\xff\xff\xff"), refused=True
+    )
 
     assert "restore failed" in result.error
     assert log.snap.tables is before

@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from drover.v1 import raft_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from drover.v1 import raft_pb2
 from scheduler.structs import (
     ALLOC_CLIENT_STATUSES,
     ALLOC_DESIRED_EVICT,
@@ -130,7 +130,9 @@ def _evals_desc(evs: Sequence[Evaluation]) -> str:
 def _register(name: str, count: int, priority: int, status: str, stop: bool, with_eval: bool) -> Entry:
     job = JOBS[name]
     # ``status`` is what a (new) leader claims for the job: seed 002.
-    job = replace(job, groups=(replace(job.groups[0], count=count),), priority=priority, status=status, stop=stop)
+    job = replace(
+        job, groups=(replace(job.groups[0], count=count),), priority=priority, status=status, stop=stop
+    )
     eval_id = next(e for e, j in EVAL_JOBS.items() if j == name)
     ev = mock.eval_for(job, id=eval_id) if with_eval else None
     return Entry(
@@ -153,7 +155,8 @@ def _deregister(name: str, purge: bool, with_eval: bool) -> Entry:
 def _node_register(node_id: str, status: str, eligibility: str, evs: list[Evaluation]) -> Entry:
     node = mock.node(id=node_id, status=status, scheduling_eligibility=eligibility)
     return Entry(
-        f"node-register({node_id} {status} {eligibility}{_evals_desc(evs)})", mock.register_node_entry(node, evs)
+        f"node-register({node_id} {status} {eligibility}{_evals_desc(evs)})",
+        mock.register_node_entry(node, evs),
     )
 
 
@@ -170,7 +173,9 @@ def _drain(node_id: str, mode: str) -> Entry:
     strategy = DrainStrategy(deadline_ns=mock.HOUR, started_at_ns=mock.NOW) if mode == "on" else None
     return Entry(
         f"drain({node_id} {mode})",
-        mock.drain_entry(node_id, strategy, mark_eligible=mode == "off+eligible", event=NodeEvent(message="drain")),
+        mock.drain_entry(
+            node_id, strategy, mark_eligible=mode == "off+eligible", event=NodeEvent(message="drain")
+        ),
     )
 
 
@@ -189,13 +194,14 @@ def _config(algorithm: str, tracker: bool, paused: bool) -> Entry:
         rejection_tracker=RejectionTrackerConfig(threshold=3) if tracker else None,
         pause_eval_broker=paused,
     )
-    return Entry(f"config({algorithm} tracker={tracker} paused={paused})", mock.scheduler_config_entry(config))
+    return Entry(
+        f"config({algorithm} tracker={tracker} paused={paused})", mock.scheduler_config_entry(config)
+    )
 
 
 P = itertools.product
 REGISTERS = [
-    _register(*v)
-    for v in P(sorted(JOBS), (1, 0, 2, 3), (50, 70), JOB_STATUSES, (False, True), (True, False))
+    _register(*v) for v in P(sorted(JOBS), (1, 0, 2, 3), (50, 70), JOB_STATUSES, (False, True), (True, False))
 ]
 DEREGISTERS = [_deregister(*v) for v in P(sorted(JOBS), (False, True), (False, True))]
 NODE_REGISTERS = [
@@ -205,7 +211,8 @@ NODE_REGISTERS = [
 NODE_STATUS_UPDATES = [_node_status(*v) for v in P(NODE_IDS, NODE_STATUSES, EVAL_LISTS[:6])]
 DRAINS = [_drain(*v) for v in P(NODE_IDS, ("on", "off", "off+eligible"))]
 ELIGIBILITIES = [
-    Entry(f"eligibility({n} {e})", mock.eligibility_entry(n, e)) for n, e in P(NODE_IDS, (NODE_INELIGIBLE, NODE_ELIGIBLE))
+    Entry(f"eligibility({n} {e})", mock.eligibility_entry(n, e))
+    for n, e in P(NODE_IDS, (NODE_INELIGIBLE, NODE_ELIGIBLE))
 ]
 NODE_DEREGISTERS = [
     Entry(f"node-deregister({' '.join(ids)})", mock.deregister_node_entry(*ids))
@@ -214,9 +221,13 @@ NODE_DEREGISTERS = [
 CLIENT_UPDATES = [
     _client(*v) for v in P(sorted(ALLOC_JOBS), ("", *ALLOC_CLIENT_STATUSES), (False, True), EVAL_LISTS[:4])
 ]
-EVAL_UPDATES = [Entry(f"evals({_evals_desc(evs).strip()})", mock.eval_update_entry(*evs)) for evs in EVAL_LISTS[1:]]
+EVAL_UPDATES = [
+    Entry(f"evals({_evals_desc(evs).strip()})", mock.eval_update_entry(*evs)) for evs in EVAL_LISTS[1:]
+]
 LAUNCHES = [
-    Entry(f"launch({JOBS[name].id} +{h}h)", mock.periodic_launch_entry(JOBS[name].id, mock.NOW + h * mock.HOUR))
+    Entry(
+        f"launch({JOBS[name].id} +{h}h)", mock.periodic_launch_entry(JOBS[name].id, mock.NOW + h * mock.HOUR)
+    )
     for name, h in P(sorted(JOBS), range(3))
 ]
 CONFIGS = [_config(*v) for v in P(("binpack", "spread"), (False, True), (False, True))]
@@ -242,7 +253,13 @@ def _upserted(alloc_id: str, node_id: str, group: str, desired: str, client_stat
 
 UPSERTS = [
     _upserted(*v)
-    for v in P(sorted(ALLOC_JOBS), NODE_IDS, ("web", "other"), (ALLOC_DESIRED_RUN, ALLOC_DESIRED_STOP), ALLOC_CLIENT_STATUSES)
+    for v in P(
+        sorted(ALLOC_JOBS),
+        NODE_IDS,
+        ("web", "other"),
+        (ALLOC_DESIRED_RUN, ALLOC_DESIRED_STOP),
+        ALLOC_CLIENT_STATUSES,
+    )
 ]
 STOPS = [
     AllocStop(alloc_id=a, desired_status=d, desired_description="stopped by plan", client_status=c)
@@ -282,7 +299,11 @@ def eval_delete(draw: st.DrawFn) -> Entry:
     return Entry(f"gc(evals={e_ids} allocs={a_ids})", mock.eval_delete_entry(e_ids, a_ids))
 
 
-KNOWN_TYPES = sorted(set(ET.values()) - {ET.ENTRY_TYPE_UNSPECIFIED, ET.ENTRY_TYPE_IGNORABLE_FLOAT})
+KNOWN_TYPES: list[int] = sorted(
+    int(t) for t in set(ET.values()) - {ET.ENTRY_TYPE_UNSPECIFIED, ET.ENTRY_TYPE_IGNORABLE_FLOAT}
+)
+# The first type number no entry uses yet: unknown to this FSM.
+NEXT_TYPE = max(KNOWN_TYPES) + 1
 
 
 @st.composite
@@ -291,9 +312,12 @@ def garbage(draw: st.DrawFn) -> Entry:
     if kind == "bytes":
         data = draw(st.binary(max_size=12))
         return Entry(f"garbage({data!r})", data)
-    entry_type = draw(
-        st.sampled_from({"unknown-type": [0, 16, 999], "ignorable": [1000, 1234], "corrupt-payload": KNOWN_TYPES}[kind])
-    )
+    types_of_kind: dict[str, list[int]] = {
+        "unknown-type": [0, NEXT_TYPE, 999],
+        "ignorable": [1000, 1234],
+        "corrupt-payload": KNOWN_TYPES,
+    }
+    entry_type = draw(st.sampled_from(types_of_kind[kind]))
     payload = draw(st.binary(max_size=8))
     return Entry(f"raw(type={entry_type} {payload!r})", mock.raw_entry(entry_type, payload))
 
@@ -396,7 +420,9 @@ def test_fsm__log_then_snapshot_round_trip__same_digest_and_indexes(log: list[En
     tables = replay(log).snapshot().tables
     fresh = StateStore()
 
-    FSM(fresh).restore_tables(from_snapshot(raft_pb2.StateSnapshot.FromString(to_snapshot(tables).SerializeToString())))
+    FSM(fresh).restore_tables(
+        from_snapshot(raft_pb2.StateSnapshot.FromString(to_snapshot(tables).SerializeToString()))
+    )
 
     restored = fresh.snapshot().tables
     assert state_digest(restored) == state_digest(tables)
@@ -406,7 +432,9 @@ def test_fsm__log_then_snapshot_round_trip__same_digest_and_indexes(log: list[En
 
 @PROPERTY_SETTINGS
 @given(log=logs(), data=st.data())
-def test_fsm__restored_mid_log_then_rest_applied__same_state_as_full_replay(log: list[Entry], data: Any) -> None:
+def test_fsm__restored_mid_log_then_rest_applied__same_state_as_full_replay(
+    log: list[Entry], data: Any
+) -> None:
     # A follower that installs a snapshot at index k and applies the rest must end where a
     # server that replayed the whole log ends (invariant 3).
     cut = data.draw(st.integers(0, len(log)), label="cut")
@@ -530,7 +558,11 @@ class FSMAgainstModel(RuleBasedStateMachine):
             version = old.version + 1
             self.jobs[job_id] = ModelJob(old.spec, True, version, [version, *old.versions][:6])
 
-    @rule(alloc_id=alloc_ids.filter(lambda a: ALLOC_JOBS[a] != "cron"), node_id=node_ids, job_version=st.integers(0, 2))
+    @rule(
+        alloc_id=alloc_ids.filter(lambda a: ALLOC_JOBS[a] != "cron"),
+        node_id=node_ids,
+        job_version=st.integers(0, 2),
+    )
     def place(self, alloc_id: str, node_id: str, job_version: int) -> None:
         name = ALLOC_JOBS[alloc_id]
         alloc = mock.alloc(
@@ -539,14 +571,18 @@ class FSMAgainstModel(RuleBasedStateMachine):
         assert self._apply(mock.plan_entry([alloc])) == ""
         old = self.allocs.get(alloc_id)
         if old is None:
-            self.allocs[alloc_id] = ModelAlloc(JOBS[name].id, node_id, ALLOC_DESIRED_RUN, "pending", job_version, self.index)
+            self.allocs[alloc_id] = ModelAlloc(
+                JOBS[name].id, node_id, ALLOC_DESIRED_RUN, "pending", job_version, self.index
+            )
         else:
             # In place: the scheduler's fields change, the client's stay.
             old.node_id, old.desired_status, old.job_version = node_id, ALLOC_DESIRED_RUN, job_version
 
     @rule(alloc_id=alloc_ids, desired=st.sampled_from([ALLOC_DESIRED_STOP, ALLOC_DESIRED_EVICT]))
     def stop_alloc(self, alloc_id: str, desired: str) -> None:
-        assert self._apply(mock.plan_entry(allocs_stopped=[mock.stop(alloc_id, desired_status=desired)])) == ""
+        assert (
+            self._apply(mock.plan_entry(allocs_stopped=[mock.stop(alloc_id, desired_status=desired)])) == ""
+        )
         if alloc_id in self.allocs:
             self.allocs[alloc_id].desired_status = desired
 
@@ -562,11 +598,19 @@ class FSMAgainstModel(RuleBasedStateMachine):
         for alloc_id in ids:
             self.allocs.pop(alloc_id, None)
 
-    @rule(data=st.binary(max_size=10))
+    @rule(
+        data=st.one_of(
+            st.sampled_from([b"\xff", b"\x0a\xff\xff", b"\x80" * 11]),  # not a LogEntry at all
+            st.builds(mock.raw_entry, st.sampled_from([NEXT_TYPE, 999, 1000, 1234]), st.binary(max_size=8)),
+            st.builds(mock.raw_entry, st.sampled_from(KNOWN_TYPES), st.just(b"\x0a\xff\xff\x01")),
+        )
+    )
     def garbage(self, data: bytes) -> None:
         before = self.store.snapshot().tables
-        if self._apply(data):
-            assert self.store.snapshot().tables is before
+
+        assert self._apply(data) != ""
+
+        assert self.store.snapshot().tables is before
 
     @invariant()
     def jobs_match(self) -> None:
@@ -581,7 +625,9 @@ class FSMAgainstModel(RuleBasedStateMachine):
     def allocs_match(self) -> None:
         snap = self.store.snapshot()
         assert {
-            a.id: ModelAlloc(a.job_id, a.node_id, a.desired_status, a.client_status, a.job_version, a.create_index)
+            a.id: ModelAlloc(
+                a.job_id, a.node_id, a.desired_status, a.client_status, a.job_version, a.create_index
+            )
             for a in snap.allocs()
         } == self.allocs
         for job_id in {m.job for m in self.allocs.values()}:
@@ -599,6 +645,6 @@ class FSMAgainstModel(RuleBasedStateMachine):
 
 
 FSMAgainstModel.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_fsm__against_plain_dict_model = FSMAgainstModel.TestCase

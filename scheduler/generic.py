@@ -1,0 +1,419 @@
+"""The generic scheduler: service and batch jobs.
+
+``compute_generic(ev, state, ctx) -> SchedulerResult`` is a pure function of the eval, a
+read-only snapshot and the context (time, ID source, shuffle seed). It returns the plan and
+the evals to write; the worker submits, retries and writes them. The flow::
+
+    job, allocs, tainted nodes, older versions  (read from the snapshot once)
+        │
+        ├─ per group: reconcile_group(...) ─► GroupResult buckets
+        │
+        ├─ phase 1: every stop and in-place update (so placements see the room the
+        │           stops free); unknown marks and follow-up stamps as status-only
+        │           node_update entries
+        ├─ phase 2: placements: feasible_nodes + select_node, seeded from ctx.seed;
+        │           a reschedule's failed alloc is stopped only if its replacement placed
+        └─ phase 3: evals: one blocked eval per job for what did not fit, one rolling
+                    eval for held-back destructive updates, batched reschedule follow-ups
+
+Contract: on the state after its plan commits, running ``compute_generic`` again (a new
+eval, same time) yields no plan unless something was blocked or delayed (a created eval
+says so). ``tests/unit/test_generic_scheduler.py`` checks this as a Hypothesis property.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Final
+
+from scheduler.interfaces import SchedulerContext, SchedulerResult, State
+from scheduler.placement import PlanBuilder, feasible_nodes, score_node, select_node
+from scheduler.reconcile import (
+    DESC_UNKNOWN,
+    DelayedReschedule,
+    GroupResult,
+    Placement,
+    ScoreFn,
+    reconcile_group,
+)
+from scheduler.structs import (
+    ALLOC_CLIENT_PENDING,
+    ALLOC_CLIENT_UNKNOWN,
+    ALLOC_DESIRED_RUN,
+    EVAL_STATUS_BLOCKED,
+    EVAL_STATUS_COMPLETE,
+    EVAL_STATUS_FAILED,
+    EVAL_STATUS_PENDING,
+    JOB_TYPE_BATCH,
+    JOB_TYPE_SERVICE,
+    NODE_STATUS_DISCONNECTED,
+    NODE_STATUS_DOWN,
+    TRIGGER_QUEUED_ALLOCS,
+    TRIGGER_RETRY_FAILED_ALLOC,
+    TRIGGER_ROLLING_UPDATE,
+    AllocatedResources,
+    Allocation,
+    AllocStop,
+    Evaluation,
+    Job,
+    Node,
+    Plan,
+    TaskGroup,
+)
+
+__all__ = [
+    "GENERIC_JOB_TYPES",
+    "RESCHEDULE_BATCH_WINDOW_NS",
+    "batch_followups",
+    "compute_generic",
+    "tainted_nodes",
+]
+
+GENERIC_JOB_TYPES: Final = (JOB_TYPE_SERVICE, JOB_TYPE_BATCH)
+
+# Failed allocs due within this window of the first one share one follow-up eval
+# (Nomad's batchedFailedAllocWindowSize): a burst of failures makes one eval, not fifty.
+RESCHEDULE_BATCH_WINDOW_NS: Final = 5_000_000_000
+
+FAILED_NO_NODES: Final = "no node is feasible"
+FAILED_EXHAUSTED: Final = "resources exhausted on every feasible node"
+
+
+def tainted_nodes(state: State, allocs: Iterable[Allocation]) -> dict[str, Node | None]:
+    """The nodes of ``allocs`` that are down, disconnected or draining; a deregistered node
+    maps to None (Nomad's taintedNodes). Terminal allocs count: their node decides too."""
+    out: dict[str, Node | None] = {}
+    seen: set[str] = set()
+    for alloc in allocs:
+        if alloc.node_id in seen:
+            continue
+        seen.add(alloc.node_id)
+        node = state.node(alloc.node_id)
+        if (
+            node is None
+            or node.status in (NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED)
+            or node.drain_strategy is not None
+        ):
+            out[alloc.node_id] = node
+    return out
+
+
+def batch_followups(
+    delayed: Sequence[DelayedReschedule], window_ns: int = RESCHEDULE_BATCH_WINDOW_NS
+) -> list[tuple[int, tuple[Allocation, ...]]]:
+    """Group delayed reschedules into (wait_until, allocs) batches, earliest first: each batch
+    starts at its earliest time and takes everything due less than ``window_ns`` later."""
+    batches: list[tuple[int, list[Allocation]]] = []
+    for item in sorted(delayed, key=lambda d: (d.at_ns, d.alloc.id)):
+        if batches and item.at_ns - batches[-1][0] < window_ns:
+            batches[-1][1].append(item.alloc)
+        else:
+            batches.append((item.at_ns, [item.alloc]))
+    return [(at, tuple(allocs)) for at, allocs in batches]
+
+
+def _target_job(ev: Evaluation, job: Job | None) -> Job:
+    """The job to reconcile against: a purged job is a stopped stub (stop everything)."""
+    if job is None:
+        return Job(id=ev.job_id, name=ev.job_id, namespace=ev.namespace, type=ev.type, stop=True)
+    return job
+
+
+def _groups(job: Job, allocs: Iterable[Allocation]) -> list[TaskGroup]:
+    """The job's groups, then groups only allocs remember (removed from the job: count 0)."""
+    known = {g.name for g in job.groups}
+    orphans = sorted({a.task_group for a in allocs} - known)
+    return [*job.groups, *(TaskGroup(name=name, count=0) for name in orphans)]
+
+
+def _job_versions(state: State, job: Job, allocs: Iterable[Allocation]) -> dict[int, Job]:
+    out: dict[int, Job] = {}
+    for version in sorted({a.job_version for a in allocs if a.job_version != job.version}):
+        old = state.job_version(job.namespace, job.id, version)
+        if old is not None:
+            out[version] = old
+    return out
+
+
+def _untainted_outsiders(
+    state: State, allocs: Iterable[Allocation], candidates: Sequence[Node], tainted: Mapping[str, Node | None]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Nodes of live allocs that are healthy but not candidates for the group, split in
+    (infeasible, unplaceable): ready and eligible but rejected by the job's current version
+    (datacenters or constraints changed), or not taking placements now (ineligible,
+    initializing). Allocs on the first are updated destructively; on the second they keep
+    what they run and are not updated in place (the plan applier would reject the node)."""
+    ok = {n.id for n in candidates}
+    infeasible: set[str] = set()
+    unplaceable: set[str] = set()
+    for alloc in allocs:
+        node_id = alloc.node_id
+        if (
+            alloc.terminal()
+            or node_id in tainted
+            or node_id in ok
+            or node_id in infeasible
+            or node_id in unplaceable
+        ):
+            continue
+        node = state.node(node_id)
+        if node is not None and node.ready_for_placement():
+            infeasible.add(node_id)
+        else:
+            unplaceable.add(node_id)
+    return frozenset(infeasible), frozenset(unplaceable)
+
+
+def _mark_unknown(alloc: Allocation) -> AllocStop:
+    """The plan entry for "unknown, still desired to run" (a disconnecting alloc).
+
+    An upsert of an existing alloc keeps the client-owned fields (server/fsm.py
+    apply_plan_results), so it cannot say this; an ``AllocStop`` whose desired status stays
+    *run* does: the FSM sets the client status, appends to state_history and leaves the rest.
+    It frees nothing, and stops always pass the plan applier (the node is disconnected).
+    """
+    return AllocStop(
+        alloc_id=alloc.id,
+        desired_status=ALLOC_DESIRED_RUN,
+        desired_description=DESC_UNKNOWN,
+        client_status=ALLOC_CLIENT_UNKNOWN,
+    )
+
+
+def _stamp_followup(alloc: Allocation, followup_eval_id: str) -> AllocStop:
+    """The plan entry recording a failed alloc's follow-up eval, as an ``AllocStop`` that
+    changes nothing else: an upsert would be rejected on a node that is down or ineligible,
+    taking the node's other entries with it."""
+    return AllocStop(
+        alloc_id=alloc.id,
+        desired_status=alloc.desired_status,
+        desired_description=alloc.desired_description,
+        followup_eval_id=followup_eval_id,
+    )
+
+
+def _with_updates(
+    plan: Plan | None, updates: Sequence[tuple[str, AllocStop]], ev: Evaluation, state: State
+) -> Plan | None:
+    """``plan`` with status-only entries (node ID, entry) appended to its node_update.
+
+    PlanBuilder can only stop allocs; these entries leave them desired-running."""
+    if not updates:
+        return plan
+    if plan is None:
+        plan = Plan(
+            eval_id=ev.id,
+            priority=ev.priority,
+            job_id=ev.job_id,
+            namespace=ev.namespace,
+            snapshot_index=state.index,
+        )
+    node_update = {node_id: tuple(entries) for node_id, entries in plan.node_update.items()}
+    for node_id, entry in updates:
+        node_update[node_id] = (*node_update.get(node_id, ()), entry)
+    return replace(plan, node_update=dict(sorted(node_update.items())))
+
+
+def _new_alloc(
+    ev: Evaluation,
+    job: Job,
+    group: TaskGroup,
+    p: Placement,
+    node: Node,
+    resources: AllocatedResources,
+    ctx: SchedulerContext,
+) -> Allocation:
+    return Allocation(
+        id=ctx.new_id(),
+        namespace=job.namespace,
+        eval_id=ev.id,
+        name=p.name,
+        node_id=node.id,
+        node_name=node.name,
+        job_id=job.id,
+        job_version=job.version,
+        task_group=group.name,
+        resources=resources,
+        desired_status=ALLOC_DESIRED_RUN,
+        client_status=ALLOC_CLIENT_PENDING,
+        previous_allocation=p.previous.id if p.previous is not None else "",
+        reschedule_events=p.reschedule_events,
+        create_time_ns=ctx.now_ns,
+        modify_time_ns=ctx.now_ns,
+        index=p.index,
+    )
+
+
+def _reconnect_score(builder: PlanBuilder, state: State, job: Job, group: TaskGroup) -> ScoreFn:
+    """How ``select_node`` ranks an alloc's node for the group, as the state stands (before
+    this plan changes anything): the reconnect picker keeps the better-ranked of an original
+    and its replacement (seed 003). Allocs do not record their placement-time score, so this
+    is today's rank of each node, each holding its own copy."""
+
+    def score(alloc: Allocation) -> float | None:
+        node = state.node(alloc.node_id)
+        return score_node(builder, job, group, node) if node is not None else None
+
+    return score
+
+
+def _follow_up(
+    ev: Evaluation, job: Job, ctx: SchedulerContext, trigger: str, wait_until_ns: int
+) -> Evaluation:
+    return Evaluation(
+        id=ctx.new_id(),
+        namespace=job.namespace,
+        priority=job.priority,
+        type=job.type,
+        triggered_by=trigger,
+        job_id=job.id,
+        job_modify_index=job.job_modify_index,
+        status=EVAL_STATUS_PENDING,
+        wait_until_ns=wait_until_ns,
+        previous_eval=ev.id,
+        create_time_ns=ctx.now_ns,
+        modify_time_ns=ctx.now_ns,
+    )
+
+
+def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> SchedulerResult:
+    """Schedule one eval of a service or batch job (see the module docstring)."""
+    job = state.job(ev.namespace, ev.job_id)
+    if job is not None and job.type not in GENERIC_JOB_TYPES:
+        return SchedulerResult(
+            plan=None,
+            eval_update=replace(
+                ev,
+                status=EVAL_STATUS_FAILED,
+                status_description=f"the generic scheduler cannot handle {job.type!r} jobs",
+                modify_time_ns=ctx.now_ns,
+            ),
+        )
+    allocs = state.allocs_by_job(ev.namespace, ev.job_id)
+    target = _target_job(ev, job)
+    runnable = not (target.stop or target.is_template())
+    groups = _groups(target, allocs)
+    tainted = tainted_nodes(state, allocs)
+    versions = _job_versions(state, target, allocs)
+
+    # Reconcile every group.
+    builder = PlanBuilder(state, ev, job)
+    results: dict[str, GroupResult] = {}
+    candidates: dict[str, list[Node]] = {}
+    for group in groups:
+        mine = [a for a in allocs if a.task_group == group.name]
+        candidates[group.name] = feasible_nodes(state, target, group) if runnable and group.count > 0 else []
+        infeasible, unplaceable = (
+            _untainted_outsiders(state, mine, candidates[group.name], tainted)
+            if runnable
+            else (frozenset(), frozenset())
+        )
+        results[group.name] = reconcile_group(
+            target,
+            group,
+            mine,
+            tainted,
+            ctx.now_ns,
+            eval_id=ev.id,
+            job_versions=versions,
+            infeasible_node_ids=infeasible,
+            unplaceable_node_ids=unplaceable,
+            score=_reconnect_score(builder, state, target, group) if runnable else None,
+        )
+
+    created: list[Evaluation] = []
+    updates: list[tuple[str, AllocStop]] = []  # status-only plan entries (node ID, entry)
+
+    # Phase 1: stops, in-place updates, unknown marks, follow-up stamps.
+    followup_of: dict[str, str] = {}
+    delayed = [d for r in results.values() for d in r.reschedule_later]
+    for at_ns, batch in batch_followups(delayed):
+        followup = _follow_up(ev, target, ctx, TRIGGER_RETRY_FAILED_ALLOC, at_ns)
+        created.append(followup)
+        followup_of.update((a.id, followup.id) for a in batch)
+    for result in results.values():
+        for stop in result.stop:
+            builder.stop(stop.alloc, stop.description, client_status=stop.client_status)
+        for alloc in result.inplace:
+            builder.place(
+                replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
+            )
+        updates.extend((a.node_id, _mark_unknown(a)) for a in result.disconnecting)
+        updates.extend(
+            (d.alloc.node_id, _stamp_followup(d.alloc, followup_of[d.alloc.id]))
+            for d in result.reschedule_later
+        )
+
+    # Phase 2: placements. Allocs of one group ask for the same thing: after the first
+    # that fits nowhere, the rest of the group cannot fit either (the rng is not consumed).
+    rng = ctx.rng
+    if rng is None:
+        raise ValueError("SchedulerContext.rng is required: a generator seeded from the eval (seed_from)")
+    unplaced: dict[str, int] = {}
+    failed_tg: dict[str, str] = {}
+    for group in groups:
+        exhausted = False
+        for p in results[group.name].place:
+            choice = None
+            if not exhausted:
+                choice = select_node(
+                    builder,
+                    target,
+                    group,
+                    candidates[group.name],
+                    ctx,
+                    rng,
+                    penalty_node_ids=p.penalty_node_ids,
+                )
+            if choice is None:
+                exhausted = True
+                unplaced[group.name] = unplaced.get(group.name, 0) + 1
+                failed_tg[group.name] = FAILED_EXHAUSTED if candidates[group.name] else FAILED_NO_NODES
+                continue
+            builder.place(_new_alloc(ev, target, group, p, choice.node, choice.resources, ctx))
+            if p.stop_previous is not None:
+                builder.stop(
+                    p.stop_previous.alloc,
+                    p.stop_previous.description,
+                    client_status=p.stop_previous.client_status,
+                )
+
+    # Phase 3: evals.
+    queued = {g.name: unplaced.get(g.name, 0) for g in target.groups}
+    blocked_id = ""
+    if unplaced:
+        blocked = replace(
+            _follow_up(ev, target, ctx, TRIGGER_QUEUED_ALLOCS, 0),
+            status=EVAL_STATUS_BLOCKED,
+            snapshot_index=state.index,
+            queued_allocations=dict(queued),
+            failed_tg_allocs=dict(failed_tg),
+        )
+        blocked_id = blocked.id
+        created.append(blocked)
+    next_eval = ""
+    rolling = [r.rolling_followup_ns for r in results.values() if r.rolling_followup_ns]
+    if rolling:
+        nxt = _follow_up(ev, target, ctx, TRIGGER_ROLLING_UPDATE, min(rolling))
+        next_eval = nxt.id
+        created.append(nxt)
+
+    eval_update = replace(
+        ev,
+        status=EVAL_STATUS_COMPLETE,
+        status_description="",
+        blocked_eval=blocked_id,
+        next_eval=next_eval,
+        queued_allocations=queued,
+        failed_tg_allocs=failed_tg,
+        snapshot_index=state.index,
+        modify_time_ns=ctx.now_ns,
+    )
+    return SchedulerResult(
+        plan=_with_updates(builder.build(), updates, ev, state),
+        eval_update=eval_update,
+        created_evals=tuple(created),
+        queued=queued,
+        annotations={name: r.counts() for name, r in results.items()},
+    )

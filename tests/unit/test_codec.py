@@ -1,0 +1,336 @@
+"""The reflective codec: dataclasses and protobuf messages agree field for field, and round-trip.
+
+server/codec.py converts by field name, so the only thing that keeps it honest is that
+every dataclass in scheduler/structs.py and its same-named message have the same fields,
+of matching shapes. The round trips build random values reflectively from the message
+descriptors (so every integer stays inside its wire type's range) and also start from the
+mock factories with random overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from drover.v1 import raft_pb2, structs_pb2
+from scheduler import structs
+from server.codec import from_proto, to_proto
+from tests.fixtures import mock
+
+# Dataclasses with no message of their own: scheduler-internal values never sent or stored.
+NOT_ON_THE_WIRE = {"Plan", "PlanResult"}
+# Messages a dataclass maps to that live outside structs.proto.
+ELSEWHERE: dict[str, type[Message]] = {"AllocStop": raft_pb2.AllocStop}
+
+
+def _dataclasses() -> dict[str, type]:
+    return {
+        name: obj
+        for name, obj in vars(structs).items()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == structs.__name__
+    }
+
+
+DATACLASSES = _dataclasses()
+
+
+def message_class(name: str) -> type[Message]:
+    if name in ELSEWHERE:
+        return ELSEWHERE[name]
+    cls: type[Message] = getattr(structs_pb2, name)
+    return cls
+
+
+WIRE_CLASSES = sorted(name for name in DATACLASSES if name not in NOT_ON_THE_WIRE)
+
+
+def hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, vars(structs))
+
+
+def _is_map(fd: Any) -> bool:
+    return fd.message_type is not None and fd.message_type.GetOptions().map_entry
+
+
+def _is_repeated(fd: Any) -> bool:
+    return bool(fd.is_repeated)
+
+
+def _optional_inner(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# The two sides agree
+
+
+def test_codec__every_dataclass__has_a_message_or_is_known_internal() -> None:
+    missing = [
+        name
+        for name in DATACLASSES
+        if name not in NOT_ON_THE_WIRE and name not in ELSEWHERE and not hasattr(structs_pb2, name)
+    ]
+    assert missing == [], f"dataclasses with no message in structs.proto: {missing}"
+
+
+def test_codec__every_structs_message__has_a_dataclass() -> None:
+    assert sorted(set(structs_pb2.DESCRIPTOR.message_types_by_name) - set(DATACLASSES)) == []
+
+
+@pytest.mark.parametrize("name", WIRE_CLASSES)
+def test_codec__dataclass_and_message__have_the_same_field_names(name: str) -> None:
+    fields = {f.name for f in dataclasses.fields(DATACLASSES[name])}
+    message_fields = set(message_class(name).DESCRIPTOR.fields_by_name)
+
+    assert fields == message_fields, (
+        f"{name}: only in the dataclass {sorted(fields - message_fields)}, "
+        f"only in the message {sorted(message_fields - fields)}"
+    )
+
+
+_SCALAR_TYPES: dict[int, type] = {
+    FieldDescriptor.TYPE_STRING: str,
+    FieldDescriptor.TYPE_BYTES: bytes,
+    FieldDescriptor.TYPE_BOOL: bool,
+    FieldDescriptor.TYPE_INT32: int,
+    FieldDescriptor.TYPE_INT64: int,
+    FieldDescriptor.TYPE_UINT32: int,
+    FieldDescriptor.TYPE_UINT64: int,
+    FieldDescriptor.TYPE_SINT32: int,
+    FieldDescriptor.TYPE_SINT64: int,
+}
+
+
+def _shape_problems(name: str) -> list[str]:
+    """Where a dataclass field's type does not fit its message field (repeated, map, message)."""
+    cls = DATACLASSES[name]
+    problems: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = hints(cls)[f.name]
+        fd: Any = message_class(name).DESCRIPTOR.fields_by_name.get(f.name)
+        if fd is None:
+            continue  # reported by the field-name test
+        where = f"{name}.{f.name}"
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if _is_map(fd):
+            value_fd = fd.message_type.fields_by_name["value"]
+            if origin not in (Mapping, dict) or args[0] is not str:
+                problems.append(f"{where}: map<string, ...> in the message, {tp} in the dataclass")
+            elif value_fd.message_type is not None:
+                if getattr(args[1], "__name__", None) != value_fd.message_type.name:
+                    problems.append(
+                        f"{where}: map of {value_fd.message_type.name}, dataclass map of {args[1]}"
+                    )
+            elif _SCALAR_TYPES.get(value_fd.type) is not args[1]:
+                problems.append(f"{where}: map value type differs ({args[1]})")
+        elif _is_repeated(fd):
+            if origin is not tuple or len(args) != 2 or args[1] is not Ellipsis:
+                problems.append(f"{where}: repeated in the message, {tp} in the dataclass")
+            elif fd.message_type is not None:
+                if getattr(args[0], "__name__", None) != fd.message_type.name:
+                    problems.append(f"{where}: repeated {fd.message_type.name}, dataclass tuple of {args[0]}")
+            elif _SCALAR_TYPES.get(fd.type) is not args[0]:
+                problems.append(f"{where}: repeated scalar type differs ({args[0]})")
+        elif fd.message_type is not None:
+            inner = _optional_inner(tp)
+            if inner is None or inner.__name__ != fd.message_type.name:
+                problems.append(f"{where}: message {fd.message_type.name}, dataclass {tp} (must be Optional)")
+        elif _SCALAR_TYPES.get(fd.type) is not tp:
+            problems.append(f"{where}: {FieldDescriptor.__name__} type {fd.type}, dataclass {tp}")
+    return problems
+
+
+@pytest.mark.parametrize("name", WIRE_CLASSES)
+def test_codec__dataclass_and_message__fields_have_matching_shapes(name: str) -> None:
+    assert _shape_problems(name) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Random values, derived from the descriptors
+
+_INT_RANGES = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+}
+_text = st.text(st.characters(codec="utf-8"), max_size=6)  # protobuf strings are UTF-8
+
+
+def _scalar(fd: Any) -> st.SearchStrategy[Any]:
+    if fd.type in _INT_RANGES:
+        lo, hi = _INT_RANGES[fd.type]
+        return st.one_of(st.integers(-3, 3).filter(lambda v: lo <= v <= hi), st.integers(lo, hi))
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        return _text
+    if fd.type == FieldDescriptor.TYPE_BYTES:
+        return st.binary(max_size=6)
+    if fd.type == FieldDescriptor.TYPE_BOOL:
+        return st.booleans()
+    raise AssertionError(f"no strategy for field {fd.full_name} of type {fd.type}")
+
+
+def values(cls: type, descriptor: Any = None) -> st.SearchStrategy[Any]:
+    """Any value of the dataclass ``cls`` that its message can carry."""
+    descriptor = descriptor or message_class(cls.__name__).DESCRIPTOR
+    kwargs: dict[str, st.SearchStrategy[Any]] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints(cls)[f.name]
+        fd = descriptor.fields_by_name[f.name]
+        if _is_map(fd):
+            value_fd = fd.message_type.fields_by_name["value"]
+            value = values(typing.get_args(tp)[1]) if value_fd.message_type is not None else _scalar(value_fd)
+            kwargs[f.name] = st.dictionaries(_text, value, max_size=2)
+        elif _is_repeated(fd):
+            elem = values(typing.get_args(tp)[0]) if fd.message_type is not None else _scalar(fd)
+            kwargs[f.name] = st.lists(elem, max_size=2).map(tuple)
+        elif fd.message_type is not None:
+            kwargs[f.name] = st.none() | values(_optional_inner(tp))
+        else:
+            kwargs[f.name] = _scalar(fd)
+    return st.builds(cls, **kwargs)
+
+
+def round_trip(obj: Any) -> Any:
+    msg = to_proto(obj, message_class(type(obj).__name__)())
+    wire = msg.SerializeToString(deterministic=True)
+    return from_proto(type(msg).FromString(wire), type(obj))
+
+
+ROUND_TRIP_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("name", ["Job", "Node", "Allocation", "Evaluation", "JobSummary"])
+def test_codec__random_value__round_trips(name: str) -> None:
+    @ROUND_TRIP_SETTINGS
+    @given(obj=values(DATACLASSES[name]))
+    def check(obj: Any) -> None:
+        assert round_trip(obj) == obj
+
+    check()
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in WIRE_CLASSES if n not in ("Job", "Node", "Allocation", "Evaluation", "JobSummary")]
+)
+def test_codec__random_value_of_every_other_record__round_trips(name: str) -> None:
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(obj=values(DATACLASSES[name]))
+    def check(obj: Any) -> None:
+        assert round_trip(obj) == obj
+
+    check()
+
+
+def test_codec__unset_optional_message__comes_back_none_and_empty_one_comes_back_empty() -> None:
+    assert round_trip(mock.node(resources=None, drain_strategy=None)).resources is None
+    drained = round_trip(mock.node(drain_strategy=structs.DrainStrategy(deadline_ns=0)))
+    assert drained.drain_strategy == structs.DrainStrategy(deadline_ns=0)
+    assert drained.drain
+
+
+# ---------------------------------------------------------------------------------------
+# From the mock factories, with random overrides
+
+_names = st.sampled_from(["web", "api", "cache", "a/b", "ünïcödé"])
+
+
+@ROUND_TRIP_SETTINGS
+@given(
+    factory=st.sampled_from(
+        [mock.job, mock.batch_job, mock.system_job, mock.sysbatch_job, mock.periodic_job]
+    ),
+    priority=st.integers(1, 100),
+    count=st.integers(0, 1000),
+    meta=st.dictionaries(_text, _text, max_size=3),
+    status=st.sampled_from(["", "pending", "running", "dead"]),
+    version=st.integers(0, 2**64 - 1),
+    payload=st.binary(max_size=8),
+)
+def test_codec__mock_job_with_overrides__round_trips(
+    factory: Any, priority: int, count: int, meta: dict[str, str], status: str, version: int, payload: bytes
+) -> None:
+    job = factory(priority=priority, meta=meta, status=status, version=version, payload=payload)
+    job = replace(job, groups=(replace(job.groups[0], count=count),))
+
+    assert round_trip(job) == job
+
+
+@ROUND_TRIP_SETTINGS
+@given(
+    name=_names,
+    status=st.sampled_from(structs.NODE_STATUSES),
+    drain=st.booleans(),
+    attributes=st.dictionaries(_text, _text, max_size=3),
+    events=st.lists(
+        st.builds(structs.NodeEvent, message=_text, details=st.dictionaries(_text, _text, max_size=2)),
+        max_size=3,
+    ),
+)
+def test_codec__mock_node_with_overrides__round_trips(
+    name: str, status: str, drain: bool, attributes: dict[str, str], events: list[structs.NodeEvent]
+) -> None:
+    factory = mock.drain_node if drain else mock.node
+    node = factory(name=name, status=status, attributes=attributes, events=tuple(events))
+
+    assert round_trip(node) == node
+
+
+@ROUND_TRIP_SETTINGS
+@given(
+    client_status=st.sampled_from(structs.ALLOC_CLIENT_STATUSES),
+    task_states=st.dictionaries(_names, values(structs.TaskState), max_size=2),
+    history=st.lists(values(structs.AllocStateChange), max_size=3),
+    index=st.integers(0, 2**32 - 1),
+)
+def test_codec__mock_alloc_with_overrides__round_trips(
+    client_status: str,
+    task_states: dict[str, structs.TaskState],
+    history: list[structs.AllocStateChange],
+    index: int,
+) -> None:
+    alloc = mock.alloc(
+        mock.job(),
+        mock.node(),
+        index,
+        client_status=client_status,
+        task_states=task_states,
+        state_history=tuple(history),
+    )
+
+    assert round_trip(alloc) == alloc
+
+
+@ROUND_TRIP_SETTINGS
+@given(
+    status=st.sampled_from(["pending", "blocked", "complete", "failed", "canceled"]),
+    queued=st.dictionaries(_names, st.integers(0, 2**31 - 1), max_size=2),
+    failed=st.dictionaries(_names, _text, max_size=2),
+)
+def test_codec__mock_eval_and_summary__round_trip(
+    status: str, queued: dict[str, int], failed: dict[str, str]
+) -> None:
+    job = mock.job()
+    ev = mock.eval_for(job, status=status, queued_allocations=queued, failed_tg_allocs=failed)
+    summary = structs.JobSummary(
+        job_id=job.id,
+        summary={group: structs.TaskGroupSummary(queued=n) for group, n in queued.items()},
+        children=structs.JobChildrenSummary(pending=1),
+    )
+
+    assert round_trip(ev) == ev
+    assert round_trip(summary) == summary

@@ -1,0 +1,931 @@
+"""scheduler.reconcile: one group's allocs into named buckets, with no state store and no clock.
+
+Most tests are one row of ``CASES``: a situation (built from mock objects, changing only the
+field it is about) and the bucket counts it must produce (``Expect``, Nomad's
+``resultExpectation``). Tests that need to look inside a bucket (which indexes, which times)
+follow the table, then the delay functions, then Hypothesis properties over random groups:
+never more than count live allocs, a stopped job places nothing, and the fixed point (applying
+a result and reconciling again changes nothing unless a follow-up was scheduled).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.reconcile import (
+    DESC_LOST,
+    DESC_RECONNECT_LOSER,
+    DESC_RESCHEDULED,
+    GroupResult,
+    next_delay,
+    next_reschedule,
+    reconcile_group,
+)
+from scheduler.structs import (
+    ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_FAILED,
+    ALLOC_CLIENT_LOST,
+    ALLOC_CLIENT_PENDING,
+    ALLOC_CLIENT_RUNNING,
+    ALLOC_CLIENT_UNKNOWN,
+    ALLOC_DESIRED_RUN,
+    ALLOC_DESIRED_STOP,
+    NODE_STATUS_DISCONNECTED,
+    NODE_STATUS_DOWN,
+    Allocation,
+    AllocStateChange,
+    DisconnectStrategy,
+    DrainStrategy,
+    Job,
+    Node,
+    RescheduleEvent,
+    ReschedulePolicy,
+    TaskState,
+    UpdateStrategy,
+    alloc_name,
+)
+from tests.fixtures import mock
+
+NOW = mock.NOW
+SECOND = mock.SECOND
+MINUTE = mock.MINUTE
+HOUR = mock.HOUR
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Every bucket's size; an unnamed bucket must be empty."""
+
+    place: int = 0
+    stop: int = 0
+    inplace: int = 0
+    destructive: int = 0
+    migrate: int = 0
+    lost: int = 0
+    ignore: int = 0
+    reschedule_now: int = 0
+    reschedule_later: int = 0
+    disconnecting: int = 0
+    reconnecting: int = 0
+
+    def check(self, result: GroupResult) -> None:
+        assert result.counts() == asdict(self)
+
+
+@dataclass
+class Scenario:
+    job: Job
+    allocs: list[Allocation]
+    tainted: dict[str, Node | None] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, now_ns: int = NOW) -> GroupResult:
+        return reconcile_group(self.job, self.job.groups[0], self.allocs, self.tainted, now_ns, **self.kwargs)
+
+
+def with_group(job: Job, **changes: Any) -> Job:
+    """``job`` with its one group changed."""
+    return replace(job, groups=(replace(job.groups[0], **changes),))
+
+
+def running(job: Job, node: Node, indexes: Sequence[int], **overrides: Any) -> list[Allocation]:
+    overrides.setdefault("client_status", ALLOC_CLIENT_RUNNING)
+    return [mock.alloc(job, node, i, **overrides) for i in indexes]
+
+
+def by_id(scores: Mapping[str, float]) -> Callable[[Allocation], float | None]:
+    """A reconnect score function from scores by alloc ID."""
+    return lambda alloc: scores.get(alloc.id)
+
+
+def down(node: Node) -> Node:
+    return replace(node, status=NODE_STATUS_DOWN)
+
+
+def disconnected(node: Node) -> Node:
+    return replace(node, status=NODE_STATUS_DISCONNECTED)
+
+
+def draining(node: Node) -> Node:
+    return replace(node, drain_strategy=DrainStrategy(deadline_ns=HOUR, started_at_ns=NOW))
+
+
+def bumped(job: Job, **group_changes: Any) -> tuple[Job, dict[int, Job]]:
+    """The next version of ``job`` (group changed as given) and the versions map."""
+    new = with_group(replace(job, version=job.version + 1), **group_changes)
+    return new, {job.version: job}
+
+
+def destructive_change(job: Job, **update: Any) -> tuple[Job, dict[int, Job]]:
+    task = replace(job.groups[0].tasks[0], config_json='{"run_for": "20s"}')
+    return bumped(job, tasks=(task,), **update)
+
+
+def failed(alloc: Allocation, at_ns: int, **overrides: Any) -> Allocation:
+    state = TaskState(state="dead", failed=True, started_at_ns=at_ns - MINUTE, finished_at_ns=at_ns)
+    return replace(
+        alloc,
+        client_status=ALLOC_CLIENT_FAILED,
+        task_states={"web": state},
+        modify_time_ns=at_ns,
+        **overrides,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The table
+
+
+def s_initial() -> Scenario:
+    return Scenario(mock.job(), [])
+
+
+def s_no_change() -> Scenario:
+    job, node = mock.job(), mock.node()
+    return Scenario(job, running(job, node, range(10)))
+
+
+def s_scale_up() -> Scenario:
+    job, node = mock.job(), mock.node()
+    return Scenario(job, running(job, node, range(5)))
+
+
+def s_scale_down() -> Scenario:
+    job, node = mock.job(), mock.node()
+    return Scenario(with_group(job, count=3), running(job, node, range(10)))
+
+
+def s_inplace() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    new, versions = bumped(job, meta={"elb_check_type": "tcp"})
+    return Scenario(new, allocs, kwargs={"job_versions": versions})
+
+
+def s_destructive_unlimited() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    new, versions = destructive_change(job, update=UpdateStrategy(max_parallel=0))
+    return Scenario(new, allocs, kwargs={"job_versions": versions})
+
+
+def s_rolling() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    new, versions = destructive_change(job, update=UpdateStrategy(max_parallel=2, stagger_ns=30 * SECOND))
+    return Scenario(new, allocs, kwargs={"job_versions": versions})
+
+
+def s_rolling_paused() -> Scenario:
+    scenario = s_rolling()
+    scenario.kwargs["deployment_paused"] = True
+    return scenario
+
+
+def s_version_missing() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    new, _ = bumped(job, meta={"x": "y"}, update=None)
+    return Scenario(new, allocs)  # no job_versions: cannot prove in-place is safe
+
+
+def s_infeasible_node() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    new, versions = bumped(job, meta={"x": "y"}, update=None)
+    return Scenario(
+        new, allocs, kwargs={"job_versions": versions, "infeasible_node_ids": frozenset({node.id})}
+    )
+
+
+def s_service_failed_now() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[3] = failed(allocs[3], NOW - MINUTE)
+    return Scenario(job, allocs)
+
+
+def s_service_failed_later() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[3] = failed(allocs[3], NOW - SECOND)
+    return Scenario(job, allocs)
+
+
+def s_service_failed_followup_scheduled() -> Scenario:
+    scenario = s_service_failed_later()
+    scenario.allocs[3] = replace(scenario.allocs[3], followup_eval_id="eval-later")
+    return scenario
+
+
+def s_service_failed_followup_fires() -> Scenario:
+    # The follow-up eval runs a moment before the computed time: still now, by eval ID.
+    scenario = s_service_failed_followup_scheduled()
+    scenario.kwargs["eval_id"] = "eval-later"
+    return scenario
+
+
+def s_service_failed_no_policy() -> Scenario:
+    job, node = mock.job(), mock.node()
+    job = with_group(job, reschedule=None)
+    allocs = running(job, node, range(10))
+    allocs[3] = failed(allocs[3], NOW - HOUR)
+    return Scenario(job, allocs)
+
+
+def s_service_failed_already_replaced() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[3] = failed(allocs[3], NOW - HOUR)
+    allocs.append(
+        mock.alloc(job, node, 3, previous_allocation=allocs[3].id, client_status=ALLOC_CLIENT_RUNNING)
+    )
+    return Scenario(job, allocs)
+
+
+def s_service_completed() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[4] = replace(allocs[4], client_status=ALLOC_CLIENT_COMPLETE)
+    return Scenario(job, allocs)
+
+
+def s_batch_completed() -> Scenario:
+    job, node = mock.batch_job(), mock.node()
+    return Scenario(job, running(job, node, range(10), client_status=ALLOC_CLIENT_COMPLETE))
+
+
+def s_batch_half_completed() -> Scenario:
+    job, node = mock.batch_job(), mock.node()
+    allocs = running(job, node, range(5), client_status=ALLOC_CLIENT_COMPLETE) + running(
+        job, node, range(5, 10)
+    )
+    return Scenario(job, allocs)
+
+
+def s_batch_completed_then_job_updated() -> Scenario:
+    job, node = mock.batch_job(), mock.node()
+    allocs = running(job, node, range(10), client_status=ALLOC_CLIENT_COMPLETE)
+    new, versions = destructive_change(job)
+    return Scenario(new, allocs, kwargs={"job_versions": versions})
+
+
+def s_batch_failed_first_time() -> Scenario:
+    job, node = mock.batch_job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[0] = failed(allocs[0], NOW - 10 * SECOND)
+    return Scenario(job, allocs)
+
+
+def s_batch_failed_attempts_exhausted() -> Scenario:
+    job, node = mock.batch_job(), mock.node()
+    allocs = running(job, node, range(10))
+    event = RescheduleEvent(reschedule_time_ns=NOW - HOUR, prev_alloc_id="alloc-x", delay_ns=5 * SECOND)
+    allocs[0] = failed(allocs[0], NOW - 10 * SECOND, reschedule_events=(event,))
+    return Scenario(job, allocs)
+
+
+def s_batch_failed_attempt_outside_interval() -> Scenario:
+    job, node = mock.batch_job(), mock.node()
+    allocs = running(job, node, range(10))
+    event = RescheduleEvent(reschedule_time_ns=NOW - 25 * HOUR, prev_alloc_id="alloc-x", delay_ns=5 * SECOND)
+    allocs[0] = failed(allocs[0], NOW - 10 * SECOND, reschedule_events=(event,))
+    return Scenario(job, allocs)
+
+
+def s_lost_node() -> Scenario:
+    job, good, bad = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(7)) + running(job, bad, range(7, 10))
+    return Scenario(job, allocs, {bad.id: down(bad)})
+
+
+def s_lost_node_deregistered() -> Scenario:
+    job, good, gone = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(8)) + running(job, gone, range(8, 10))
+    return Scenario(job, allocs, {gone.id: None})
+
+
+def s_lost_node_scale_down() -> Scenario:
+    job, good, bad = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(7)) + running(job, bad, range(7, 10))
+    return Scenario(with_group(job, count=5), allocs, {bad.id: down(bad)})
+
+
+def s_lost_node_stopping_alloc() -> Scenario:
+    # Told to stop, the node died before the client confirmed: mark it lost, replace nothing.
+    job, good, bad = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(10))
+    allocs.append(
+        mock.alloc(job, bad, 10, desired_status=ALLOC_DESIRED_STOP, client_status=ALLOC_CLIENT_RUNNING)
+    )
+    return Scenario(job, allocs, {bad.id: down(bad)})
+
+
+def s_draining_node() -> Scenario:
+    job, good, drained = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(8)) + running(job, drained, range(8, 10))
+    return Scenario(job, allocs, {drained.id: draining(drained)})
+
+
+def s_disconnected_node() -> Scenario:
+    job, good, away = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(8)) + running(job, away, range(8, 10))
+    return Scenario(job, allocs, {away.id: disconnected(away)})
+
+
+def s_disconnected_node_no_replace() -> Scenario:
+    scenario = s_disconnected_node()
+    scenario.job = with_group(scenario.job, disconnect=DisconnectStrategy(replace=False))
+    return scenario
+
+
+def s_disconnected_node_pending() -> Scenario:
+    job, good, away = mock.job(), mock.node(), mock.node()
+    allocs = [*running(job, good, range(9)), mock.alloc(job, away, 9)]
+    return Scenario(job, allocs, {away.id: disconnected(away)})
+
+
+def s_disconnected_unknown_replaced() -> Scenario:
+    job, good, away = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(9))
+    original = mock.alloc(job, away, 9, client_status=ALLOC_CLIENT_UNKNOWN)
+    allocs += [
+        original,
+        mock.alloc(job, good, 9, client_status=ALLOC_CLIENT_RUNNING, previous_allocation=original.id),
+    ]
+    return Scenario(job, allocs, {away.id: disconnected(away)})
+
+
+def s_disconnected_unknown_replacement_never_placed() -> Scenario:
+    # Nomad #16644: the replacement was blocked; drover retries it on the next eval.
+    job, good, away = mock.job(), mock.node(), mock.node()
+    allocs = [*running(job, good, range(9)), mock.alloc(job, away, 9, client_status=ALLOC_CLIENT_UNKNOWN)]
+    return Scenario(job, allocs, {away.id: disconnected(away)})
+
+
+def s_disconnected_unknown_expired() -> Scenario:
+    job, good, away = mock.job(), mock.node(), mock.node()
+    job = with_group(job, disconnect=DisconnectStrategy(lost_after_ns=5 * MINUTE))
+    history = (AllocStateChange(field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=NOW - HOUR),)
+    unknown = mock.alloc(job, away, 9, client_status=ALLOC_CLIENT_UNKNOWN, state_history=history)
+    return Scenario(job, [*running(job, good, range(9)), unknown], {away.id: disconnected(away)})
+
+
+def s_reconnect_no_replacement() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = [*running(job, node, range(9)), mock.alloc(job, node, 9, client_status=ALLOC_CLIENT_UNKNOWN)]
+    return Scenario(job, allocs)
+
+
+def s_reconnect_tie_keeps_original() -> Scenario:
+    job, back, other = mock.job(), mock.node(), mock.node()
+    original = mock.alloc(job, back, 9, client_status=ALLOC_CLIENT_UNKNOWN)
+    replacement = mock.alloc(
+        job, other, 9, client_status=ALLOC_CLIENT_RUNNING, previous_allocation=original.id
+    )
+    return Scenario(job, [*running(job, other, range(9)), original, replacement])
+
+
+def s_reconnect_better_replacement() -> Scenario:
+    scenario = s_reconnect_tie_keeps_original()
+    original, replacement = scenario.allocs[-2], scenario.allocs[-1]
+    scenario.kwargs["score"] = by_id({original.id: 0.4, replacement.id: 0.9})
+    return scenario
+
+
+def s_reconnect_newer_replacement() -> Scenario:
+    job, back, other = mock.job(), mock.node(), mock.node()
+    new, versions = bumped(job, meta={"x": "y"})
+    original = mock.alloc(job, back, 9, client_status=ALLOC_CLIENT_UNKNOWN)
+    replacement = mock.alloc(
+        new, other, 9, client_status=ALLOC_CLIENT_RUNNING, previous_allocation=original.id
+    )
+    return Scenario(
+        new, [*running(new, other, range(9)), original, replacement], kwargs={"job_versions": versions}
+    )
+
+
+def s_reconnect_client_already_running() -> Scenario:
+    # The client reported "running" before the scheduler saw the reconnect: the lineage tells.
+    scenario = s_reconnect_tie_keeps_original()
+    scenario.allocs[-2] = replace(scenario.allocs[-2], client_status=ALLOC_CLIENT_RUNNING)
+    return scenario
+
+
+def s_job_stopped() -> Scenario:
+    job, good, bad = mock.job(), mock.node(), mock.node()
+    allocs = running(job, good, range(8)) + running(job, bad, range(8, 10))
+    return Scenario(replace(job, stop=True), allocs, {bad.id: down(bad)})
+
+
+def s_group_removed() -> Scenario:
+    job, node = mock.job(), mock.node()
+    return Scenario(with_group(job, count=0), running(job, node, range(10)))
+
+
+def s_periodic_parent() -> Scenario:
+    return Scenario(mock.periodic_job(), [])
+
+
+def s_history_only() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(
+        job, node, range(10), desired_status=ALLOC_DESIRED_STOP, client_status=ALLOC_CLIENT_COMPLETE
+    )
+    return Scenario(job, allocs)
+
+
+CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
+    ("initial_placement", s_initial, Expect(place=10)),
+    ("no_change__ignores_all", s_no_change, Expect(ignore=10)),
+    ("count_increase__places_missing", s_scale_up, Expect(place=5, ignore=5)),
+    ("count_decrease__stops_extras", s_scale_down, Expect(stop=7, ignore=3)),
+    ("meta_change__inplace", s_inplace, Expect(inplace=10)),
+    (
+        "task_change__destructive_unlimited",
+        s_destructive_unlimited,
+        Expect(destructive=10, stop=10, place=10),
+    ),
+    ("task_change__rolling_max_parallel_2", s_rolling, Expect(destructive=2, stop=2, place=2, ignore=8)),
+    ("task_change__deployment_paused", s_rolling_paused, Expect(ignore=10)),
+    ("old_version_missing__destructive", s_version_missing, Expect(destructive=10, stop=10, place=10)),
+    ("node_no_longer_feasible__destructive", s_infeasible_node, Expect(destructive=10, stop=10, place=10)),
+    (
+        "service_failed__delay_elapsed__reschedule_now",
+        s_service_failed_now,
+        Expect(place=1, reschedule_now=1, ignore=9),
+    ),
+    (
+        "service_failed__delay_pending__reschedule_later",
+        s_service_failed_later,
+        Expect(reschedule_later=1, ignore=9),
+    ),
+    ("service_failed__followup_exists__waits", s_service_failed_followup_scheduled, Expect(ignore=10)),
+    (
+        "service_failed__its_followup_fires__now",
+        s_service_failed_followup_fires,
+        Expect(place=1, reschedule_now=1, ignore=9),
+    ),
+    ("service_failed__no_policy__holds_slot", s_service_failed_no_policy, Expect(ignore=10)),
+    ("service_failed__already_replaced", s_service_failed_already_replaced, Expect(ignore=10)),
+    ("service_completed__slot_refilled", s_service_completed, Expect(place=1, ignore=9)),
+    ("batch_completed__not_rerun", s_batch_completed, Expect(ignore=10)),
+    ("batch_half_completed__nothing_to_do", s_batch_half_completed, Expect(ignore=10)),
+    ("batch_completed__job_updated__not_rerun", s_batch_completed_then_job_updated, Expect(ignore=10)),
+    (
+        "batch_failed__first_failure__rescheduled",
+        s_batch_failed_first_time,
+        Expect(place=1, reschedule_now=1, ignore=9),
+    ),
+    ("batch_failed__attempts_exhausted__holds_slot", s_batch_failed_attempts_exhausted, Expect(ignore=10)),
+    (
+        "batch_failed__old_attempt_outside_interval",
+        s_batch_failed_attempt_outside_interval,
+        Expect(place=1, reschedule_now=1, ignore=9),
+    ),
+    ("lost_node__stopped_lost_and_replaced", s_lost_node, Expect(lost=3, stop=3, place=3, ignore=7)),
+    ("deregistered_node__lost", s_lost_node_deregistered, Expect(lost=2, stop=2, place=2, ignore=8)),
+    ("lost_node__scale_down", s_lost_node_scale_down, Expect(lost=3, stop=5, ignore=5)),
+    ("lost_node__stopping_alloc_marked_lost", s_lost_node_stopping_alloc, Expect(lost=1, stop=1, ignore=10)),
+    ("draining_node__migrate", s_draining_node, Expect(migrate=2, stop=2, place=2, ignore=8)),
+    (
+        "disconnected_node__unknown_and_replaced",
+        s_disconnected_node,
+        Expect(disconnecting=2, place=2, ignore=8),
+    ),
+    (
+        "disconnected_node__replace_false__kept",
+        s_disconnected_node_no_replace,
+        Expect(disconnecting=2, ignore=8),
+    ),
+    (
+        "disconnected_node__pending__lost",
+        s_disconnected_node_pending,
+        Expect(lost=1, stop=1, place=1, ignore=9),
+    ),
+    ("disconnected_node__unknown_already_replaced", s_disconnected_unknown_replaced, Expect(ignore=11)),
+    (
+        "disconnected_node__unknown_replacement_retried",
+        s_disconnected_unknown_replacement_never_placed,
+        Expect(place=1, ignore=9),
+    ),
+    (
+        "disconnected_node__lost_after_expired",
+        s_disconnected_unknown_expired,
+        Expect(lost=1, stop=1, place=1, ignore=9),
+    ),
+    ("reconnect__no_replacement__kept", s_reconnect_no_replacement, Expect(reconnecting=1, ignore=9)),
+    (
+        "reconnect__scores_tie__original_kept",
+        s_reconnect_tie_keeps_original,
+        Expect(reconnecting=1, stop=1, ignore=9),
+    ),
+    (
+        "reconnect__better_replacement__original_stopped",
+        s_reconnect_better_replacement,
+        Expect(stop=1, ignore=10),
+    ),
+    (
+        "reconnect__newer_replacement__original_stopped",
+        s_reconnect_newer_replacement,
+        Expect(stop=1, ignore=10),
+    ),
+    (
+        "reconnect__client_already_running__one_kept",
+        s_reconnect_client_already_running,
+        Expect(reconnecting=1, stop=1, ignore=9),
+    ),
+    ("job_stopped__stops_all", s_job_stopped, Expect(stop=10, lost=2)),
+    ("group_removed__stops_all", s_group_removed, Expect(stop=10)),
+    ("periodic_parent__places_nothing", s_periodic_parent, Expect()),
+    ("history_only__refilled", s_history_only, Expect(place=10)),
+]
+
+
+@pytest.mark.parametrize(("setup", "expect"), [(s, e) for _, s, e in CASES], ids=[c[0] for c in CASES])
+def test_reconcile__situations(setup: Callable[[], Scenario], expect: Expect) -> None:
+    expect.check(setup().run())
+
+
+# ---------------------------------------------------------------------------------------
+# Inside the buckets
+
+
+def test_reconcile__initial_placement__names_every_index() -> None:
+    scenario = s_initial()
+    job, result = scenario.job, scenario.run()
+    assert [p.index for p in result.place] == list(range(10))
+    assert result.place[3].name == alloc_name(job.id, "web", 3)
+    assert all(p.previous is None and p.reason == "new" for p in result.place)
+
+
+def test_reconcile__count_decrease__stops_highest_indexes() -> None:
+    result = s_scale_down().run()
+    assert sorted(s.alloc.index for s in result.stop) == [3, 4, 5, 6, 7, 8, 9]
+    assert {s.description for s in result.stop} == {"alloc not needed due to job update"}
+
+
+def test_reconcile__count_increase__reuses_free_indexes_lowest_first() -> None:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, (0, 2, 4))
+    job = with_group(job, count=5)
+    result = reconcile_group(job, job.groups[0], allocs, {}, NOW)
+    assert [p.index for p in result.place] == [1, 3]
+
+
+def test_reconcile__destructive__replacement_takes_the_slot() -> None:
+    scenario = s_destructive_unlimited()
+    result = scenario.run()
+    by_prev = {p.previous.id: p for p in result.place if p.previous is not None}
+    for old in result.destructive:
+        assert by_prev[old.id].index == old.index and by_prev[old.id].reason == "destructive"
+
+
+def test_reconcile__rolling__exactly_max_parallel_then_followup_after_stagger() -> None:
+    scenario = s_rolling()
+    result = scenario.run()
+    assert len(result.destructive) == 2
+    assert result.rolling_followup_ns == NOW + 30 * SECOND
+    # Failed and pending allocs are updated first (they serve nothing), then by index.
+    assert [a.index for a in result.destructive] == [0, 1]
+
+
+def test_reconcile__rolling__replacements_in_flight_use_the_budget() -> None:
+    """Any eval during the stagger (a node update, a failure) must not speed the rollout up."""
+    scenario = s_rolling()
+    first = scenario.run()
+    committed = apply_result(scenario.job, scenario.allocs, first, NOW, healthy_node="node-new")
+    again = reconcile_group(
+        scenario.job, scenario.job.groups[0], committed, {}, NOW + 10 * SECOND, **scenario.kwargs
+    )
+    Expect(ignore=10).check(again)
+    assert again.rolling_followup_ns == NOW + 30 * SECOND
+    later = reconcile_group(
+        scenario.job, scenario.job.groups[0], committed, {}, NOW + 30 * SECOND, **scenario.kwargs
+    )
+    Expect(destructive=2, stop=2, place=2, ignore=8).check(later)
+
+
+def test_reconcile__rolling__batch_jobs_ignore_max_parallel() -> None:
+    job, node = mock.batch_job(), mock.node()
+    allocs = running(job, node, range(10))
+    new, versions = destructive_change(job, update=UpdateStrategy(max_parallel=2))
+    result = reconcile_group(new, new.groups[0], allocs, {}, NOW, job_versions=versions)
+    Expect(destructive=10, stop=10, place=10).check(result)
+    assert result.rolling_followup_ns == 0
+
+
+def test_reconcile__service_failed__replacement_carries_history() -> None:
+    scenario = s_service_failed_now()
+    failed_alloc = scenario.allocs[3]
+    (placement,) = scenario.run().place
+    assert placement.previous == failed_alloc
+    assert placement.index == 3 and placement.reason == "reschedule"
+    assert placement.penalty_node_ids == frozenset({failed_alloc.node_id})
+    (event,) = placement.reschedule_events
+    assert event == RescheduleEvent(
+        reschedule_time_ns=NOW,
+        prev_alloc_id=failed_alloc.id,
+        prev_node_id=failed_alloc.node_id,
+        delay_ns=30 * SECOND,
+    )
+    # Stopped only once the replacement is placed (see Placement.stop_previous).
+    assert placement.stop_previous is not None
+    assert placement.stop_previous.alloc == failed_alloc
+    assert placement.stop_previous.description == DESC_RESCHEDULED
+
+
+def test_reconcile__service_failed__later_at_fail_time_plus_delay() -> None:
+    (delayed,) = s_service_failed_later().run().reschedule_later
+    assert delayed.at_ns == NOW - SECOND + 30 * SECOND
+
+
+def test_reconcile__lost_node__stops_carry_client_status_lost() -> None:
+    result = s_lost_node().run()
+    assert {(s.client_status, s.description) for s in result.stop} == {(ALLOC_CLIENT_LOST, DESC_LOST)}
+    assert sorted(p.index for p in result.place) == [7, 8, 9]
+    assert {p.previous.id for p in result.place if p.previous} == {a.id for a in result.lost}
+
+
+def test_reconcile__lost_node__scale_down_drops_lost_first() -> None:
+    result = s_lost_node_scale_down().run()
+    stopped = {s.alloc.index: s for s in result.stop}
+    assert sorted(stopped) == [5, 6, 7, 8, 9]
+    assert all(stopped[i].client_status == ALLOC_CLIENT_LOST for i in (7, 8, 9))
+
+
+def test_reconcile__reconnect__tie_stops_the_replacement() -> None:
+    scenario = s_reconnect_tie_keeps_original()
+    result = scenario.run()
+    (stop,) = result.stop
+    assert stop.alloc == scenario.allocs[-1] and stop.description == DESC_RECONNECT_LOSER
+    assert result.reconnecting == (scenario.allocs[-2],)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "scores", "original_kept"),
+    [
+        ("best_score", (0.5, 0.5), True),
+        ("best_score", (0.5, 0.9), True),  # a pending replacement never beats a running original
+        ("keep_original", (0.1, 0.9), True),
+        ("keep_replacement", (0.9, 0.1), False),
+    ],
+    ids=["best_score_tie", "best_score_pending_replacement", "keep_original", "keep_replacement"],
+)
+def test_reconcile__reconnect__strategies(
+    strategy: str, scores: tuple[float, float], original_kept: bool
+) -> None:
+    job, back, other = mock.job(), mock.node(), mock.node()
+    job = with_group(job, count=1, disconnect=DisconnectStrategy(reconcile=strategy))
+    original = mock.alloc(job, back, 0, client_status=ALLOC_CLIENT_RUNNING)
+    replacement = mock.alloc(
+        job, other, 0, client_status=ALLOC_CLIENT_PENDING, previous_allocation=original.id
+    )
+    result = reconcile_group(
+        job,
+        job.groups[0],
+        [original, replacement],
+        {},
+        NOW,
+        score=by_id({original.id: scores[0], replacement.id: scores[1]}),
+    )
+    (stop,) = result.stop
+    assert stop.alloc == (replacement if original_kept else original)
+
+
+def test_reconcile__disconnected_node__replacement_points_back() -> None:
+    scenario = s_disconnected_node()
+    result = scenario.run()
+    assert {p.previous.id for p in result.place if p.previous} == {a.id for a in result.disconnecting}
+    assert all(p.reason == "disconnect" for p in result.place)
+
+
+def test_reconcile__job_stopped__lost_allocs_stopped_as_lost() -> None:
+    result = s_job_stopped().run()
+    statuses = sorted(s.client_status for s in result.stop)
+    assert statuses == [""] * 8 + [ALLOC_CLIENT_LOST] * 2
+
+
+def test_reconcile__other_groups_allocs_are_skipped() -> None:
+    job, node = mock.job(), mock.node()
+    stranger = replace(mock.alloc(job, node, 0), task_group="db")
+    Expect(place=10).check(reconcile_group(job, job.groups[0], [stranger], {}, NOW))
+
+
+# ---------------------------------------------------------------------------------------
+# Delay functions
+
+
+def _events(*delays_s: int, at_ns: int = NOW - HOUR) -> tuple[RescheduleEvent, ...]:
+    return tuple(RescheduleEvent(reschedule_time_ns=at_ns, delay_ns=d * SECOND) for d in delays_s)
+
+
+@pytest.mark.parametrize(
+    ("function", "history", "expected_s"),
+    [
+        ("constant", (), 5),
+        ("constant", (5, 5, 5), 5),
+        ("exponential", (), 5),
+        ("exponential", (5,), 10),
+        ("exponential", (5, 10, 20), 40),
+        ("exponential", (40,), 60),  # capped at max_delay
+        ("fibonacci", (), 5),
+        ("fibonacci", (5,), 5),
+        ("fibonacci", (5, 5), 10),
+        ("fibonacci", (5, 10), 15),
+        ("fibonacci", (30, 45), 60),  # capped
+        ("fibonacci", (60, 5), 5),  # the series restarted after a reset
+        ("no-such-function", (5, 10), 5),
+    ],
+)
+def test_reconcile__next_delay(function: str, history: tuple[int, ...], expected_s: int) -> None:
+    policy = ReschedulePolicy(delay_ns=5 * SECOND, delay_function=function, max_delay_ns=60 * SECOND)
+    fail_ns = NOW - HOUR + 30 * SECOND  # soon after the last reschedule: no reset
+    assert next_delay(policy, _events(*history), fail_ns) == expected_s * SECOND
+
+
+def test_reconcile__next_delay__resets_after_a_long_healthy_run() -> None:
+    policy = ReschedulePolicy(delay_ns=5 * SECOND, delay_function="exponential", max_delay_ns=60 * SECOND)
+    assert next_delay(policy, _events(40, at_ns=NOW - HOUR), NOW) == 5 * SECOND
+
+
+@pytest.mark.parametrize(
+    ("policy", "history", "eligible"),
+    [
+        (None, (), False),
+        (ReschedulePolicy(attempts=0, unlimited=False), (), False),
+        (ReschedulePolicy(unlimited=True), (5, 5, 5, 5, 5, 5), True),
+        (ReschedulePolicy(attempts=2, interval_ns=HOUR, unlimited=False, delay_ns=SECOND), (1,), True),
+        (ReschedulePolicy(attempts=2, interval_ns=HOUR, unlimited=False, delay_ns=SECOND), (1, 1), False),
+        # The next delay must fit in the interval.
+        (ReschedulePolicy(attempts=5, interval_ns=MINUTE, unlimited=False, delay_ns=2 * MINUTE), (1,), False),
+    ],
+    ids=[
+        "no_policy",
+        "zero_attempts",
+        "unlimited",
+        "attempt_left",
+        "attempts_used",
+        "delay_exceeds_interval",
+    ],
+)
+def test_reconcile__reschedule_eligibility(
+    policy: ReschedulePolicy | None, history: tuple[int, ...], eligible: bool
+) -> None:
+    job, node = mock.job(), mock.node()
+    alloc = failed(mock.alloc(job, node), NOW, reschedule_events=_events(*history, at_ns=NOW - MINUTE // 2))
+    assert next_reschedule(alloc, policy).eligible is eligible
+
+
+# ---------------------------------------------------------------------------------------
+# Properties
+
+
+_NODES: Mapping[str, Node | None] = {
+    "n-down": down(mock.node(id="n-down")),
+    "n-drain": draining(mock.node(id="n-drain")),
+    "n-away": disconnected(mock.node(id="n-away")),
+    "n-gone": None,
+}
+_NODE_IDS = ("n-ready", "n-ready-2", *_NODES)
+_STATUSES = (
+    ALLOC_CLIENT_PENDING,
+    ALLOC_CLIENT_RUNNING,
+    ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_FAILED,
+    ALLOC_CLIENT_UNKNOWN,
+)
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> tuple[Job, list[Allocation], dict[int, Job]]:
+    """A job at version 1 (version 0 differs in place or destructively) and up to 10 allocs
+    of its group, in any state, on ready, down, draining, disconnected or missing nodes,
+    some replacing earlier ones."""
+    base = mock.batch_job(id="j") if draw(st.booleans()) else mock.job(id="j")
+    count = draw(st.integers(0, 6))
+    destructive = draw(st.booleans())
+    v0 = with_group(base, count=count)
+    task = replace(v0.groups[0].tasks[0], config_json='{"v": 1}') if destructive else v0.groups[0].tasks[0]
+    v1 = with_group(
+        replace(v0, version=1, stop=draw(st.booleans()) and draw(st.booleans())),
+        count=count,
+        tasks=(task,),
+        meta={"v": "1"},
+        update=UpdateStrategy(max_parallel=draw(st.integers(0, 3))),
+        disconnect=DisconnectStrategy(replace=draw(st.booleans())),
+    )
+    allocs: list[Allocation] = []
+    for i in range(draw(st.integers(0, 10))):
+        status = draw(st.sampled_from(_STATUSES))
+        fail_ago = draw(st.sampled_from((0, 10 * SECOND, 2 * HOUR)))
+        prev = draw(st.sampled_from(["", *(a.id for a in allocs)]))
+        version = draw(st.integers(0, 1))
+        alloc = mock.alloc(
+            v1 if version else v0,
+            mock.node(id=draw(st.sampled_from(_NODE_IDS))),
+            draw(st.integers(0, 7)),
+            id=f"a{i}",
+            eval_id="e0",
+            client_status=status,
+            desired_status=ALLOC_DESIRED_STOP if draw(st.integers(0, 4)) == 0 else ALLOC_DESIRED_RUN,
+            previous_allocation=prev,
+            modify_time_ns=NOW - fail_ago,
+            create_time_ns=NOW - HOUR,
+            create_index=i + 1,
+            followup_eval_id=draw(st.sampled_from(("", "e-old"))),
+            reschedule_events=_events(*draw(st.lists(st.sampled_from((5, 30)), max_size=2))),
+        )
+        allocs.append(alloc)
+    return v1, allocs, {0: v0}
+
+
+def apply_result(
+    job: Job, allocs: Sequence[Allocation], result: GroupResult, now_ns: int, healthy_node: str = "n-ready"
+) -> list[Allocation]:
+    """What the state holds after the result's plan committed in full (every placement fit)."""
+    ids = itertools.count(1)
+    by_id = {a.id: a for a in allocs}
+    stops = list(result.stop)
+    for p in result.place:
+        if p.stop_previous is not None:
+            stops.append(p.stop_previous)
+    for s in stops:
+        a = by_id[s.alloc.id]
+        by_id[a.id] = replace(
+            a, desired_status=ALLOC_DESIRED_STOP, client_status=s.client_status or a.client_status
+        )
+    for a in result.inplace:
+        by_id[a.id] = replace(by_id[a.id], job_version=job.version)
+    for a in result.disconnecting:
+        by_id[a.id] = replace(by_id[a.id], client_status=ALLOC_CLIENT_UNKNOWN)
+    for d in result.reschedule_later:
+        by_id[d.alloc.id] = replace(by_id[d.alloc.id], followup_eval_id="e-followup")
+    out = list(by_id.values())
+    for p in result.place:
+        out.append(
+            replace(
+                mock.alloc(job, mock.node(id=healthy_node), p.index),
+                id=f"new-{now_ns}-{next(ids)}",
+                name=p.name,
+                previous_allocation=p.previous.id if p.previous else "",
+                reschedule_events=p.reschedule_events,
+                create_time_ns=now_ns,
+                create_index=1000 + len(out),
+            )
+        )
+    return out
+
+
+def _live_on_reachable_nodes(allocs: Sequence[Allocation]) -> int:
+    return sum(1 for a in allocs if not a.terminal() and a.node_id != "n-away")
+
+
+_PROPERTY_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_PROPERTY_SETTINGS
+@given(groups())
+def test_reconcile__property__never_more_than_count_live(
+    case: tuple[Job, list[Allocation], dict[int, Job]],
+) -> None:
+    job, allocs, versions = case
+    result = reconcile_group(job, job.groups[0], allocs, _NODES, NOW, eval_id="e1", job_versions=versions)
+    after = apply_result(job, allocs, result, NOW)
+    limit = 0 if job.stop else job.groups[0].count
+    assert _live_on_reachable_nodes(after) <= limit
+
+
+@_PROPERTY_SETTINGS
+@given(groups())
+def test_reconcile__property__stopped_job_places_nothing(
+    case: tuple[Job, list[Allocation], dict[int, Job]],
+) -> None:
+    job, allocs, versions = case
+    job = replace(job, stop=True)
+    result = reconcile_group(job, job.groups[0], allocs, _NODES, NOW, eval_id="e1", job_versions=versions)
+    assert result.place == () and result.inplace == () and result.destructive == ()
+    assert _live_on_reachable_nodes(apply_result(job, allocs, result, NOW)) == 0
+
+
+@_PROPERTY_SETTINGS
+@given(groups())
+def test_reconcile__property__fixed_point(case: tuple[Job, list[Allocation], dict[int, Job]]) -> None:
+    job, allocs, versions = case
+    first = reconcile_group(job, job.groups[0], allocs, _NODES, NOW, eval_id="e1", job_versions=versions)
+    after = apply_result(job, allocs, first, NOW)
+    second = reconcile_group(job, job.groups[0], after, _NODES, NOW, eval_id="e2", job_versions=versions)
+    if first.reschedule_later or first.rolling_followup_ns:
+        return  # delayed on purpose: the follow-up eval continues
+    assert second.is_no_op(), second.log_fields()
