@@ -46,7 +46,7 @@ dev: install
 
 # Three servers on free loopback ports in the background (.cluster/); `make cluster-stop` ends them.
 cluster: install
-	$(PY) deploy/cluster.py start
+	$(PY) deploy/cluster.py start --clients 2
 
 cluster-stop:
 	$(PY) deploy/cluster.py stop

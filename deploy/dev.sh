@@ -58,7 +58,17 @@ until "$drover" operator raft list-peers -retry-deadline 0 >/dev/null 2>&1; do
     sleep 0.2
 done
 
-"$drover" job run -detach deploy/jobs/demo.hcl
+# The embedded client registers its node right after the server is up.
+until "$drover" node status -retry-deadline 0 2>/dev/null | grep -q " ready"; do
+    if ((SECONDS >= deadline)); then
+        echo "dev: the embedded client did not register within ${ready_timeout}s" >&2
+        exit 1
+    fi
+    sleep 0.2
+done
+
+# Register the demo job and follow its evaluation as the scheduler places it.
+"$drover" job run -monitor-timeout 30 deploy/jobs/demo.hcl || echo "dev: 'drover job run' failed (see above)" >&2
 echo
 "$drover" job status demo || echo "dev: 'drover job status demo' failed (see above)" >&2
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -55,7 +56,8 @@ def _free_port(host: str) -> int:
 
 
 def run_dev(cfg: DevConfig) -> int:
-    """One process, a single-server cluster on loopback; data in a temp dir unless given."""
+    """One process: a single-server cluster on loopback plus an in-process client agent;
+    data in a temp dir unless given."""
     configure_logging(json=cfg.log_json, level=cfg.log_level)
     data_dir = cfg.data_dir or tempfile.mkdtemp(prefix="drover-dev-")
     server_cfg = ServerConfig(
@@ -73,10 +75,15 @@ def run_dev(cfg: DevConfig) -> int:
     except (StartupError, OSError) as exc:
         print(f"Error: {exc}", flush=True)
         return 1
+    # The embedded client: this machine is the dev cluster's one node (mock and raw_exec).
+    from client_agent.agent import start_embedded_client
+
+    client = start_embedded_client([core.grpc_address], os.path.join(data_dir, "client"), "dev-client")
     log.info("agent.dev_ready", grpc=core.grpc_address, data_dir=data_dir)
     try:
         _wait_for_signal()
     finally:
+        client.stop()
         core.stop()
         if not cfg.data_dir:
             shutil.rmtree(data_dir, ignore_errors=True)

@@ -448,7 +448,7 @@ class Endpoints:
                     f"allocs[{i}].client_status: {alloc.client_status!r} is not one of {', '.join(_CLIENT_STATUSES)}"
                 )
             if snap.alloc(alloc.id) is None:
-                raise NotFoundError(f"alloc {alloc.id!r} not found")
+                continue  # garbage-collected meanwhile: nothing to update, the rest still counts
             slim = entry.allocs.add(
                 id=alloc.id, client_status=alloc.client_status, client_description=alloc.client_description
             )

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import grpc
-from drover.v1 import api_pb2, api_pb2_grpc
 
+from drover.v1 import api_pb2, api_pb2_grpc
 from scheduler.structs import Node
 from server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, meta_for, query, rpc, write_meta
 from server.codec import from_proto, to_proto
@@ -97,7 +97,11 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
         return api_pb2.NodeUpdateEligibilityResponse(meta=write_meta(result.index), eval_ids=eval_ids)
 
     def _client_allocs(self, snap: Snapshot, node_id: str, index: int) -> api_pb2.ClientAllocsResponse:
-        response = api_pb2.ClientAllocsResponse(meta=meta_for(self.core, index))
+        # The alloc table's index, which never goes down (a GC'd alloc can lower the node's
+        # own newest index); the client blocks on it and wakes on its node's next change.
+        response = api_pb2.ClientAllocsResponse(
+            meta=meta_for(self.core, max(index, snap.table_index("allocs")))
+        )
         for alloc in sorted(snap.allocs_by_node(node_id), key=lambda a: a.id):
             to_proto(alloc, response.allocs.add())
             key = f"{alloc.job_id}@{alloc.job_version}"

@@ -1,0 +1,161 @@
+"""The client agent's only gRPC module: the server pool and the Nodes RPCs it uses.
+
+``ServerPool`` holds one channel per configured server and a current pick. A call that
+fails with UNAVAILABLE or DEADLINE_EXCEEDED moves the pick to the next server (failover)
+and raises ``ServerUnreachable``; the caller's loop waits its backoff and tries again, so
+every loop owns its own retry policy. Every other status is a ``RequestRejected`` (or
+``NotFound``, ``Refused``), and the pick stays.
+
+Every call has a deadline: a paused or partitioned server cannot hang a loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
+
+import grpc
+
+from client_agent.errors import NotFound, Refused, RequestRejected, ServerUnreachable
+from client_agent.taskstate import AllocStatus
+from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
+
+__all__ = ["NodesRpc", "ServerPool", "alloc_update_message"]
+
+_UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Statuses that mean "this node must register (again) before it is heard".
+_REFUSED: Final = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED})
+# Servers restart on the same port; grpc's default reconnect backoff (up to 120 s) would
+# keep a channel failing fast long after its server is back.
+_CHANNEL_OPTIONS: Final = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+T = TypeVar("T")
+
+
+class ServerPool:
+    def __init__(self, addresses: Sequence[str]) -> None:
+        if not addresses:
+            raise ValueError("at least one server address is required")
+        self._addresses = list(dict.fromkeys(addresses))
+        self._lock = threading.Lock()
+        self._index = 0
+        self._stubs: dict[str, tuple[grpc.Channel, api_pb2_grpc.NodesStub]] = {}
+        self._closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._addresses)
+
+    def current(self) -> str:
+        with self._lock:
+            return self._addresses[self._index]
+
+    def failed(self, address: str) -> None:
+        """``address`` did not answer: move on, unless another thread already did."""
+        with self._lock:
+            if self._addresses[self._index] == address:
+                self._index = (self._index + 1) % len(self._addresses)
+
+    def stub(self, address: str) -> api_pb2_grpc.NodesStub:
+        with self._lock:
+            if self._closed:
+                raise ServerUnreachable(address, "CANCELLED", "the agent is shutting down")
+            entry = self._stubs.get(address)
+            if entry is None:
+                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                entry = (channel, api_pb2_grpc.NodesStub(channel))
+                self._stubs[address] = entry
+            return entry[1]
+
+    def close(self) -> None:
+        """Close every channel; calls in flight fail (CANCELLED) and new ones are refused."""
+        with self._lock:
+            self._closed = True
+            channels = [c for c, _ in self._stubs.values()]
+            self._stubs.clear()
+        for channel in channels:
+            channel.close()
+
+    def call(self, fn: Callable[[api_pb2_grpc.NodesStub], T]) -> T:
+        address = self.current()
+        try:
+            return fn(self.stub(address))
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+            details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
+            if code in _UNREACHABLE or code == grpc.StatusCode.CANCELLED:
+                self.failed(address)
+                raise ServerUnreachable(address, code.name, details) from exc
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(address, code.name, details) from exc
+            if code in _REFUSED:
+                raise Refused(address, code.name, details) from exc
+            raise RequestRejected(address, code.name, details) from exc
+
+
+def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Allocation:
+    alloc = structs_pb2.Allocation(
+        id=status.alloc_id,
+        node_id=node_id,
+        client_status=status.client_status,
+        client_description=status.description,
+    )
+    for name, ts in status.task_states.items():
+        msg = alloc.task_states[name]
+        msg.state = ts.state
+        msg.failed = ts.failed
+        msg.restarts = ts.restarts
+        msg.started_at_ns = ts.started_at_ns
+        msg.finished_at_ns = ts.finished_at_ns
+        msg.pid = ts.pid
+        for ev in ts.events:
+            msg.events.add(type=ev.type, message=ev.message, time_ns=ev.time_ns, exit_code=ev.exit_code)
+    return alloc
+
+
+class NodesRpc:
+    """The four calls a client makes, each with a deadline."""
+
+    def __init__(self, pool: ServerPool, *, timeout_s: float = 5.0) -> None:
+        self.pool = pool
+        self._timeout_s = timeout_s
+
+    def register(self, node: structs_pb2.Node) -> int:
+        """Register (or re-register) the node; the heartbeat TTL in ns."""
+        req = api_pb2.NodeRegisterRequest(node=node)
+        resp = self.pool.call(lambda s: s.Register(req, timeout=self._timeout_s))
+        return int(resp.heartbeat_ttl_ns)
+
+    def heartbeat(self, node_id: str, secret_id: str) -> int:
+        """UpdateStatus(ready): the heartbeat; the next TTL in ns."""
+        req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status="ready", secret_id=secret_id)
+        resp = self.pool.call(lambda s: s.UpdateStatus(req, timeout=self._timeout_s))
+        return int(resp.heartbeat_ttl_ns)
+
+    def get_allocs(
+        self, node_id: str, secret_id: str, *, min_index: int, wait_s: float
+    ) -> api_pb2.ClientAllocsResponse:
+        """Blocking query: returns once the node's allocs pass ``min_index`` or after ``wait_s``."""
+        req = api_pb2.ClientAllocsRequest(
+            node_id=node_id,
+            secret_id=secret_id,
+            options=api_pb2.QueryOptions(min_index=min_index, wait_ns=int(wait_s * 1e9)),
+        )
+        # The server answers by wait_s at the latest; the margin covers forwarding and load.
+        deadline = wait_s + self._timeout_s
+        return self.pool.call(lambda s: s.GetClientAllocs(req, timeout=deadline))
+
+    def update_allocs(self, node_id: str, secret_id: str, statuses: Sequence[AllocStatus]) -> None:
+        req = api_pb2.AllocUpdateRequest(
+            node_id=node_id,
+            secret_id=secret_id,
+            allocs=[alloc_update_message(node_id, s) for s in statuses],
+        )
+        self.pool.call(lambda s: s.UpdateAllocs(req, timeout=self._timeout_s))

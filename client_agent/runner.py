@@ -1,0 +1,326 @@
+"""AllocRunner: the tasks of one alloc, its local record, and the status it reports.
+
+Every task change arrives in ``_task_changed``. Under the runner's lock it takes one
+snapshot of every task, writes the alloc record (``state.StateDB``), derives the alloc's
+client status from all task states together (``taskstate.alloc_status``), and hands that
+to ``on_update``, in this order, so what the servers hear is never ahead of the disk and
+updates leave in the order they happened.
+
+Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them (dead, not failed: the
+alloc ends ``complete``); ``detach()`` leaves them running for the next agent, which
+builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` stops
+the tasks and forgets the alloc (the servers garbage-collected it).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import structlog
+
+from client_agent.clock import Clock
+from client_agent.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
+from client_agent.errors import DriverConfigError, StateError
+from client_agent.restarts import RestartPolicy, default_restart_policy
+from client_agent.state import AllocRecord, StateDB, TaskRecord
+from client_agent.taskrunner import TaskRunner
+from client_agent.taskstate import (
+    CLIENT_FAILED,
+    EVENT_RECEIVED,
+    EVENT_RECONNECTED,
+    AllocStatus,
+    TaskEvent,
+    TaskState,
+    alloc_status,
+)
+from drover.v1 import structs_pb2
+
+__all__ = ["AllocRunner", "job_key", "restart_policy_of"]
+
+DEFAULT_KILL_TIMEOUT_NS: Final = 5_000_000_000
+
+log = structlog.get_logger("drover.client.alloc")
+
+
+def job_key(alloc: structs_pb2.Allocation) -> str:
+    """The key of the alloc's job in ``ClientAllocsResponse.jobs``."""
+    return f"{alloc.job_id}@{alloc.job_version}"
+
+
+def find_group(job: structs_pb2.Job | None, name: str) -> structs_pb2.TaskGroup | None:
+    if job is None:
+        return None
+    return next((g for g in job.groups if g.name == name), None)
+
+
+def restart_policy_of(job: structs_pb2.Job, group: structs_pb2.TaskGroup) -> RestartPolicy:
+    if not group.HasField("restart"):
+        return default_restart_policy(job.type)
+    r = group.restart
+    return RestartPolicy(
+        attempts=r.attempts, interval_ns=r.interval_ns, delay_ns=r.delay_ns, mode=r.mode or "fail"
+    )
+
+
+class AllocRunner:
+    def __init__(
+        self,
+        alloc: structs_pb2.Allocation,
+        job: structs_pb2.Job | None,
+        *,
+        drivers: Mapping[str, Driver],
+        store: StateDB,
+        clock: Clock,
+        rng: random.Random,
+        on_update: Callable[[AllocStatus], None],
+        record: AllocRecord | None = None,
+    ) -> None:
+        """A runner for a new alloc, or (with ``record``) for one a previous agent ran."""
+        self._alloc = alloc
+        self._job = job
+        self._drivers = drivers
+        self._store = store
+        self._clock = clock
+        self._rng = rng
+        self._on_update = on_update
+        self._lock = threading.RLock()
+        self._stop_requested = record.stop_requested if record else False
+        self._stop_reason = record.stop_reason if record else ""
+        self._destroyed = False
+        self._started = False
+        self._log = log.bind(node_id=alloc.node_id, alloc_id=alloc.id, job_id=alloc.job_id)
+        self._error = ""
+        self._tasks: dict[str, TaskRunner] = {}
+        group = find_group(job, alloc.task_group)
+        if job is None:
+            self._error = f"job {job_key(alloc)} was not sent with the alloc"
+        elif group is None:
+            self._error = f"task group {alloc.task_group!r} not in job {job_key(alloc)}"
+        else:
+            self._build_tasks(job, group, record)
+
+    @classmethod
+    def restore(
+        cls,
+        record: AllocRecord,
+        *,
+        drivers: Mapping[str, Driver],
+        store: StateDB,
+        clock: Clock,
+        rng: random.Random,
+        on_update: Callable[[AllocStatus], None],
+    ) -> AllocRunner:
+        """The runner a previous agent left in ``record``: running tasks are re-attached."""
+        return cls(
+            record.alloc,
+            record.job,
+            drivers=drivers,
+            store=store,
+            clock=clock,
+            rng=rng,
+            on_update=on_update,
+            record=record,
+        )
+
+    def _build_tasks(
+        self, job: structs_pb2.Job, group: structs_pb2.TaskGroup, record: AllocRecord | None
+    ) -> None:
+        policy = restart_policy_of(job, group)
+        now = self._clock.now_ns()
+        for task in group.tasks:
+            setup_error = ""
+            config: dict[str, Any] = {}
+            try:
+                config = parse_config_json(task.config_json, task.name)
+            except DriverConfigError as exc:
+                setup_error = str(exc)
+            driver = self._drivers.get(task.driver)
+            spec = TaskSpec(
+                alloc_id=self._alloc.id,
+                name=task.name,
+                driver=task.driver,
+                config=config,
+                env=dict(task.env),
+                kill_timeout_ns=task.kill_timeout_ns or DEFAULT_KILL_TIMEOUT_NS,
+                job_id=job.id,
+                group=group.name,
+            )
+            previous = record.tasks.get(task.name) if record else None
+            recovered: TaskHandle | None = None
+            if previous is None:
+                previous = TaskRecord(
+                    state=TaskState().with_event(TaskEvent(EVENT_RECEIVED, "Task received by client", now))
+                )
+            elif previous.handle is not None and not previous.state.is_dead and driver is not None:
+                recovered = driver.recover(previous.handle)
+                self._log.info(
+                    "alloc.task_recover",
+                    task=task.name,
+                    pid=previous.state.pid,
+                    recovered=recovered is not None,
+                )
+            self._tasks[task.name] = TaskRunner(
+                spec=spec,
+                driver=driver,
+                job_type=job.type,
+                policy=policy,
+                task_dir=self._store.alloc_dirs_root / self._alloc.id / task.name,
+                clock=self._clock,
+                rng=self._rng,
+                on_change=self._task_changed,
+                log=self._log,
+                record=previous,
+                recovered=recovered,
+                setup_error=setup_error,
+            )
+
+    # -- what the agent reads ----------------------------------------------------------
+
+    @property
+    def alloc_id(self) -> str:
+        return self._alloc.id
+
+    @property
+    def alloc(self) -> structs_pb2.Allocation:
+        with self._lock:
+            return self._alloc
+
+    @property
+    def stop_requested(self) -> bool:
+        with self._lock:
+            return self._stop_requested
+
+    @property
+    def stop_on_client_after_ns(self) -> int:
+        """The group's ``disconnect.stop_on_client_after`` (0: never stop on disconnect)."""
+        with self._lock:
+            group = find_group(self._job, self._alloc.task_group)
+        if group is None or not group.HasField("disconnect"):
+            return 0
+        return max(0, group.disconnect.stop_on_client_after_ns)
+
+    def status(self) -> AllocStatus:
+        with self._lock:
+            return self._status_locked()
+
+    def _status_locked(self) -> AllocStatus:
+        if self._error:
+            return AllocStatus(self._alloc.id, CLIENT_FAILED, self._error, {})
+        status = alloc_status(self._alloc.id, {n: t.snapshot().state for n, t in self._tasks.items()})
+        if self._stop_requested and self._stop_reason and status.client_status == "complete":
+            return AllocStatus(status.alloc_id, status.client_status, self._stop_reason, status.task_states)
+        return status
+
+    def is_finished(self) -> bool:
+        """Every task is dead (or the alloc could not run at all)."""
+        with self._lock:
+            return bool(self._error) or all(t.snapshot().state.is_dead for t in self._tasks.values())
+
+    def longest_kill_timeout_ns(self) -> int:
+        return max((t.spec.kill_timeout_ns for t in self._tasks.values()), default=0)
+
+    def task_records(self) -> dict[str, TaskRecord]:
+        with self._lock:
+            return {n: t.snapshot() for n, t in self._tasks.items()}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._persist_and_report()
+            for task in self._tasks.values():
+                if self._stop_requested:
+                    task.kill()
+                task.start()
+
+    def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
+        """The server changed the alloc (an in-place update): keep the newer copy."""
+        with self._lock:
+            self._alloc = alloc
+            if job is not None:
+                self._job = job
+            self._persist()
+
+    def stop(self, reason: str) -> None:
+        """Kill every task (each with its kill_timeout). Idempotent."""
+        with self._lock:
+            if self._stop_requested and self._started:
+                return
+            self._stop_requested = True
+            self._stop_reason = reason
+            self._log.info("alloc.stopping", reason=reason)
+            self._persist()
+            for task in self._tasks.values():
+                task.kill()
+
+    def reconnect(self) -> None:
+        """The servers saw this alloc as unknown while disconnected: note it, report again."""
+        now = self._clock.now_ns()
+        self._log.info("alloc.reconnected")
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.add_event(TaskEvent(EVENT_RECONNECTED, "Client reconnected", now))
+        if not tasks:
+            with self._lock:
+                self._persist_and_report()
+
+    def detach(self) -> None:
+        """Stop watching the tasks and leave them running (agent restart or upgrade)."""
+        for task in self._tasks.values():
+            task.detach()
+
+    def destroy(self) -> None:
+        """The servers forgot the alloc: kill its tasks and remove its record."""
+        with self._lock:
+            self._destroyed = True
+            for task in self._tasks.values():
+                task.kill()
+            try:
+                self._store.delete_alloc(self._alloc.id)
+            except StateError as exc:
+                self._log.error("alloc.destroy_failed", error=str(exc))
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` in all) for every task thread to end."""
+        deadline = self._clock.monotonic_ns() + int(timeout_s * 1e9)
+        ok = True
+        for task in list(self._tasks.values()):
+            remaining = (deadline - self._clock.monotonic_ns()) / 1e9
+            ok = task.join(remaining) and ok
+        return ok
+
+    # -- task changes ------------------------------------------------------------------
+
+    def _task_changed(self, _name: str) -> None:
+        with self._lock:
+            if self._destroyed:
+                return
+            self._persist_and_report()
+
+    def _record(self) -> AllocRecord:
+        return AllocRecord(
+            alloc=self._alloc,
+            job=self._job,
+            tasks={n: t.snapshot() for n, t in self._tasks.items()},
+            stop_requested=self._stop_requested,
+            stop_reason=self._stop_reason,
+        )
+
+    def _persist(self) -> None:
+        if self._destroyed:
+            return
+        try:
+            self._store.put_alloc(self._record())
+        except StateError as exc:
+            # Keep running: the tasks matter more than the record; the next change retries.
+            self._log.error("alloc.persist_failed", error=str(exc))
+
+    def _persist_and_report(self) -> None:
+        self._persist()
+        self._on_update(self._status_locked())

@@ -1,0 +1,314 @@
+"""One task of one alloc, on its own thread: start, watch, restart by policy, kill, detach.
+
+Theory of operation. The thread loops over "start (or re-attach), wait for the exit,
+decide". Every change of the task's state goes through ``_set``, which stores it and then
+calls ``on_change`` (the alloc runner persists the alloc record and reports its status from
+all tasks at once). Three flags steer the thread from outside, and each also wakes it:
+
+- ``kill()``: stop the task (SIGTERM, then SIGKILL after kill_timeout); the task ends dead
+  and not failed, and is never restarted.
+- ``detach()``: leave the task running and end the thread, for an agent restart or
+  upgrade. The driver handle stays in the record so the next agent can re-attach.
+- restart delays wait on the same wake-up, so a kill during a delay is immediate.
+
+Exits are judged by ``restarts.decide_restart`` (a pure function); the jitter it needs
+comes from the injected ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from client_agent.clock import Clock
+from client_agent.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec
+from client_agent.errors import DriverConfigError, TaskStartError
+from client_agent.restarts import RestartPolicy, RestartWindow, decide_restart
+from client_agent.state import TaskRecord
+from client_agent.taskstate import (
+    EVENT_DRIVER_FAILURE,
+    EVENT_KILLED,
+    EVENT_KILLING,
+    EVENT_NOT_RESTARTING,
+    EVENT_TERMINATED,
+    TaskEvent,
+    TaskState,
+)
+
+__all__ = ["TaskRunner"]
+
+# How often the thread looks at its flags while a task runs: the latency of a stop.
+POLL_S: Final = 0.1
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        *,
+        spec: TaskSpec,
+        driver: Driver | None,
+        job_type: str,
+        policy: RestartPolicy,
+        task_dir: Path,
+        clock: Clock,
+        rng: random.Random,
+        on_change: Callable[[str], None],
+        log: Any,
+        record: TaskRecord,
+        recovered: TaskHandle | None = None,
+        setup_error: str = "",
+    ) -> None:
+        """``record`` is the task's last persisted record (a fresh one for a new task).
+
+        If the record has a driver handle, ``recovered`` is what the driver re-attached to:
+        None means the task ended while no agent watched it. ``setup_error`` (unknown driver,
+        bad config) fails the task at once, without restarts.
+        """
+        self.spec = spec
+        self.name = spec.name
+        self._driver = driver
+        self._job_type = job_type
+        self._policy = policy
+        self._task_dir = task_dir
+        self._clock = clock
+        self._rng = rng
+        self._on_change = on_change
+        self._log = log.bind(task=spec.name)
+        self._setup_error = setup_error
+        self._lock = threading.Lock()
+        self._state = record.state
+        self._handle_state = record.handle
+        self._window = record.window
+        self._initial_handle = recovered
+        self._initial_exit: _Exit | None = None
+        if record.handle is not None and recovered is None and not record.state.is_dead:
+            self._initial_exit = _Exit(
+                ExitResult(None, message="the task ended while the agent was not running"), ran=True
+            )
+        self._kill = threading.Event()
+        self._detach = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- outside interface -----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._state.is_dead or self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name=f"task-{self.spec.alloc_id[:8]}-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def kill(self) -> None:
+        self._kill.set()
+        self._wake.set()
+
+    def detach(self) -> None:
+        self._detach.set()
+        self._wake.set()
+
+    def join(self, timeout_s: float) -> bool:
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(max(0.0, timeout_s))
+        return not thread.is_alive()
+
+    def snapshot(self) -> TaskRecord:
+        with self._lock:
+            return TaskRecord(state=self._state, handle=self._handle_state, window=self._window)
+
+    def add_event(self, event: TaskEvent) -> None:
+        self._set(lambda s: s.with_event(event))
+
+    # -- the thread ------------------------------------------------------------------
+
+    def _set(
+        self,
+        change: Callable[[TaskState], TaskState],
+        *,
+        handle: dict[str, Any] | bool | None = False,
+        window: RestartWindow | None = None,
+    ) -> None:
+        """Apply ``change``; ``handle`` False keeps the recorded handle, None clears it."""
+        with self._lock:
+            self._state = change(self._state)
+            if handle is not False:
+                self._handle_state = handle if isinstance(handle, dict) else None
+            if window is not None:
+                self._window = window
+        self._on_change(self.name)
+
+    def _now(self) -> int:
+        return self._clock.now_ns()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:
+            self._log.exception("task.runner_crashed")
+            now = self._now()
+            event = TaskEvent(EVENT_DRIVER_FAILURE, f"task runner error: {exc}", now)
+            self._set(lambda s: s.with_event(event).dead(now, failed=True), handle=None)
+
+    def _loop(self) -> None:
+        if self._setup_error:
+            self._fail_now(self._setup_error)
+            return
+        handle, exit_ = self._initial_handle, self._initial_exit
+        if handle is not None:
+            self._log.info("task.reattached", pid=handle.pid)
+        while True:
+            if exit_ is None:
+                exit_ = self._run_once(handle)
+                if exit_ is None:
+                    return  # detached, or done for good
+            handle = None
+            if self._kill.is_set():
+                self._finish_killed(exit_)
+                return
+            if not self._after_exit(exit_):
+                return
+            exit_ = None
+
+    def _run_once(self, handle: TaskHandle | None) -> _Exit | None:
+        """Start the task (unless re-attached) and wait for its exit.
+
+        None: nothing more to do (detached, stopped before it started, or failed for good).
+        """
+        if handle is None:
+            if self._detach.is_set():
+                return None
+            if self._kill.is_set():
+                self._finish_killed(None)
+                return None
+            started = self._start()
+            if started is None or isinstance(started, _Exit):
+                return started
+            handle = started
+        result = self._wait(handle)
+        if result is None:
+            self._log.info("task.detached", pid=handle.pid)
+            return None
+        return _Exit(result, ran=True)
+
+    def _fail_now(self, message: str) -> None:
+        """Dead and failed at once, with no restart: retrying cannot help (bad config)."""
+        now = self._now()
+        event = TaskEvent(EVENT_DRIVER_FAILURE, message, now)
+        self._log.warning("task.setup_failed", error=message)
+        self._set(lambda s: s.with_event(event).dead(now, failed=True), handle=None)
+
+    def _start(self) -> TaskHandle | _Exit | None:
+        """A handle; or the start failure as an exit (restartable); or None: failed for good."""
+        if self._driver is None:
+            self._fail_now(f"driver {self.spec.driver!r} is not available on this node")
+            return None
+        try:
+            handle = self._driver.start(self.spec, self._task_dir)
+        except DriverConfigError as exc:
+            self._fail_now(str(exc))
+            return None
+        except TaskStartError as exc:
+            now = self._now()
+            event = TaskEvent(EVENT_DRIVER_FAILURE, str(exc), now)
+            self._log.warning("task.start_failed", error=str(exc))
+            self._set(lambda s: s.with_event(event), handle=None)
+            return _Exit(ExitResult(None, message=f"failed to start: {exc}"), ran=False)
+        now = self._now()
+        self._log.info("task.started", pid=handle.pid)
+        self._set(lambda s: s.started(now, handle.pid), handle=handle.state())
+        return handle
+
+    def _wait(self, handle: TaskHandle) -> ExitResult | None:
+        """The task's exit, or None once detached (the task keeps running)."""
+        while True:
+            if self._detach.is_set():
+                return None
+            if self._kill.is_set():
+                timeout_s = max(self.spec.kill_timeout_ns, 0) / 1e9
+                now = self._now()
+                event = TaskEvent(
+                    EVENT_KILLING, f"Sent interrupt. Waiting {timeout_s:g}s before force killing", now
+                )
+                self.add_event(event)
+                return handle.stop(timeout_s)
+            result = handle.wait(POLL_S)
+            if result is not None:
+                return result
+
+    def _finish_killed(self, exit_: _Exit | None) -> None:
+        now = self._now()
+        with self._lock:
+            ever_started = self._state.started_at_ns > 0
+        events = []
+        if exit_ is not None and exit_.ran:
+            events.append(_terminated_event(exit_.result, now))
+        message = "Task successfully killed" if ever_started else "Task stopped before it started"
+        events.append(TaskEvent(EVENT_KILLED, message, now))
+
+        def change(s: TaskState) -> TaskState:
+            for ev in events:
+                s = s.with_event(ev)
+            return s.dead(now, failed=False)
+
+        self._log.info("task.killed")
+        self._set(change, handle=None)
+
+    def _after_exit(self, exit_: _Exit) -> bool:
+        """Record the exit and apply the restart policy; True if the task starts again."""
+        now = self._now()
+        with self._lock:
+            window = self._window
+        result = exit_.result
+        decision, window = decide_restart(
+            self._policy,
+            window,
+            job_type=self._job_type,
+            exit_code=result.exit_code,
+            now_ns=now,
+            jitter=self._rng.random(),
+        )
+        terminated = _terminated_event(result, now) if exit_.ran else None
+        self._log.info(
+            "task.exited",
+            exit_code=result.exit_code,
+            signal=result.signal,
+            restart=decision.restart,
+            delay_s=decision.delay_ns / 1e9,
+            reason=decision.reason,
+        )
+
+        def record_exit(s: TaskState) -> TaskState:
+            if terminated is not None:
+                s = s.with_event(terminated)
+            if decision.restart:
+                return s.restarting(now, decision.delay_ns, decision.reason)
+            if decision.failed:
+                s = s.with_event(TaskEvent(EVENT_NOT_RESTARTING, decision.reason, now))
+            return s.dead(now, failed=decision.failed)
+
+        self._set(record_exit, handle=None, window=window)
+        if decision.restart:
+            # A kill or detach wakes this early; the loop then sees which one it was.
+            self._wake.wait(decision.delay_ns / 1e9)
+        return decision.restart
+
+
+@dataclass(frozen=True, slots=True)
+class _Exit:
+    """How one run of the task ended; ``ran`` is False when it never started."""
+
+    result: ExitResult
+    ran: bool
+
+
+def _terminated_event(result: ExitResult, now: int) -> TaskEvent:
+    code = -1 if result.exit_code is None else result.exit_code
+    text = result.message or f"Exit Code: {result.exit_code}"
+    return TaskEvent(EVENT_TERMINATED, text, now, exit_code=code)
