@@ -1,0 +1,79 @@
+"""Starting agents for real: the raft key rule, and what grpcurl needs (health, reflection)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from deploy.cluster import LocalCluster, pick_free_ports
+
+
+def _start_server(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    grpc_port, raft_port = pick_free_ports(2)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "agent",
+            "-server",
+            "-node-name",
+            "s1",
+            "-data-dir",
+            str(tmp_path / "s1"),
+            "-grpc-port",
+            str(grpc_port),
+            "-raft-port",
+            str(raft_port),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_agent__non_loopback_raft_bind_without_key__refuses_to_start_and_says_why(tmp_path: Path) -> None:
+    result = _start_server(tmp_path, "-bind", "0.0.0.0")
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "raft-key-file" in output and "unpickles" in output
+
+
+def test_agent__raft_key_too_short__refuses_to_start(tmp_path: Path) -> None:
+    key = tmp_path / "raft.key"
+    key.write_text("short")
+    result = _start_server(tmp_path, "-bind", "0.0.0.0", "-raft-key-file", str(key))
+    assert result.returncode == 1
+    assert "too short" in result.stdout + result.stderr
+
+
+def test_agent__second_server_on_same_data_dir__refuses_to_start(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "c", servers=1) as cluster:
+        cluster.wait_for_leader(timeout=60)
+        result = _start_server(tmp_path / "c")
+        assert result.returncode == 1
+        assert "in use by a running server" in result.stdout + result.stderr
+
+
+def test_agent__health_and_reflection__serve_what_grpcurl_needs(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "c", servers=1) as cluster:
+        cluster.wait_for_leader(timeout=60)
+        with grpc.insecure_channel(cluster.grpc_addresses[0]) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            (answer,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+            services = {s.name for s in answer.list_services_response.service}
+        assert {
+            "drover.v1.Jobs",
+            "drover.v1.Nodes",
+            "drover.v1.Operator",
+            "grpc.health.v1.Health",
+        } <= services
