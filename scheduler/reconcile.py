@@ -14,7 +14,8 @@ takes over the slot of the alloc it replaces and points back to it with
 The steps, in order:
 
 1. ``CLASSIFICATION_RULES`` (first match wins) puts every alloc in a category: lost, gone
-   (history: stopped earlier, or already replaced), done (a finished batch alloc), failed,
+   (history: stopped earlier, or already replaced), done (a finished batch alloc),
+   superseded (a failed replacement of an alloc that is back: stopped), failed,
    disconnecting, unknown, migrate, reconnecting or untainted.
 2. A stopped job stops every live alloc and places nothing.
 3. Reconnects: an alloc that is back on a healthy node while a replacement of it also runs
@@ -132,6 +133,7 @@ LOST: Final = "lost"
 GONE: Final = "gone"  # history: not counted, not acted on
 DONE: Final = "done"  # a finished batch alloc: its slot is done
 FAILED: Final = "failed"  # the reschedule policy decides
+SUPERSEDED: Final = "superseded"  # a failed replacement of an alloc that is back: stopped
 DISCONNECTING: Final = "disconnecting"
 UNKNOWN: Final = "unknown"  # already unknown on a disconnected node
 MIGRATE: Final = "migrate"
@@ -431,10 +433,13 @@ CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
         "A service alloc that exited on its own: not counted, so its slot is filled again.",
     ),
     Rule(
-        GONE,
+        SUPERSEDED,
         lambda f: f.alloc.client_terminal() and f.superseded,
         "Failed, but the alloc it replaced is back on a healthy node and holds the slot: "
-        "rescheduling it would run the slot twice (Nomad #24165).",
+        "rescheduling it would run the slot twice (Nomad #24165). It is stopped, as Nomad "
+        "does, so the decision outlives that alloc: once it is replaced (a destructive "
+        "update) or loses its reconnect, nothing up the chain is live and the failed alloc "
+        "would hold a slot again, and be rescheduled, on the next pass.",
     ),
     Rule(
         FAILED,
@@ -765,6 +770,9 @@ def reconcile_group(
             desc = DESC_NEVER_STARTED
         acc.stop.append(Stop(alloc, desc, client_status=ALLOC_CLIENT_LOST))
         acc.lost.append(alloc)
+
+    for alloc in by_category[SUPERSEDED]:
+        acc.stop.append(Stop(alloc, DESC_RECONNECT_LOSER))
 
     # 2. A stopped job: stop everything live, place nothing.
     if _job_stopped(job):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from drover.v1 import raft_pb2
 from scheduler.generic import batch_followups, compute_generic
 from scheduler.interfaces import SchedulerResult
-from scheduler.reconcile import DESC_RESCHEDULED, DelayedReschedule
+from scheduler.reconcile import DESC_RECONNECT_LOSER, DESC_RESCHEDULED, DelayedReschedule
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
@@ -411,6 +411,37 @@ def test_generic__disconnected_node__reconnect_keeps_original_stops_replacement(
     expect(result, Expect(reconnecting=1, stop=1))
     assert set(stopped(result)) == {replacement.id}
     assert [a.id for a in live(h, job)] == [original.id]
+
+
+def test_generic__failed_replacement_of_reconnected_original__original_updated__fixed_point() -> None:
+    """Slot 0's original came back from a disconnect while its replacement failed; slot 1
+    failed too and waits for its reschedule. The failed replacement is stopped (Nomad
+    #24165) in the same pass that replaces the original destructively: left desired-running,
+    it counted for the slot again once the original was stopped, and the next pass stamped a
+    follow-up eval on it (a fixed-point break the property found)."""
+    h, (node,) = cluster(1)
+    v0 = h.add_job(with_group(mock.job(), count=2, update=None))
+    new, _ = destructive_change(v0, update=None)
+    job = register(h, new)
+    original = h.add_alloc(mock.alloc(v0, node, 0, id="original", client_status=ALLOC_CLIENT_RUNNING))
+    h.add_alloc(
+        mock.alloc(
+            job,
+            node,
+            0,
+            id="failed-replacement",
+            client_status=ALLOC_CLIENT_FAILED,
+            previous_allocation=original.id,
+        )
+    )
+    h.add_alloc(mock.alloc(job, node, 1, id="waiting", client_status=ALLOC_CLIENT_FAILED))
+    first = run_and_commit(h, mock.eval_for(job))
+    expect(first, Expect(destructive=1, stop=2, place=1, reschedule_later=1))
+    assert stopped(first)["failed-replacement"].desired_description == DESC_RECONNECT_LOSER
+    assert h.snapshot().alloc("failed-replacement").desired_status == ALLOC_DESIRED_STOP  # type: ignore[union-attr]
+    second = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    assert second.plan is None, second.annotations
+    assert second.created_evals == ()
 
 
 def _reconnect_race(h: Harness, job: Job) -> tuple[Job, Allocation, Allocation]:

@@ -5,7 +5,7 @@ field it is about) and the bucket counts it must produce (``Expect``, Nomad's
 ``resultExpectation``). Tests that need to look inside a bucket (which indexes, which times)
 follow the table, then the delay functions, then Hypothesis properties over random groups:
 never more than count live allocs, a stopped job places nothing, and the fixed point (applying
-a result and reconciling again changes nothing unless a follow-up was scheduled).
+a result and reconciling again changes nothing unless a rolling update was held back).
 """
 
 from __future__ import annotations
@@ -397,6 +397,14 @@ def s_reconnect_tie_keeps_original() -> Scenario:
     return Scenario(job, [*running(job, other, range(9)), original, replacement])
 
 
+def s_failed_replacement_original_back() -> Scenario:
+    # The original came back from a disconnect and runs; its replacement failed meanwhile.
+    job, back, other = mock.job(), mock.node(), mock.node()
+    original = mock.alloc(job, back, 9, client_status=ALLOC_CLIENT_RUNNING)
+    replacement = failed(mock.alloc(job, other, 9, previous_allocation=original.id), NOW)
+    return Scenario(job, [*running(job, other, range(9)), original, replacement])
+
+
 def s_reconnect_better_replacement() -> Scenario:
     scenario = s_reconnect_tie_keeps_original()
     original, replacement = scenario.allocs[-2], scenario.allocs[-1]
@@ -530,6 +538,11 @@ CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
         "reconnect__scores_tie__original_kept",
         s_reconnect_tie_keeps_original,
         Expect(reconnecting=1, stop=1, ignore=9),
+    ),
+    (
+        "reconnect__failed_replacement__stopped_not_rescheduled",
+        s_failed_replacement_original_back,
+        Expect(stop=1, ignore=10),
     ),
     (
         "reconnect__better_replacement__original_stopped",
@@ -926,6 +939,7 @@ def test_reconcile__property__fixed_point(case: tuple[Job, list[Allocation], dic
     first = reconcile_group(job, job.groups[0], allocs, _NODES, NOW, eval_id="e1", job_versions=versions)
     after = apply_result(job, allocs, first, NOW)
     second = reconcile_group(job, job.groups[0], after, _NODES, NOW, eval_id="e2", job_versions=versions)
-    if first.reschedule_later or first.rolling_followup_ns:
-        return  # delayed on purpose: the follow-up eval continues
+    if first.rolling_followup_ns:
+        return  # held back on purpose: the rolling eval continues
+    # A delayed reschedule is no excuse: its follow-up is stamped, so nothing is left to do.
     assert second.is_no_op(), second.log_fields()
