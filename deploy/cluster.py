@@ -56,6 +56,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
+
 from drover.v1 import api_pb2, api_pb2_grpc
 
 __all__ = [

@@ -156,10 +156,18 @@ class RestartPolicy:
 
 @dataclass(frozen=True, slots=True)
 class PeriodicConfig:
+    """When a periodic job launches: ``spec`` (one cron) or ``specs`` (several, Nomad's
+    ``crons``), in the IANA ``time_zone``; scheduler/periodic.py evaluates them."""
+
     enabled: bool = True
     spec: str = ""
     time_zone: str = "UTC"
     prohibit_overlap: bool = False
+    specs: tuple[str, ...] = ()
+
+    def schedules(self) -> tuple[str, ...]:
+        """Every cron expression of the job; it launches at the earliest next one."""
+        return ((self.spec,) if self.spec else ()) + self.specs
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,10 +262,21 @@ class Job:
         return None
 
     def is_periodic(self) -> bool:
-        return self.periodic is not None and self.periodic.enabled
+        """Has a periodic block, enabled or not (Nomad's IsPeriodic): a disabled periodic
+        job is paused, it does not run as a plain batch job."""
+        return self.periodic is not None
 
     def is_parameterized(self) -> bool:
         return self.parameterized is not None and not self.dispatched
+
+    def is_periodic_active(self) -> bool:
+        """The periodic dispatcher launches children for it (Nomad's IsPeriodicActive)."""
+        return (
+            self.periodic is not None
+            and self.periodic.enabled
+            and not self.stop
+            and not self.is_parameterized()
+        )
 
     def is_template(self) -> bool:
         """Periodic and parameterized parents are templates: their children run, they don't."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-import zoneinfo
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
+from scheduler.periodic import cron_error, time_zone_error
 from scheduler.structs import (
     DEFAULT_NAMESPACE,
     DEFAULT_PRIORITY,
@@ -65,6 +65,7 @@ __all__ = [
     "default_reschedule_policy",
     "default_restart_policy",
     "default_update_strategy",
+    "validate_dispatch",
     "validate_eligibility",
     "validate_job",
     "validate_node",
@@ -114,10 +115,6 @@ _PAYLOAD_MODES: Final = ("optional", "required", "forbidden")
 _RECONCILE_MODES: Final = ("best_score", "keep_original", "keep_replacement", "longest_running")
 _DELAY_FUNCTIONS: Final = ("constant", "exponential", "fibonacci")
 _RESTART_MODES: Final = ("fail", "delay")
-_CRON_MACROS: Final = frozenset(
-    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
-)
-_CRON_FIELD: Final = re.compile(r"[0-9A-Za-z*?/,#-]+")
 _BAD_ID_CHARS: Final = re.compile(r"[\s\x00]")
 _MAX_PORT: Final = 65535
 
@@ -500,29 +497,19 @@ def _non_negative(obj: object, names: tuple[str, ...], path: str) -> Iterator[Fi
 def _periodic_errors(p: PeriodicConfig, job_type: str) -> Iterator[FieldError]:
     if job_type not in _PERIODIC_JOB_TYPES:
         yield FieldError("job.periodic", f"only batch and sysbatch jobs can be periodic, not {_q(job_type)}")
-    spec_error = _cron_error(p.spec)
-    if spec_error:
-        yield FieldError("job.periodic.spec", spec_error)
-    try:
-        zoneinfo.ZoneInfo(p.time_zone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        yield FieldError("job.periodic.time_zone", f"unknown time zone {_q(p.time_zone)}")
-
-
-def _cron_error(spec: str) -> str:
-    """Shape check only: the periodic dispatcher's parser has the final word on ranges."""
-    if not spec.strip():
-        return "must not be empty"
-    fields = spec.split()
-    if fields[0].startswith("@"):
-        if len(fields) == 1 and fields[0] in _CRON_MACROS:
-            return ""
-        return f"unknown macro {_q(spec)}; use one of {', '.join(sorted(_CRON_MACROS))}"
-    if len(fields) not in (5, 6):
-        return f"must have 5 or 6 fields, got {len(fields)} in {_q(spec)}"
-    if not all(_CRON_FIELD.fullmatch(f) for f in fields):
-        return f"invalid characters in {_q(spec)}"
-    return ""
+    if p.spec and p.specs:
+        yield FieldError("job.periodic.specs", "set spec (one cron) or specs (several), not both")
+    if not p.specs:
+        error = cron_error(p.spec)
+        if error:
+            yield FieldError("job.periodic.spec", error)
+    for i, spec in enumerate(p.specs):
+        error = cron_error(spec)
+        if error:
+            yield FieldError(f"job.periodic.specs[{i}]", error)
+    error = time_zone_error(p.time_zone)
+    if error:
+        yield FieldError("job.periodic.time_zone", error)
 
 
 def _parameterized_errors(p: ParameterizedConfig, job_type: str) -> Iterator[FieldError]:
@@ -532,6 +519,49 @@ def _parameterized_errors(p: ParameterizedConfig, job_type: str) -> Iterator[Fie
         )
     if p.payload not in _PAYLOAD_MODES:
         yield FieldError("job.parameterized.payload", _one_of(_PAYLOAD_MODES, p.payload))
+    for name in ("meta_required", "meta_optional"):
+        keys: tuple[str, ...] = getattr(p, name)
+        if any(not key for key in keys):
+            yield FieldError(f"job.parameterized.{name}", "keys must not be empty")
+    both = sorted(set(p.meta_required) & set(p.meta_optional))
+    if both:
+        yield FieldError(
+            "job.parameterized.meta_optional",
+            f"{', '.join(_q(k) for k in both)} also in meta_required; a key is either required or optional",
+        )
+
+
+def validate_dispatch(parent: Job, meta: Mapping[str, str], payload: bytes) -> None:
+    """Raise ``ValidationError`` unless ``meta`` and ``payload`` fit the parameterized ``parent``.
+
+    Paths name the request's fields: ``payload``, ``meta.<key>``.
+    """
+    _raise_if_any(_dispatch_errors(parent, meta, payload))
+
+
+def _dispatch_errors(parent: Job, meta: Mapping[str, str], payload: bytes) -> Iterator[FieldError]:
+    config = parent.parameterized
+    if config is None or parent.dispatched:
+        yield FieldError(
+            "job_id", f"job {_q(parent.id)} is not a parameterized job; only those can be dispatched"
+        )
+        return
+    if config.payload == "required" and not payload:
+        yield FieldError("payload", f"job {_q(parent.id)} requires a payload")
+    elif config.payload == "forbidden" and payload:
+        yield FieldError("payload", f"job {_q(parent.id)} forbids a payload, got {len(payload)} bytes")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        yield FieldError("payload", f"must be at most {MAX_PAYLOAD_BYTES} bytes, got {len(payload)}")
+    for key in config.meta_required:
+        if key not in meta:
+            yield FieldError(f"meta.{key}", f"required by job {_q(parent.id)} but not given")
+    allowed = set(config.meta_required) | set(config.meta_optional)
+    for key in sorted(meta):
+        if key not in allowed:
+            expected = ", ".join(_q(k) for k in sorted(allowed)) or "none"
+            yield FieldError(
+                f"meta.{key}", f"not a meta key job {_q(parent.id)} accepts (accepted: {expected})"
+            )
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from drover.v1 import structs_pb2
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
+
+from drover.v1 import structs_pb2
 
 __all__ = [
     "ALLOC_HEADERS",

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 import grpc
-from drover.v1 import api_pb2, raft_pb2, structs_pb2
 from google.protobuf.message import DecodeError, Message
 
+from drover.v1 import api_pb2, raft_pb2, structs_pb2
 from scheduler.structs import Job
 from server._cli_format import (
     ALLOC_HEADERS,
@@ -170,6 +170,20 @@ Exit status:
 """
 
 
+_DISPATCH_EPILOG: Final = """\
+The parameterized job's payload setting decides whether a payload file is required,
+optional or forbidden; -meta keys must be among its meta_required and meta_optional keys,
+and every meta_required key must be given. The child job is named
+<job>/dispatch-<unix time>-<8 hex> and gets an evaluation, monitored unless -detach.
+"""
+
+_RAFT_OFFLINE_EPILOG: Final = """\
+Reads the raft journal and snapshot in DIR/raft of a STOPPED server, without contacting any
+server. While a server runs on DIR this refuses (the data dir is locked). Replaying uses the
+server's own FSM, so the state printed is the state the server had at that index.
+"""
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="drover", description="drover cluster scheduler", allow_abbrev=False
@@ -249,6 +263,23 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     _read_flags(p)
     _flag(p, "namespace", default="")
+    p = command(
+        jobs,
+        "dispatch",
+        _cmd_job_dispatch,
+        "run a parameterized job: create a child job with metadata and a payload",
+        _DISPATCH_EPILOG,
+    )
+    p.add_argument("job")
+    p.add_argument("payload", nargs="?", help="file whose contents are the payload ('-' reads stdin)")
+    _write_flags(p, monitor=True)
+    _flag(p, "meta", action="append", metavar="KEY=VALUE", help="dispatch metadata (repeatable)")
+    _flag(p, "namespace", default="")
+    periodic = group("periodic", "periodic job operations", jobs)
+    p = command(periodic, "force", _cmd_job_periodic_force, "launch a periodic job's child now")
+    p.add_argument("job")
+    _write_flags(p, monitor=True)
+    _flag(p, "namespace", default="")
 
     # node
     nodes = group("node", "inspect and drain client nodes")
@@ -289,11 +320,45 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("alloc")
     _read_flags(p)
 
+    # system
+    system = group("system", "cluster-wide maintenance")
+    reconcile = group("reconcile", "recompute derived state", system)
+    p = command(
+        reconcile, "summaries", _cmd_reconcile_summaries, "recompute every job summary and report corrections"
+    )
+    _conn_flags(p)
+    _flag(p, "json", action="store_true")
+
     # operator
     operator = group("operator", "cluster operations")
-    raft = group("raft", "raft cluster membership", operator)
+    raft = group("raft", "raft peers, and offline tools for a stopped server's raft data", operator)
     p = command(raft, "list-peers", _cmd_raft_peers, "list the raft peers")
     _read_flags(p)
+    p = command(
+        raft,
+        "logs",
+        _cmd_raft_logs,
+        "print a stopped server's raft log: one JSON object per entry",
+        _RAFT_OFFLINE_EPILOG,
+    )
+    _flag(p, "data-dir", required=True, metavar="DIR", help="the server's data dir")
+    _flag(p, "pretty", action="store_true", help="indent each object (several lines per entry)")
+    p = command(
+        raft,
+        "state",
+        _cmd_raft_state,
+        "print a stopped server's state at a raft index, every table as JSON",
+        _RAFT_OFFLINE_EPILOG,
+    )
+    _flag(p, "data-dir", required=True, metavar="DIR", help="the server's data dir")
+    _flag(
+        p,
+        "last-index",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay up to raft index N (default: the whole log; negative: N entries before the end)",
+    )
     snapshot = group("snapshot", "save and restore the state", operator)
     p = command(snapshot, "save", _cmd_snapshot_save, "write the cluster state to FILE")
     p.add_argument("file")
@@ -302,6 +367,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p = command(snapshot, "restore", _cmd_snapshot_restore, "replace the cluster state with FILE")
     p.add_argument("file")
     _conn_flags(p)
+    p = command(
+        snapshot, "inspect", _cmd_snapshot_inspect, "show the index, size and tables of a snapshot FILE"
+    )
+    p.add_argument("file", help="a `snapshot save` file, or a data dir's raft/snapshot.pb")
+    _flag(p, "json", action="store_true")
     p = command(operator, "state", _cmd_operator_state, "state digest of each addressed server")
     _conn_flags(p)
     _flag(p, "json", action="store_true")
@@ -418,7 +488,7 @@ def _template_kind(job: structs_pb2.Job) -> str:
     """What kind of template the job is ("periodic", "parameterized"), or "" for neither.
 
     The server registers a template without an evaluation: its children get the evals."""
-    if job.HasField("periodic") and job.periodic.enabled:
+    if job.HasField("periodic"):
         return "periodic"
     if job.HasField("parameterized") and not job.dispatched:
         return "parameterized"
@@ -638,6 +708,10 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
                 ("Submit Date", fmt_time(job.submit_time_ns)),
             ]
         )
+        kind = _template_kind(job)
+        if kind:
+            _print_parent_status(client, args, job, got.summary, kind)
+            return 0
         print("\nSummary")
         states = ("queued", "starting", "running", "failed", "complete", "lost", "unknown")
         summary_rows = [
@@ -645,9 +719,89 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
             for name, tg in sorted(got.summary.summary.items())
         ]
         print_table(["Task Group", *(s.capitalize() for s in states)], summary_rows, empty="No summary")
+        children = got.summary.children
+        if children.pending or children.running or children.dead:
+            print("\nChildren Job Summary")
+            print_table(
+                ["Pending", "Running", "Dead"],
+                [[str(children.pending), str(children.running), str(children.dead)]],
+            )
         print("\nAllocations")
         _print_allocs_table(allocs, args)
     return 0
+
+
+_RECENT_CHILDREN: Final = 10
+
+
+def _print_parent_status(
+    client: DroverClient,
+    args: argparse.Namespace,
+    job: structs_pb2.Job,
+    summary: structs_pb2.JobSummary,
+    kind: str,
+) -> None:
+    """A periodic or parameterized parent: its schedule or parameters, children counts and
+    its most recent children (all of them with -verbose)."""
+    from scheduler.periodic import SECOND_NS, launch_ns_from_id, next_periodic_launch
+    from scheduler.structs import PeriodicConfig
+    from server.codec import from_proto
+
+    if kind == "periodic":
+        periodic = from_proto(job.periodic, PeriodicConfig)
+        if job.stop:
+            next_text = "none (job stopped)"
+        elif not periodic.enabled:
+            next_text = "none (periodic disabled)"
+        else:
+            now = time.time_ns()
+            try:
+                upcoming = next_periodic_launch(periodic, now)
+            except ValueError as exc:
+                upcoming, next_text = None, f"unknown ({exc})"
+            else:
+                next_text = "none"
+            if upcoming is not None:
+                next_text = f"{fmt_time(upcoming)} ({fmt_duration(upcoming - now - (upcoming - now) % SECOND_NS)} from now)"
+        print("\nPeriodic")
+        print_kv(
+            [
+                ("Cron", ", ".join(periodic.schedules())),
+                ("Time Zone", periodic.time_zone),
+                ("Prohibit Overlap", str(periodic.prohibit_overlap).lower()),
+                ("Next Periodic Launch", next_text),
+            ]
+        )
+    else:
+        params = job.parameterized
+        print("\nParameterized Job")
+        print_kv(
+            [
+                ("Payload", params.payload or "optional"),
+                ("Required Metadata", ", ".join(params.meta_required) or "<none>"),
+                ("Optional Metadata", ", ".join(params.meta_optional) or "<none>"),
+            ]
+        )
+    children = summary.children
+    print("\nChildren Job Summary")
+    print_table(
+        ["Pending", "Running", "Dead"], [[str(children.pending), str(children.running), str(children.dead)]]
+    )
+    listing = client.list_jobs(prefix=f"{job.id}/", namespace=job.namespace, stale=args.stale).jobs
+    mine = sorted(
+        (c for c in listing if c.parent_id == job.id), key=lambda c: (c.create_index, c.id), reverse=True
+    )
+    shown = mine if args.verbose else mine[:_RECENT_CHILDREN]
+    title = "Recent Launches" if kind == "periodic" else "Recent Dispatches"
+    print(f"\n{title}")
+    rows = []
+    for child in shown:
+        launched = launch_ns_from_id(child.id) if kind == "periodic" else None
+        rows.append([child.id, child.status, fmt_time(launched or child.submit_time_ns)])
+    empty = "No instances of periodic job found" if kind == "periodic" else "No dispatched instances found"
+    print_table(["ID", "Status", "Launched"], rows, empty=empty)
+    if len(shown) < len(mine):
+        print(f"({len(mine) - len(shown)} older children not shown; -verbose lists all)")
 
 
 def _cmd_job_stop(args: argparse.Namespace) -> int:
@@ -673,6 +827,39 @@ def _cmd_job_allocs(args: argparse.Namespace) -> int:
             return 0
         _print_allocs_table(allocs, args)
     return 0
+
+
+def _cmd_job_dispatch(args: argparse.Namespace) -> int:
+    meta = _parse_meta(args.meta or [])
+    payload = b""
+    if args.payload == "-":
+        payload = sys.stdin.buffer.read()
+    elif args.payload:
+        with open(args.payload, "rb") as fh:
+            payload = fh.read()
+    with _client(args) as client:
+        resp = client.dispatch_job(args.job, namespace=args.namespace, meta=meta, payload=payload)
+        if args.json:
+            print_json(resp)
+            return 0
+        print(f'Dispatched job "{resp.dispatched_job_id}", evaluation {_id(resp.eval_id, args)}')
+        if args.detach:
+            return 0
+        return _monitor_eval(client, args, resp.eval_id)
+
+
+def _cmd_job_periodic_force(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.periodic_force(args.job, namespace=args.namespace)
+        if args.json:
+            print_json(resp)
+            return 0
+        print(
+            f'Force periodic successful: launched job "{resp.child_job_id}", evaluation {_id(resp.eval_id, args)}'
+        )
+        if args.detach:
+            return 0
+        return _monitor_eval(client, args, resp.eval_id)
 
 
 def _get_job(client: DroverClient, args: argparse.Namespace) -> api_pb2.JobGetResponse:
@@ -1066,6 +1253,90 @@ def _cmd_snapshot_restore(args: argparse.Namespace) -> int:
         f"Snapshot restored from {args.file} (snapshot index {snapshot.index}, raft index {resp.meta.index})"
     )
     return 0
+
+
+def _cmd_reconcile_summaries(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.reconcile_summaries()
+    if args.json:
+        print_json(resp)
+        return 0
+    if not resp.corrections:
+        print(f"Job summaries reconciled at index {resp.meta.index}: all were exact, nothing corrected")
+        return 0
+    print(f"Job summaries reconciled at index {resp.meta.index}: corrected {len(resp.corrections)} job(s)")
+    for correction in resp.corrections:
+        print(f'  Job "{correction.job_id}" ({correction.namespace})')
+        for change in correction.changes:
+            print(f"    {change}")
+    return 0
+
+
+def _offline(fn: Callable[[], int]) -> int:
+    """Run an offline tool: its errors are one-line CLI errors; logs go to stderr."""
+    from server.logs import configure_logging
+    from server.raft_tools import OfflineError
+
+    configure_logging(level="error")
+    try:
+        return fn()
+    except OfflineError as exc:
+        raise CLIError(str(exc)) from exc
+
+
+def _cmd_raft_logs(args: argparse.Namespace) -> int:
+    import json
+
+    from server.raft_tools import log_entries, open_data_dir
+
+    def run() -> int:
+        with open_data_dir(args.data_dir) as data:
+            for entry in log_entries(data):
+                print(json.dumps(entry, indent=2 if args.pretty else None, sort_keys=False))
+        return 0
+
+    return _offline(run)
+
+
+def _cmd_raft_state(args: argparse.Namespace) -> int:
+    import json
+
+    from server.raft_tools import open_data_dir, state_json
+
+    def run() -> int:
+        with open_data_dir(args.data_dir) as data:
+            doc = state_json(data, args.last_index)
+        print(json.dumps(doc, indent=2))
+        return 0
+
+    return _offline(run)
+
+
+def _cmd_snapshot_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from server.raft_tools import inspect_snapshot
+
+    def run() -> int:
+        info = inspect_snapshot(args.file)
+        if args.json:
+            print(json.dumps(info, indent=2))
+            return 0
+        pairs = [("File", info["file"]), ("Format", info["format"]), ("Index", str(info["index"]))]
+        if "last_entry" in info:
+            pairs.append(
+                ("Raft Last Entry", f"index {info['last_entry']['index']}, term {info['last_entry']['term']}")
+            )
+        pairs.append(("Size", f"{info['size']} bytes"))
+        print_kv(pairs)
+        print()
+        tables = sorted(info["tables"], key=lambda t: (-t["size"], t["name"]))
+        rows = [[t["name"], str(t["count"]), str(t["size"])] for t in tables]
+        rows.append(["Total", str(sum(t["count"] for t in tables)), str(sum(t["size"] for t in tables))])
+        print_table(["Table", "Count", "Size"], rows)
+        return 0
+
+    return _offline(run)
 
 
 def _cmd_operator_state(args: argparse.Namespace) -> int:

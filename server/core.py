@@ -15,8 +15,8 @@ from typing import Final
 
 import grpc
 import structlog
-from drover.v1 import raft_pb2
 
+from drover.v1 import raft_pb2
 from scheduler.structs import ServerMember
 from server._raft import RaftNode, RaftTuning
 from server.clock import Clock, IdSource, SystemClock, UuidIds

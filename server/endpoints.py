@@ -169,12 +169,12 @@ class Endpoints:
         parent = snap.job(namespace, job_id)
         if parent is None:
             raise NotFoundError(f"job {job_id!r} not found")
-        if not parent.is_periodic() or parent.is_parameterized():
+        if parent.stop:
+            raise ConflictError(f"job {job_id!r} is stopped; register it again before forcing a launch")
+        if not parent.is_periodic_active():
             raise ValidationError(
                 f"job_id: job {job_id!r} is not an enabled periodic job; it can not be forced"
             )
-        if parent.stop:
-            raise ConflictError(f"job {job_id!r} is stopped; register it again before forcing a launch")
         now = self._clock.now_ns()
         eval_id = self._ids.new()
         entry = launch_entry(parent, force_launch_ns(snap, parent, now), now, eval_id)

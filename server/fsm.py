@@ -122,7 +122,7 @@ def _check_launch(txn: Txn, job: Job, launch: PeriodicLaunch) -> None:
     parent = txn.job((launch.namespace, launch.job_id))
     if parent is None or parent.stop:
         raise EntryRejected(f"periodic launch: parent job {launch.job_id!r} is stopped or gone")
-    if not parent.is_periodic() or parent.is_parameterized():
+    if not parent.is_periodic_active():
         raise EntryRejected(f"periodic launch: job {launch.job_id!r} is not an active periodic job")
     if job.parent_id != launch.job_id or job.namespace != launch.namespace:
         raise EntryRejected(f"periodic launch: child {job.id!r} does not belong to {launch.job_id!r}")

@@ -35,11 +35,11 @@ from fractions import Fraction
 from typing import Any, Final, TypeVar
 
 import hcl2
-from drover.v1 import structs_pb2
 from google.protobuf import json_format
 from hcl2.rules.base import AttributeRule, BlockRule
 from lark.exceptions import LarkError, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from drover.v1 import structs_pb2
 from scheduler.structs import (
     JOB_TYPE_SERVICE,
     Affinity,
@@ -610,14 +610,14 @@ def _disconnect(body: _Body) -> DisconnectStrategy:
 
 
 def _periodic(body: _Body) -> PeriodicConfig:
-    """Nomad 1.6 added ``crons`` (a list); drover runs one schedule, so it takes the first."""
+    """``cron`` (one expression) or Nomad 1.6's ``crons`` (several: the earliest next wins)."""
     body.check_keys(frozenset({"cron", "crons", "time_zone", "prohibit_overlap", "enabled"}))
     if body.get("cron") is not None and body.get("crons") is not None:
         raise JobspecError(f"{body.where}: set cron or crons, not both")
-    crons = body.str_list("crons")
     return PeriodicConfig(
         enabled=body.get_bool("enabled", True),
-        spec=body.get_str("cron") or (crons[0] if crons else ""),
+        spec=body.get_str("cron"),
+        specs=body.str_list("crons"),
         time_zone=body.get_str("time_zone", _PERIODIC_DEFAULTS.time_zone),
         prohibit_overlap=body.get_bool("prohibit_overlap", False),
     )

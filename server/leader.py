@@ -5,7 +5,8 @@ new leader's no-op is applied), then enables, in order: broker, blocked evals, p
 plan applier, the eval watcher (which first rebuilds broker and blocked evals from state),
 the broker ticker and the workers. ``revoke`` stops them in reverse. Both run on one
 "leadership" thread, never on raft's tick thread. Every side effect checks that this
-server still leads in the term it was established in.
+server still leads in the term it was established in. The periodic dispatcher comes last
+(it rebuilds itself from state on its first tick) and goes first.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from scheduler.structs import (
 )
 from server.blocked import BlockedEvals
 from server.broker import EvalBroker
+from server.periodic import PeriodicDispatcher
 from server.plan_apply import PlanApplier, PlanQueue
 from server.worker import Worker, write_evals
 
 if TYPE_CHECKING:
     from server.core import ServerCore
+    from server.fsm import ApplyResult
 
 log = structlog.get_logger("drover.leader")
 
@@ -47,6 +50,9 @@ class LeaderServices:
         self.broker = EvalBroker()
         self.blocked = BlockedEvals()
         self.plan_queue = PlanQueue()
+        self.periodic = PeriodicDispatcher(
+            core.store, self._propose_sync, core.clock, core.ids, still_leader=self.still_leader
+        )
         self._events: queue.Queue[bool | None] = queue.Queue()
         self._thread = threading.Thread(target=self._leadership_loop, name="leadership", daemon=True)
         self._running: list[threading.Thread] = []
@@ -73,6 +79,9 @@ class LeaderServices:
         return raft.is_leader() and raft.term() == self._term
 
     def _propose(self, data: bytes, timeout: float) -> object:
+        return self.core.raft.propose(data, timeout)
+
+    def _propose_sync(self, data: bytes, timeout: float) -> ApplyResult:
         return self.core.raft.propose(data, timeout)
 
     def _leadership_loop(self) -> None:
@@ -145,12 +154,14 @@ class LeaderServices:
         ]
         for worker in self._workers:
             worker.start()
+        self.periodic.set_enabled(True)
         self.established.set()
         log.info("leader.established", server=self.core.name, term=self._term, workers=self.num_workers)
         return True
 
     def _revoke(self) -> None:
         self.established.clear()
+        self.periodic.set_enabled(False)
         self._stop_services.set()
         for worker in self._workers:
             worker.stop()

@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 import structlog
-from drover.v1 import raft_pb2
 from prometheus_client import Counter, Histogram
 
+from drover.v1 import raft_pb2
 from scheduler.fit import allocs_fit, proposed_allocs
 from scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,

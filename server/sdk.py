@@ -22,8 +22,9 @@ from types import TracebackType
 from typing import Final, TypeVar
 
 import grpc
-from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 from google.protobuf.message import Message
+
+from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
 __all__ = ["DroverClient", "DroverError"]
 
@@ -187,6 +188,23 @@ class DroverClient:
         req = api_pb2.JobSummaryRequest(job_id=job_id, namespace=namespace, options=opts)
         return self._call(lambda s: s.jobs.Summary, req, options=opts)
 
+    def dispatch_job(
+        self,
+        job_id: str,
+        *,
+        namespace: str = "",
+        meta: dict[str, str] | None = None,
+        payload: bytes = b"",
+    ) -> api_pb2.JobDispatchResponse:
+        """Run a parameterized job: a new child job with ``meta`` and ``payload``."""
+        req = api_pb2.JobDispatchRequest(job_id=job_id, namespace=namespace, meta=meta or {}, payload=payload)
+        return self._call(lambda s: s.jobs.Dispatch, req, write=True)
+
+    def periodic_force(self, job_id: str, *, namespace: str = "") -> api_pb2.JobPeriodicForceResponse:
+        """Launch a periodic job's child now, outside its schedule."""
+        req = api_pb2.JobPeriodicForceRequest(job_id=job_id, namespace=namespace)
+        return self._call(lambda s: s.jobs.PeriodicForce, req, write=True)
+
     def plan_job(self, job: structs_pb2.Job) -> api_pb2.JobPlanResponse:
         """Dry run of ``register_job(job)``: the scheduler's per-group bucket counts against a
         private copy of the state. Writes nothing, so it is retried like a read (also on
@@ -321,6 +339,11 @@ class DroverClient:
     def snapshot_restore(self, snapshot: raft_pb2.StateSnapshot) -> api_pb2.SnapshotRestoreResponse:
         req = api_pb2.SnapshotRestoreRequest(snapshot=snapshot)
         return self._call(lambda s: s.operator.SnapshotRestore, req, write=True)
+
+    def reconcile_summaries(self) -> api_pb2.ReconcileSummariesResponse:
+        """Recompute every job summary on the servers; the response lists what was corrected."""
+        req = api_pb2.ReconcileSummariesRequest()
+        return self._call(lambda s: s.operator.ReconcileSummaries, req, write=True)
 
     def metrics(self) -> api_pb2.MetricsResponse:
         """Prometheus text metrics of whichever server answers (never forwarded)."""

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import immutables
-from drover.v1 import raft_pb2, structs_pb2
 
+from drover.v1 import raft_pb2, structs_pb2
 from scheduler.structs import (
     Allocation,
     Evaluation,
@@ -92,6 +92,7 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         jobs=immutables.Map(jobs),
         job_versions=immutables.Map({k: tuple(v) for k, v in versions.items()}),
         jobs_by_type=_index((j.type, k) for k, j in jobs.items()),
+        periodic_jobs=immutables.Map({k: None for k, j in jobs.items() if j.periodic is not None}),
         children_by_parent=_index(((j.namespace, j.parent_id), k) for k, j in jobs.items() if j.parent_id),
         evals=immutables.Map(evals),
         evals_by_job=_index(((e.namespace, e.job_id), e.id) for e in evals.values() if e.job_id),

@@ -87,6 +87,8 @@ class Tables:
     # Newest first, at most TRACKED_JOB_VERSIONS.
     job_versions: immutables.Map[JobKey, tuple[Job, ...]] = _EMPTY
     jobs_by_type: immutables.Map[str, immutables.Map[JobKey, None]] = _EMPTY
+    # Jobs with a periodic block (enabled or not): what the periodic dispatcher scans.
+    periodic_jobs: immutables.Map[JobKey, None] = _EMPTY
     # Child jobs (periodic launches, dispatches) by their parent's key, parent present or not.
     children_by_parent: immutables.Map[JobKey, immutables.Map[JobKey, None]] = _EMPTY
     evals: immutables.Map[str, Evaluation] = _EMPTY
@@ -141,6 +143,11 @@ class Snapshot:
 
     def jobs_by_type(self, job_type: str) -> Iterator[Job]:
         for key in self._t.jobs_by_type.get(job_type, _EMPTY):
+            yield self._t.jobs[key]
+
+    def periodic_jobs(self) -> Iterator[Job]:
+        """Jobs with a periodic block, enabled or not, stopped or not."""
+        for key in self._t.periodic_jobs:
             yield self._t.jobs[key]
 
     def job_versions(self, namespace: str, job_id: str) -> tuple[Job, ...]:
@@ -423,6 +430,11 @@ class Txn:
             self._index_remove("jobs_by_type", old.type, key)
         self._m("jobs")[key] = job
         self._index_add("jobs_by_type", job.type, key)
+        periodic = self._m("periodic_jobs")
+        if job.periodic is not None:
+            periodic[key] = None
+        elif key in periodic:
+            del periodic[key]
         self._status_dirty.add(key)
         if old is None or old.parent_id != job.parent_id:
             if old is not None and old.parent_id:
@@ -446,6 +458,9 @@ class Txn:
         del self._m("jobs")[key]
         self.changes.capacity = True
         self._index_remove("jobs_by_type", job.type, key)
+        periodic = self._m("periodic_jobs")
+        if key in periodic:
+            del periodic[key]
         for name in ("job_versions", "job_summaries", "periodic_launches"):
             table = self._m(name)
             if key in table:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 import structlog
-from drover.v1 import api_pb2
 from google.protobuf.message import Message
 
+from drover.v1 import api_pb2
 from scheduler import validate
 from server.errors import DroverError, NoLeaderError
 from server.state_store import Snapshot

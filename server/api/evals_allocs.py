@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import grpc
-from drover.v1 import api_pb2, api_pb2_grpc
 
+from drover.v1 import api_pb2, api_pb2_grpc
 from scheduler.structs import DEFAULT_NAMESPACE
 from server.api._base import query, rpc
 from server.codec import to_proto

@@ -6,10 +6,10 @@ from concurrent import futures
 from typing import TYPE_CHECKING, Final
 
 import grpc
-from drover.v1 import api_pb2, api_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from drover.v1 import api_pb2, api_pb2_grpc
 from server.api.evals_allocs import AllocsServicer, EvalsServicer
 from server.api.jobs import JobsServicer
 from server.api.nodes import NodesServicer

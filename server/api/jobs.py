@@ -1,12 +1,13 @@
-"""Jobs service: register, deregister, and reads of jobs, versions and summaries."""
+"""Jobs service: register, deregister, dispatch, periodic force, and reads of jobs, versions
+and summaries."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import grpc
-from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
+from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from scheduler.structs import DEFAULT_NAMESPACE, Job
 from server.api._base import meta_for, query, rpc, write_meta
 from server.codec import from_proto, to_proto
@@ -53,6 +54,26 @@ class JobsServicer(api_pb2_grpc.JobsServicer):
             _ns(request.namespace), request.job_id, request.purge
         )
         return api_pb2.JobDeregisterResponse(meta=write_meta(result.index), eval_id=eval_id)
+
+    @rpc(S, "write")
+    def Dispatch(
+        self, request: api_pb2.JobDispatchRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobDispatchResponse:
+        result, child_id, eval_id = self.core.endpoints.dispatch_job(
+            _ns(request.namespace), request.job_id, dict(request.meta), request.payload
+        )
+        return api_pb2.JobDispatchResponse(
+            meta=write_meta(result.index), dispatched_job_id=child_id, eval_id=eval_id
+        )
+
+    @rpc(S, "write")
+    def PeriodicForce(
+        self, request: api_pb2.JobPeriodicForceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobPeriodicForceResponse:
+        result, child_id, eval_id = self.core.endpoints.force_periodic(_ns(request.namespace), request.job_id)
+        return api_pb2.JobPeriodicForceResponse(
+            meta=write_meta(result.index), child_job_id=child_id, eval_id=eval_id
+        )
 
     @rpc(S, "read")
     def Get(self, request: api_pb2.JobGetRequest, context: grpc.ServicerContext) -> api_pb2.JobGetResponse:

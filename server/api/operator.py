@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import grpc
-from drover.v1 import api_pb2, api_pb2_grpc
 from prometheus_client import generate_latest
 
+from drover.v1 import api_pb2, api_pb2_grpc
 from server.api._base import meta_for, query, rpc, write_meta
 from server.errors import ValidationError
 from server.snapshot import state_digest, to_snapshot
@@ -61,6 +61,18 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
             raise ValidationError("snapshot: required")
         result = self.core.endpoints.restore_snapshot(request.snapshot)
         return api_pb2.SnapshotRestoreResponse(meta=write_meta(result.index))
+
+    @rpc("Operator", "write")
+    def ReconcileSummaries(
+        self, request: api_pb2.ReconcileSummariesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ReconcileSummariesResponse:
+        result = self.core.endpoints.reconcile_summaries()
+        response = api_pb2.ReconcileSummariesResponse(meta=write_meta(result.index))
+        for correction in result.value or ():
+            response.corrections.add(
+                namespace=correction.namespace, job_id=correction.job_id, changes=list(correction.changes)
+            )
+        return response
 
     @rpc("Operator", "local")
     def Metrics(

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from drover.v1 import structs_pb2
 
 from deploy.cluster import LocalCluster
+from drover.v1 import structs_pb2
 from server.sdk import DroverClient, DroverError
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job

@@ -45,7 +45,9 @@ def _cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
 def _live_by_node(client: DroverClient, job_id: str) -> Counter[str]:
     allocs = client.list_allocs(job_id=job_id).allocs
     return Counter(
-        a.node_id for a in allocs if a.desired_status == "run" and a.client_status not in ("complete", "failed", "lost")
+        a.node_id
+        for a in allocs
+        if a.desired_status == "run" and a.client_status not in ("complete", "failed", "lost")
     )
 
 
@@ -105,15 +107,13 @@ def test_seed_000__restored_overlapping_system_allocs__one_eval_reconciles_witho
         live = _live_by_node(client, "node-exporter")
         assert live == Counter(dict.fromkeys(NODES, 1)), live
         # The newest alloc of each (job, group, node) is the one kept.
-        kept = {
-            a.id
-            for a in client.list_allocs(job_id="node-exporter").allocs
-            if a.desired_status == "run"
-        }
+        kept = {a.id for a in client.list_allocs(job_id="node-exporter").allocs if a.desired_status == "run"}
         assert kept == set(duplicates)
         # Reconciled within that one eval: no plan was rejected, no follow-up was needed.
         assert _rejections(cluster) == rejections_before
-        assert not [e for e in client.list_evals(job_id="node-exporter").evals if e.status in ("pending", "blocked")]
+        assert not [
+            e for e in client.list_evals(job_id="node-exporter").evals if e.status in ("pending", "blocked")
+        ]
 
 
 def test_seed_000__applier_disagrees_about_a_node__tracker_marks_it_ineligible_and_eval_ends(

@@ -23,9 +23,9 @@ from typing import Any
 
 import grpc
 import pytest
-from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 from google.protobuf.message import Message
 
+from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 from scheduler import structs
 from server.cli import format_table, main, parse_duration_ns
 from server.codec import to_proto

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import hcl2
 import pytest
-from drover.v1 import structs_pb2
 from google.protobuf import json_format
 from hypothesis import given
 from hypothesis import strategies as st
 
+from drover.v1 import structs_pb2
 from scheduler.structs import (
     JOB_TYPES,
     Constraint,
@@ -317,18 +317,27 @@ def test_batch_reschedule_block__is_laid_over_the_batch_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "spec", "time_zone", "enabled"),
+    ("body", "schedules", "time_zone", "enabled"),
     [
-        ('cron = "*/5 * * * *"', "*/5 * * * *", "UTC", True),
-        ('crons = ["@daily", "@hourly"]\n time_zone = "Europe/Berlin"', "@daily", "Europe/Berlin", True),
-        ('cron = "@weekly"\n enabled = false\n prohibit_overlap = true', "@weekly", "UTC", False),
+        ('cron = "*/5 * * * *"', ("*/5 * * * *",), "UTC", True),
+        (
+            'crons = ["@daily", "@hourly"]\n time_zone = "Europe/Berlin"',
+            ("@daily", "@hourly"),
+            "Europe/Berlin",
+            True,
+        ),
+        ('cron = "@weekly"\n enabled = false\n prohibit_overlap = true', ("@weekly",), "UTC", False),
     ],
-    ids=["cron", "crons-takes-first", "disabled"],
+    ids=["cron", "crons-keeps-all", "disabled"],
 )
-def test_periodic(body: str, spec: str, time_zone: str, enabled: bool) -> None:
+def test_periodic(body: str, schedules: tuple[str, ...], time_zone: str, enabled: bool) -> None:
     j = parse(one_task_job(job_body=f'type = "batch"\n periodic {{\n {body}\n }}'))
     assert j.periodic is not None
-    assert (j.periodic.spec, j.periodic.time_zone, j.periodic.enabled) == (spec, time_zone, enabled)
+    assert (j.periodic.schedules(), j.periodic.time_zone, j.periodic.enabled) == (
+        schedules,
+        time_zone,
+        enabled,
+    )
     validate_job(j)
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from drover.v1 import raft_pb2
 
+from drover.v1 import raft_pb2
 from scheduler.fit import allocs_fit
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,

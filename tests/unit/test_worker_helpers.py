@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from drover.v1 import raft_pb2
 
+from drover.v1 import raft_pb2
 from scheduler.interfaces import SchedulerResult
 from scheduler.structs import (
     EVAL_STATUS_BLOCKED,

@@ -280,10 +280,16 @@ class PeriodicConfig(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     TIME_ZONE_FIELD_NUMBER: _builtins.int
     PROHIBIT_OVERLAP_FIELD_NUMBER: _builtins.int
+    SPECS_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     spec: _builtins.str
+    """One cron expression (jobspec `cron`)..."""
     time_zone: _builtins.str
     prohibit_overlap: _builtins.bool
+    @_builtins.property
+    def specs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """...or several (jobspec `crons`, Nomad 1.6): the job launches at the earliest of them."""
+
     def __init__(
         self,
         *,
@@ -291,10 +297,11 @@ class PeriodicConfig(_message.Message):
         spec: _builtins.str = ...,
         time_zone: _builtins.str = ...,
         prohibit_overlap: _builtins.bool = ...,
+        specs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "prohibit_overlap", b"prohibit_overlap", "spec", b"spec", "time_zone", b"time_zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "prohibit_overlap", b"prohibit_overlap", "spec", b"spec", "specs", b"specs", "time_zone", b"time_zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,21 @@
+# drover server 2 of 5 (host 10.0.1.12, zone a): /etc/drover/server.hcl on that host.
+# Five voters tolerate two failures; spread them over three failure domains (2 + 2 + 1)
+# so that losing any one domain leaves a majority (3). See deploy/RUNBOOK.md.
+# The five files differ only in node_name, bind and peers.
+node_name = "server2"
+data_dir  = "/var/lib/drover/server"
+
+# Listen on this host's address. Any address but loopback requires raft_key_file.
+bind      = "10.0.1.12"
+grpc_port = 4646
+raft_port = 4647
+
+# The OTHER four servers' raft addresses. Every server must list the same five members:
+# membership is static (see "Adding or removing a server" in deploy/RUNBOOK.md).
+peers = ["10.0.1.11:4647", "10.0.1.13:4647", "10.0.1.14:4647", "10.0.1.15:4647"]
+
+# The same key file on all five servers (deploy/README.md, "The cluster key").
+raft_key_file = "/etc/drover/raft.key"
+
+log_json  = true
+log_level = "info"

@@ -1,0 +1,226 @@
+"""Run drover's benchmarks: ``python -m tests.bench.run [--quick] [--only foundation,scheduling]``.
+
+Each benchmark writes one JSON document to ``bench-results/<name>-<UTC timestamp>.json``
+and prints a short summary. Everything it starts runs on loopback, is bounded in time and
+is stopped before it returns (a watchdog alarm ends a run that overstays its budget, and
+the cleanup still runs).
+
+Exit status: 0 when every benchmark ran (with ``--strict``: and met its targets), 1 when
+one failed or missed a target under ``--strict``, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import grpc
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+from tests.bench import foundation, heartbeats, scheduling
+from tests.bench._procs import REPO_ROOT
+
+DEFAULT_OUT_DIR = REPO_ROOT / "bench-results"
+
+
+class BenchTimeout(BaseException):
+    """The benchmark overstayed its budget (raised from the SIGALRM handler).
+
+    A BaseException, so no ``except Exception`` on the way swallows it: it unwinds through
+    every ``finally`` (which stop the processes) up to ``main``.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    quick: bool
+    duration: float | None
+    profile_dir: Path | None
+    wait_quiet_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    run: Callable[[Options], dict[str, Any]]
+    summary: Callable[[dict[str, Any]], list[str]]
+    budget_s: Callable[[Options], float]
+
+
+def _foundation_config(opts: Options) -> foundation.FoundationConfig:
+    return foundation.FoundationConfig.make(
+        quick=opts.quick, duration=opts.duration, profile_dir=opts.profile_dir, wait_quiet_s=opts.wait_quiet_s
+    )
+
+
+def _scheduling_config(opts: Options) -> scheduling.SchedulingConfig:
+    return scheduling.SchedulingConfig.make(
+        quick=opts.quick, profile_dir=opts.profile_dir, wait_quiet_s=opts.wait_quiet_s
+    )
+
+
+def _heartbeats_config(opts: Options) -> heartbeats.HeartbeatsConfig:
+    cfg = heartbeats.HeartbeatsConfig.make(quick=opts.quick, wait_quiet_s=opts.wait_quiet_s)
+    return cfg if opts.duration is None else dataclasses.replace(cfg, window_s=opts.duration)
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    foundation.NAME: Benchmark(
+        run=lambda opts: foundation.run_foundation(_foundation_config(opts)),
+        summary=foundation.summary_lines,
+        budget_s=lambda opts: _foundation_config(opts).budget_s(),
+    ),
+    scheduling.NAME: Benchmark(
+        run=lambda opts: scheduling.run_scheduling(_scheduling_config(opts)),
+        summary=scheduling.summary_lines,
+        budget_s=lambda opts: _scheduling_config(opts).budget_s(),
+    ),
+    heartbeats.NAME: Benchmark(
+        run=lambda opts: heartbeats.run_heartbeats(_heartbeats_config(opts)),
+        summary=heartbeats.summary_lines,
+        budget_s=lambda opts: _heartbeats_config(opts).budget_s(),
+    ),
+}
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "grpcio": grpc.__version__,
+        "pysyncobj": PYSYNCOBJ_VERSION,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _raise_timeout(_signum: int, _frame: FrameType | None) -> None:
+    raise BenchTimeout("benchmark exceeded its time budget")
+
+
+def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _selected(only: list[str] | None) -> list[str]:
+    if not only:
+        return list(BENCHMARKS)
+    names = [n.strip() for item in only for n in item.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+    return names
+
+
+def run_one(
+    name: str,
+    bench: Benchmark,
+    *,
+    quick: bool,
+    duration: float | None,
+    profile: bool,
+    wait_quiet_s: float,
+    out_dir: Path,
+) -> tuple[Path, dict[str, Any]]:
+    started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    profile_dir = out_dir / f"{name}-{stamp}-profiles" if profile else None
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    opts = Options(quick=quick, duration=duration, profile_dir=profile_dir, wait_quiet_s=wait_quiet_s)
+    budget = bench.budget_s(opts)
+    machine = machine_info()
+    print(f"{name}: {'quick' if opts.quick else 'full'} run, at most {budget:.0f} s", flush=True)
+    signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.alarm(int(budget))
+    try:
+        body = bench.run(opts)
+    finally:
+        signal.alarm(0)
+    doc: dict[str, Any] = {
+        "name": name,
+        "timestamp": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "quick": quick,
+        "machine": machine,
+        **body,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{stamp}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path, doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short phases (3 s instead of 10 s), smaller scheduling scenarios",
+    )
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help=f"run only these ({', '.join(BENCHMARKS)})"
+    )
+    parser.add_argument("--duration", type=float, help="seconds measured per phase (overrides --quick)")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="where the JSON goes")
+    parser.add_argument(
+        "--profile-leader",
+        action="store_true",
+        help="add runs with py-spy recording the drover leader (raw stacks beside the JSON)",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each phase, wait up to this long for other processes to leave the CPU",
+    )
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args(argv)
+    if args.duration is not None and args.duration <= 0:
+        parser.error("--duration must be positive")
+    if args.wait_quiet < 0:
+        parser.error("--wait-quiet must be >= 0")
+    try:
+        names = _selected(args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    signal.signal(signal.SIGTERM, _raise_exit)
+    status = 0
+    for name in names:
+        bench = BENCHMARKS[name]
+        try:
+            path, doc = run_one(
+                name,
+                bench,
+                quick=args.quick,
+                duration=args.duration,
+                profile=args.profile_leader,
+                wait_quiet_s=args.wait_quiet,
+                out_dir=args.out_dir.resolve(),
+            )
+        except BenchTimeout as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{name}: wrote {os.path.relpath(path)}")
+        for line in bench.summary(doc):
+            print(line)
+        if doc.get("errors") or (args.strict and not all(doc.get("targets_met", {}).values())):
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""The chaos suite: a workload, a nemesis, a history and a checker (Jepsen's shape).
+
+* ``workload.py`` drives real server processes through the SDK (jobs of every type,
+  updates, scaling, stops, purges, dispatches, forced periodic launches, node drains, and
+  simulated clients reporting alloc statuses) and records every request in a ``History``
+  (``history.py``) with its outcome and acknowledged raft index;
+* ``nemesis.py`` plans a reproducible fault schedule from a seed (leader and follower
+  SIGKILLs, long SIGSTOP pauses, graceful restarts from the data dirs, raft partitions) and
+  runs it against a ``deploy.cluster.LocalCluster``, recording a timeline;
+* ``checker.py`` runs after the nemesis stops and the cluster settles, and decides each
+  invariant of ``../shared/design.md`` pass or fail;
+* ``report.py`` writes ``bench-results/chaos-<UTC>.json`` (and a PNG timeline when
+  matplotlib is installed);
+* ``run.py`` ties them together: ``python -m tests.chaos.run --servers 3 --minutes 2 --seed 7``.
+"""

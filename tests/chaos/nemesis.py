@@ -1,0 +1,288 @@
+"""The nemesis: a fault schedule planned from a seed, run against a LocalCluster.
+
+``plan_schedule(seed, servers, ...)`` is pure: the same seed gives the same list of
+``Fault``s (kinds, targets, hold and gap durations). Targets are roles ("leader",
+"follower #k"), resolved when the fault runs, since who leads then depends on elections;
+the timeline records what they resolved to.
+
+Faults (every other one is a leader SIGKILL, so a run of M minutes has a known share):
+
+* ``kill-leader`` / ``kill-follower``: SIGKILL, down for ``hold_s``, restarted from its
+  data dir;
+* ``pause``: SIGSTOP for ``hold_s`` (longer than an election timeout, so a paused leader
+  is deposed and comes back as a stale leader), then SIGCONT;
+* ``restart``: SIGTERM and start again at once from the data dir (a clean shutdown path);
+* ``partition``: the server's raft traffic to and from every other server is dropped for
+  ``hold_s`` (tests/chaos/partition.py), then healed;
+* ``kill-two`` (5 servers): the leader and a follower SIGKILLed together.
+
+Never more than ``(servers - 1) // 2`` servers are down, paused or cut off at once: each
+fault heals before the next begins, and only ``kill-two`` takes two.
+
+After a leader SIGKILL the nemesis waits for the next acknowledged write before its next
+fault, so every failover is measured on its own (kill to first acknowledged write).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from deploy.cluster import ClusterError, LocalCluster, wait_for
+from tests.chaos.history import History
+from tests.chaos.partition import PartitionControl
+
+KILL_LEADER: Final = "kill-leader"
+KILL_FOLLOWER: Final = "kill-follower"
+PAUSE: Final = "pause"
+RESTART: Final = "restart"
+PARTITION: Final = "partition"
+KILL_TWO: Final = "kill-two"
+
+RECOVERY_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    target: str  # "leader" or "follower"
+    pick: int  # which follower (index into the sorted followers, modulo their number)
+    hold_s: float
+    gap_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "pick": self.pick,
+            "hold_s": round(self.hold_s, 3),
+            "gap_s": round(self.gap_s, 3),
+        }
+
+
+def plan_schedule(
+    seed: int, servers: int, *, count: int = 400, quick: bool = False, partitions: bool = True
+) -> list[Fault]:
+    """``count`` faults from ``seed``: even positions kill the leader, odd ones are drawn
+    from the other kinds. The runner stops when its time is up."""
+    rng = random.Random(f"nemesis:{seed}:{servers}")
+    gap = (0.5, 1.5) if quick else (1.0, 3.0)
+    kill_hold = (0.5, 2.5) if quick else (1.0, 5.0)
+    pause_hold = (3.0, 5.0) if quick else (3.0, 10.0)
+    others: list[tuple[str, int]] = [(KILL_FOLLOWER, 3), (PAUSE, 4), (RESTART, 2)]
+    if partitions:
+        others.append((PARTITION, 3))
+    if servers >= 5:
+        others.append((KILL_TWO, 2))
+    faults = []
+    for n in range(count):
+        kind = KILL_LEADER if n % 2 == 0 else rng.choices([k for k, _ in others], [w for _, w in others])[0]
+        target = "leader"
+        if kind in (KILL_FOLLOWER, KILL_TWO):
+            target = "follower"
+        elif kind in (PAUSE, RESTART, PARTITION):
+            target = rng.choice(["leader", "follower"])
+        hold = rng.uniform(*(pause_hold if kind in (PAUSE, PARTITION) else kill_hold))
+        faults.append(Fault(kind, target, rng.randrange(servers), hold, rng.uniform(*gap)))
+    return faults
+
+
+@dataclass
+class Failover:
+    server: str
+    t_kill: float
+    commit_index: int
+    t_elected: float | None = None
+    new_leader: str = ""
+    t_first_ack: float | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.t_first_ack is None else self.t_first_ack - self.t_kill
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "t_kill": round(self.t_kill, 3),
+            "commit_index_at_kill": self.commit_index,
+            "election_s": None if self.t_elected is None else round(self.t_elected - self.t_kill, 3),
+            "new_leader": self.new_leader,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
+        }
+
+
+@dataclass
+class Nemesis:
+    cluster: LocalCluster
+    history: History
+    schedule: list[Fault]
+    partitions: PartitionControl | None = None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    failovers: list[Failover] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._down: set[int] = set()
+        self._paused: set[int] = set()
+        self._cut: set[int] = set()
+
+    @property
+    def names(self) -> list[str]:
+        return self.cluster.server_names
+
+    def note(self, event: str, server: int | None = None, **detail: Any) -> None:
+        entry: dict[str, Any] = {"t": round(self.history.now(), 3), "event": event}
+        if server is not None:
+            entry["server"] = self.names[server]
+        entry.update(detail)
+        self.timeline.append(entry)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self, duration_s: float) -> None:
+        """Run faults from the schedule until ``duration_s`` has passed, then heal all."""
+        deadline = self.history.now() + duration_s
+        try:
+            for fault in self.schedule:
+                if self._stop.wait(fault.gap_s) or self.history.now() >= deadline:
+                    break
+                self._run_one(fault)
+                self.counts[fault.kind] = self.counts.get(fault.kind, 0) + 1
+                if self.history.now() >= deadline:
+                    break
+        finally:
+            self.heal_all()
+
+    def _max_down(self) -> int:
+        return (len(self.names) - 1) // 2
+
+    def _run_one(self, fault: Fault) -> None:
+        # Roles are resolved now, once exactly one server leads.
+        leader = self.cluster.leader_index(timeout=RECOVERY_TIMEOUT_S)
+        followers = [i for i in range(len(self.names)) if i != leader]
+        follower = followers[fault.pick % len(followers)]
+        target = leader if fault.target == "leader" else follower
+        assert not (self._down | self._paused | self._cut), "a fault started before the last one healed"
+        if fault.kind == KILL_LEADER:
+            self._kill_leader(leader, fault.hold_s)
+        elif fault.kind == KILL_FOLLOWER:
+            self._kill(target, fault.hold_s)
+        elif fault.kind == KILL_TWO:
+            assert self._max_down() >= 2
+            self._kill_leader(leader, fault.hold_s, also=target)
+        elif fault.kind == PAUSE:
+            self._pause(target, fault.target, fault.hold_s)
+        elif fault.kind == RESTART:
+            self._restart(target, fault.target)
+        elif fault.kind == PARTITION:
+            self._partition(target, fault.target, fault.hold_s)
+        else:  # pragma: no cover - plan_schedule makes only the kinds above
+            raise ValueError(f"unknown fault {fault.kind!r}")
+
+    # -- faults ------------------------------------------------------------------------
+    def _sigkill(self, i: int, **detail: Any) -> None:
+        assert len(self._down | self._paused | self._cut | {i}) <= self._max_down()
+        self.cluster.kill(i, signal.SIGKILL)
+        self._down.add(i)
+        self.note("sigkill", i, **detail)
+
+    def _start_again(self, i: int) -> None:
+        self.cluster.restart(i)
+        self._down.discard(i)
+        self.note("restart", i)
+        wait_for(
+            lambda: self.cluster.query_digest(i) is not None,
+            RECOVERY_TIMEOUT_S,
+            message=f"{self.names[i]} to answer after its restart",
+        )
+        self.note("answering", i)
+
+    def _kill_leader(self, leader: int, hold_s: float, also: int | None = None) -> None:
+        answer = self.cluster.query_digest(leader)
+        commit_index = answer.commit_index if answer is not None else 0
+        failover = Failover(self.names[leader], self.history.now(), commit_index)
+        self._sigkill(leader, role="leader", commit_index=commit_index)
+        if also is not None:
+            self._sigkill(also, role="follower")
+        self.failovers.append(failover)
+        failover.new_leader = self.cluster.wait_for_leader(RECOVERY_TIMEOUT_S)
+        failover.t_elected = self.history.now()
+        self.note("leader-elected", self.names.index(failover.new_leader))
+        self._hold(failover.t_kill + hold_s)
+        for i in sorted(self._down):
+            self._start_again(i)
+        # One failover at a time: the next fault waits for this one's first acknowledged write.
+        ack = wait_for(
+            lambda: self.history.first_ack_after(failover.t_kill, commit_index),
+            RECOVERY_TIMEOUT_S,
+            message=f"an acknowledged write after killing {failover.server}",
+        )
+        assert ack is not None
+        failover.t_first_ack = ack.t_complete
+        self.note(
+            "first-ack", None, after=failover.server, duration_s=round(ack.t_complete - failover.t_kill, 3)
+        )
+
+    def _kill(self, i: int, hold_s: float) -> None:
+        t0 = self.history.now()
+        self._sigkill(i, role="follower")
+        self._hold(t0 + hold_s)
+        self._start_again(i)
+
+    def _pause(self, i: int, role: str, hold_s: float) -> None:
+        assert len(self._down | self._paused | self._cut | {i}) <= self._max_down()
+        t0 = self.history.now()
+        self.cluster.pause(i)
+        self._paused.add(i)
+        self.note("sigstop", i, role=role)
+        self._hold(t0 + hold_s)
+        self.cluster.resume(i)
+        self._paused.discard(i)
+        self.note("sigcont", i)
+
+    def _restart(self, i: int, role: str) -> None:
+        self.note("sigterm", i, role=role)
+        self._down.add(i)
+        status = self.cluster.stop(i)
+        self.note("stopped", i, status=status)
+        self._start_again(i)
+
+    def _partition(self, i: int, role: str, hold_s: float) -> None:
+        if self.partitions is None:
+            raise ClusterError("partition fault planned without a partition control")
+        assert len(self._down | self._paused | self._cut | {i}) <= self._max_down()
+        t0 = self.history.now()
+        self.partitions.isolate(self.names[i])
+        self._cut.add(i)
+        self.note("partition", i, role=role)
+        self._hold(t0 + hold_s)
+        self.partitions.heal()
+        self._cut.discard(i)
+        self.note("heal", i)
+
+    def _hold(self, until: float) -> None:
+        remaining = until - self.history.now()
+        if remaining > 0:
+            self._stop.wait(remaining)
+
+    def heal_all(self) -> None:
+        """Resume, reconnect and restart everything the nemesis left broken."""
+        for i in sorted(self._paused):
+            self.cluster.resume(i)
+            self.note("sigcont", i)
+        self._paused.clear()
+        if self._cut and self.partitions is not None:
+            self.partitions.heal()
+            for i in sorted(self._cut):
+                self.note("heal", i)
+        self._cut.clear()
+        for i in range(len(self.names)):
+            if not self.cluster.is_alive(i):
+                self._start_again(i)
+        self._down.clear()

@@ -1,0 +1,52 @@
+"""Chaos runs as tests: a short fixed-seed one in ``make test``, a long one in ``make chaos``.
+
+* ``test_chaos__short_fixed_seed``: 3 servers, one minute of faults on the quick schedule
+  (about 7 leader SIGKILLs plus follower kills, pauses, restarts and a partition), then the
+  full checker. Every invariant must pass; the failover figures are reported, not
+  asserted (a loaded CI machine must not fail the suite on timing). Its report goes to
+  the test's tmp dir, not ``bench-results/``.
+* ``test_chaos__long`` (``-m chaos``): ``DROVER_CHAOS_SERVERS`` servers (5),
+  ``DROVER_CHAOS_MINUTES`` minutes (10), seed ``DROVER_CHAOS_SEED`` (random when unset,
+  and printed); its report goes to ``bench-results/chaos-<UTC>.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.run import RESULTS_DIR, ChaosConfig, ChaosOutcome, run_chaos, summarize
+
+SHORT_SEED = 20261130
+LONG_SERVERS = int(os.environ.get("DROVER_CHAOS_SERVERS", "5"))
+LONG_MINUTES = float(os.environ.get("DROVER_CHAOS_MINUTES", "10"))
+LONG_SEED = int(os.environ.get("DROVER_CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
+
+
+def _assert_passed(outcome: ChaosOutcome) -> None:
+    summary = summarize(outcome)
+    print(summary)
+    assert outcome.passed, summary
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(400)
+def test_chaos__short_fixed_seed(tmp_path: Path) -> None:
+    config = ChaosConfig(servers=3, minutes=1.0, seed=SHORT_SEED, quick=True)
+    outcome = run_chaos(config, tmp_path / "run", results_dir=tmp_path / "results")
+    _assert_passed(outcome)
+    failovers = outcome.report["failovers"]
+    assert failovers["count"] >= 4, "the quick schedule kills the leader every other fault"
+    assert failovers["measured"] == failovers["count"]
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(int(LONG_MINUTES * 60) + 900)
+def test_chaos__long(tmp_path: Path) -> None:
+    config = ChaosConfig(servers=LONG_SERVERS, minutes=LONG_MINUTES, seed=LONG_SEED)
+    print(f"chaos seed {LONG_SEED} (DROVER_CHAOS_SEED={LONG_SEED} replays this schedule)")
+    outcome = run_chaos(config, tmp_path / "run", results_dir=RESULTS_DIR)
+    _assert_passed(outcome)

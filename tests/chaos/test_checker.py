@@ -1,0 +1,170 @@
+"""The chaos checker and schedule, on hand-written histories: it must fail what is broken.
+
+A checker that only ever says "pass" proves nothing; each test here feeds it one way a
+cluster could lose or invent a write, and one way a correct cluster looks odd but is fine
+(an operation with an unknown outcome that landed late).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import immutables
+import pytest
+
+from scheduler.structs import Job
+from server.codec import from_proto
+from server.state_store import Tables
+from tests.chaos import checker
+from tests.chaos.history import INFO, OK, History, Op
+from tests.chaos.nemesis import KILL_LEADER, KILL_TWO, PARTITION, plan_schedule
+from tests.chaos.report import percentile
+from tests.chaos.workload import build_job
+
+
+def _job(job_id: str, *, seq: int, count: int = 2, variant: int = 0, stop: bool = False) -> Job:
+    job = from_proto(build_job(job_id, "service", count=count, variant=variant, seq=seq), Job)
+    return replace(job, namespace="default", stop=stop, version=seq)
+
+
+def _tables(jobs: Iterable[Job]) -> Tables:
+    return Tables(jobs=immutables.Map({(j.namespace, j.id): j for j in jobs}))
+
+
+def _op(kind: str, key: str, t: float, outcome: str = OK, index: int = 0, **args: Any) -> Op:
+    result = {"version": args["seq"]} if "seq" in args else {}
+    if "seq" in args:
+        args.setdefault("count", 2)
+        args.setdefault("variant", 0)
+    return Op(
+        "w",
+        kind,
+        key,
+        args,
+        t,
+        t + 0.1,
+        outcome,
+        index or int(t * 10) + 1,
+        "" if outcome == OK else "X",
+        result,
+    )
+
+
+def _history(*ops: Op) -> History:
+    history = History(origin=0.0)
+    for op in ops:
+        history.add(op)
+    return history
+
+
+TEMPLATES = [_job("tpl-periodic", seq=0), _job("tpl-dispatch", seq=0)]
+
+
+def test_checker__acked_register_present__passes() -> None:
+    history = _history(_op("register", "a", 1, seq=1), _op("update-inplace", "a", 2, seq=2))
+    result = checker.check_acked_jobs(history, _tables([_job("a", seq=2), *TEMPLATES]))
+    assert result.passed, result.details
+
+
+def test_checker__acked_update_lost__fails() -> None:
+    history = _history(_op("register", "a", 1, seq=1), _op("update-inplace", "a", 2, seq=2))
+    result = checker.check_acked_jobs(history, _tables([_job("a", seq=1), *TEMPLATES]))
+    assert not result.passed
+    assert "job 'a' is running seq=1" in result.details[0]
+
+
+def test_checker__acked_register_missing__fails() -> None:
+    history = _history(_op("register", "a", 1, seq=1))
+    assert not checker.check_acked_jobs(history, _tables(TEMPLATES)).passed
+
+
+def test_checker__acked_purge_but_job_still_there__fails() -> None:
+    history = _history(_op("register", "a", 1, seq=1), _op("purge", "a", 2))
+    assert not checker.check_acked_jobs(history, _tables([_job("a", seq=1), *TEMPLATES])).passed
+
+
+def test_checker__unknown_outcome_register_landed_after_acked_stop__passes() -> None:
+    # A register stuck in a paused server, applied after the stop its caller went on to make.
+    history = _history(
+        _op("register", "a", 1, seq=1),
+        _op("update-inplace", "a", 2, outcome=INFO, seq=2),
+        _op("stop", "a", 3),
+    )
+    assert checker.check_acked_jobs(history, _tables([_job("a", seq=2), *TEMPLATES])).passed
+
+
+def test_checker__write_nobody_requested__fails() -> None:
+    history = _history(_op("register", "a", 1, seq=1))
+    assert not checker.check_acked_jobs(history, _tables([_job("a", seq=7), *TEMPLATES])).passed
+
+
+def test_checker__version_below_acknowledged__fails() -> None:
+    history = _history(_op("register", "a", 1, seq=5))
+    old = replace(_job("a", seq=5), version=2)
+    result = checker.check_acked_jobs(history, _tables([old, *TEMPLATES]))
+    assert not result.passed and "below the acknowledged 5" in result.details[0]
+
+
+def test_checker__acknowledged_dispatch_child_missing__fails() -> None:
+    op = _op("dispatch", "tpl-dispatch", 1)
+    op.result = {"dispatched_job_id": "tpl-dispatch/dispatch-1-abc"}
+    result = checker.check_acked_jobs(_history(op), _tables(TEMPLATES))
+    assert not result.passed
+    assert any("missing" in d for d in result.details)
+
+
+def test_checker__indexes_against_real_time__violation_found() -> None:
+    ok = _history(_op("probe", "p", 1.0, index=10), _op("probe", "p", 2.0, index=11))
+    assert checker.check_realtime_order(ok).passed
+    # Acknowledged at 1.1 s with index 10; a write invoked at 2.0 s got index 9: lost order.
+    bad = _history(_op("probe", "p", 1.0, index=10), _op("probe", "q", 2.0, index=9))
+    assert not checker.check_realtime_order(bad).passed
+    # Overlapping writes may be applied in either order.
+    overlapping = _history(_op("probe", "p", 1.0, index=10), _op("probe", "q", 1.05, index=9))
+    assert checker.check_realtime_order(overlapping).passed
+
+
+def _rejections(node: str, seconds: Iterable[int]) -> str:
+    return "".join(
+        f"2026-11-30T02:00:{s:02d}.000000Z [info     ] plan.node_rejected  eval_id=e job_id=j "
+        f"node_id={node} reason=x\n"
+        for s in seconds
+    )
+
+
+def test_checker__plan_rejections__bounded_by_threshold_per_window() -> None:
+    fine = {"s1": _rejections("n1", range(6)) + _rejections("n2", range(3))}
+    result = checker.check_plan_rejections(fine, threshold=5, window_s=300)
+    assert result.passed and result.figures["rejections_per_node"] == {"n1": 6, "n2": 3}
+    looping = {"s1": _rejections("n1", range(7))}
+    assert not checker.check_plan_rejections(looping, threshold=5, window_s=300).passed
+
+
+def test_checker__divergence_logged__fails() -> None:
+    logs = {
+        "s1": "ok\n",
+        "s2": "truncating already-applied log entries 5..9: state machine may have diverged\n",
+    }
+    result = checker.check_logs(logs)
+    assert not result.passed and result.details[0].startswith("s2: truncating")
+
+
+def test_schedule__same_seed_same_faults__every_other_kills_the_leader() -> None:
+    first = plan_schedule(42, 3, count=40)
+    assert first == plan_schedule(42, 3, count=40)
+    assert first != plan_schedule(43, 3, count=40)
+    assert all(f.kind == KILL_LEADER for f in first[::2])
+    assert KILL_TWO not in {f.kind for f in first}
+    assert KILL_TWO in {f.kind for f in plan_schedule(42, 5, count=40)}
+    assert PARTITION not in {f.kind for f in plan_schedule(42, 3, count=40, partitions=False)}
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [([], 50, None), ([3.0], 99, 3.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.0), ([1.0, 2.0, 3.0, 4.0], 99, 4.0)],
+    ids=["empty", "one", "p50", "p99"],
+)
+def test_report__percentile__nearest_rank(values: list[float], q: float, expected: float | None) -> None:
+    assert percentile(values, q) == expected
