@@ -63,6 +63,7 @@ class RaftTuning:
     compaction_min_entries: int = 20_000
     compaction_min_time: float = 600.0
     commands_queue_size: int = 100_000
+    append_entries_batch_bytes: int = 16 * 1024 * 1024
 
 
 class _SnapshotWriter:
@@ -193,6 +194,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             leaderFallbackTimeout=tuning.leader_fallback_timeout,
             connectionRetryTime=tuning.connection_retry_time,
             commandsQueueSize=tuning.commands_queue_size,
+            # pysyncobj 0.3.17 marks the last chunk of a chunked entry by the raw command's
+            # length, not the pickled one: followers fail to unpickle every entry above this
+            # size several times ("failed _onTick") before the real last chunk lands. No
+            # entry of ours comes near 16 MiB (plans are split at 2,000 allocs), so none is
+            # chunked.
+            appendEntriesBatchSizeBytes=tuning.append_entries_batch_bytes,
             logCompactionMinEntries=tuning.compaction_min_entries,
             logCompactionMinTime=tuning.compaction_min_time,
             journalFile=os.path.join(data_dir, "journal.bin"),

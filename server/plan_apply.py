@@ -303,6 +303,8 @@ class PlanApplier:
             done, expected = self._inflight
             if not done.done() or (done.exception() is None and snap.index < done.result()):
                 return Snapshot(expected)
+            # Applied (or failed): drop the expected state, a whole second copy of the allocs.
+            self._inflight = None
         return snap
 
     def _run(self) -> None:
@@ -364,22 +366,71 @@ class PlanApplier:
     def _commit(self, pending: PendingPlan, evaluated: Evaluated, view: Snapshot) -> None:
         entry = evaluated.entry
         assert entry is not None
+        chunks = split_entry(entry)
         committed: Future[int] = Future()
-        # The state this entry will produce, from the FSM's own apply function.
+        # The state these entries will produce, from the FSM's own apply function.
         txn = Txn(view.tables, view.index + 1)
-        apply_plan_results(txn, entry, view.index + 1)
+        for chunk in chunks:
+            apply_plan_results(txn, chunk, view.index + 1)
         expected = txn.commit()
         result = evaluated.result
+        remaining = [len(chunks)]
+        failed: list[str] = []
 
         def on_commit(applied: ApplyResult | None, error: str) -> None:
             if applied is None or error or applied.error:
-                exc = PlanRejectedError(error or (applied.error if applied else "not committed"))
+                failed.append(error or (applied.error if applied else "not committed"))
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+            if failed:
+                exc = PlanRejectedError(failed[0])
                 committed.set_exception(exc)
                 pending.future.set_exception(exc)
                 return
+            assert applied is not None
             committed.set_result(applied.index)
             refresh = applied.index if result.rejected_nodes else 0
             pending.future.set_result(replace(result, alloc_index=applied.index, refresh_index=refresh))
 
         self._inflight = (committed, expected)
-        self._propose_async(encode_entry(raft_pb2.ENTRY_TYPE_APPLY_PLAN_RESULTS, entry), on_commit)
+        # Raft keeps the order: stops land before placements, so no node is overcommitted
+        # between chunks, and the plan was checked as a whole.
+        for chunk in chunks:
+            self._propose_async(encode_entry(raft_pb2.ENTRY_TYPE_APPLY_PLAN_RESULTS, chunk), on_commit)
+
+
+# A 20,000-alloc plan applied as one entry holds raft's tick thread for seconds on every
+# server (longer than an election timeout on a 2-core machine): commit big plans as
+# several entries of at most this many allocs.
+MAX_ALLOCS_PER_ENTRY: Final = 2000
+
+
+def split_entry(entry: raft_pb2.ApplyPlanResultsEntry) -> list[raft_pb2.ApplyPlanResultsEntry]:
+    """Stops first, then placements, in entries of at most MAX_ALLOCS_PER_ENTRY; evals and
+    ineligible nodes travel with the last one."""
+    stops = list(entry.allocs_stopped)
+    allocs = list(entry.allocs_upserted)
+    if len(stops) + len(allocs) <= MAX_ALLOCS_PER_ENTRY:
+        return [entry]
+    chunks: list[raft_pb2.ApplyPlanResultsEntry] = []
+    room = 0
+    for stop in stops:
+        if room == 0:
+            chunks.append(
+                raft_pb2.ApplyPlanResultsEntry(eval_id=entry.eval_id, updated_at_ns=entry.updated_at_ns)
+            )
+            room = MAX_ALLOCS_PER_ENTRY
+        chunks[-1].allocs_stopped.append(stop)
+        room -= 1
+    for alloc in allocs:
+        if room == 0:
+            chunks.append(
+                raft_pb2.ApplyPlanResultsEntry(eval_id=entry.eval_id, updated_at_ns=entry.updated_at_ns)
+            )
+            room = MAX_ALLOCS_PER_ENTRY
+        chunks[-1].allocs_upserted.append(alloc)
+        room -= 1
+    chunks[-1].evals.extend(entry.evals)
+    chunks[-1].nodes_ineligible.extend(entry.nodes_ineligible)
+    return chunks

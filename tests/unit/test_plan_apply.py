@@ -1036,3 +1036,29 @@ def test_applier__pipelined__inflight_plan_fails__next_plan_not_committed_on_its
     assert node is not None
     fit = allocs_fit(node, snap.allocs_by_node("n1"))
     assert fit.fits, f"committed state over-commits n1: {fit.reason}"
+
+
+def test_split_entry__big_plan__stops_first_chunks_bounded_evals_last() -> None:
+    from drover.v1 import raft_pb2 as rpb
+    from server.plan_apply import MAX_ALLOCS_PER_ENTRY, split_entry
+
+    entry = rpb.ApplyPlanResultsEntry(eval_id="e1", updated_at_ns=5)
+    for i in range(3):
+        entry.allocs_stopped.add(alloc_id=f"s{i}")
+    for i in range(2 * MAX_ALLOCS_PER_ENTRY):
+        entry.allocs_upserted.add(id=f"a{i}")
+    entry.evals.add(id="follow-up")
+    entry.nodes_ineligible.add(node_id="n1")
+
+    chunks = split_entry(entry)
+
+    assert len(chunks) == 3
+    assert all(len(c.allocs_stopped) + len(c.allocs_upserted) <= MAX_ALLOCS_PER_ENTRY for c in chunks)
+    assert [s.alloc_id for s in chunks[0].allocs_stopped] == ["s0", "s1", "s2"]
+    assert [a.id for c in chunks for a in c.allocs_upserted] == [
+        f"a{i}" for i in range(2 * MAX_ALLOCS_PER_ENTRY)
+    ]
+    assert [len(c.evals) for c in chunks] == [0, 0, 1] and len(chunks[-1].nodes_ineligible) == 1
+    assert split_entry(rpb.ApplyPlanResultsEntry(eval_id="small")) == [
+        rpb.ApplyPlanResultsEntry(eval_id="small")
+    ]
