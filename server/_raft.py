@@ -231,7 +231,24 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         next_index: dict[Any, int] = self._SyncObj__raftNextIndex
 
         def on_message(node: Any, message: Any) -> None:
-            if message.get("type") != "next_node_idx" or message.get("reset") or not message.get("success"):
+            kind = message.get("type")
+            if kind == "apply_command" and not _forwardable(message.get("command", b"")):
+                # Only member announcements are forwarded through raft. Anything else comes
+                # from a deposed leader's queue (e.g. a plan its applier checked while it
+                # led): appending it here would bypass this leader's plan applier.
+                request_id = message.get("request_id")
+                if request_id is not None:
+                    transport.send(
+                        node,
+                        {
+                            "type": "apply_command_response",
+                            "request_id": request_id,
+                            "error": FAIL_REASON.NOT_LEADER,
+                        },
+                    )
+                log.warning("raft.forwarded_command_refused", peer=str(node))
+                return
+            if kind != "next_node_idx" or message.get("reset") or not message.get("success"):
                 original(node, message)
                 return
             before = next_index.get(node)
@@ -374,6 +391,17 @@ class _CommandUnpickler(pickle.Unpickler):
         if (module, name) == ("_codecs", "encode"):
             return codecs.encode
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a raft journal")
+
+
+def _forwardable(command: bytes) -> bool:
+    """Whether a command forwarded by a follower may be appended: member announcements only."""
+    if not command or command[0] != _COMMAND_TYPE.REGULAR:
+        return True  # pysyncobj's own commands (no-ops, membership) are not ours to judge
+    try:
+        entry = raft_pb2.LogEntry.FromString(_command_bytes(command[1:]))
+    except Exception:
+        return False
+    return entry.type == raft_pb2.ENTRY_TYPE_SERVER_MEMBER
 
 
 def _command_bytes(raw: bytes) -> bytes:

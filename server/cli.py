@@ -375,6 +375,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p = command(operator, "state", _cmd_operator_state, "state digest of each addressed server")
     _conn_flags(p)
     _flag(p, "json", action="store_true")
+    p = command(
+        operator, "invariants", _cmd_operator_invariants, "check invariants 1 and 2 on each addressed server"
+    )
+    _conn_flags(p)
+    _flag(p, "json", action="store_true")
     return parser
 
 
@@ -1390,6 +1395,36 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
     if failed:
         return _fail(f"{failed} of {len(addresses)} servers did not answer")
     return 0
+
+
+def _cmd_operator_invariants(args: argparse.Namespace) -> int:
+    """Ask each addressed server to check its own state (Invariants is never forwarded);
+    exit 1 when any reports a violation or does not answer."""
+    answers: list[tuple[str, api_pb2.InvariantsResponse | DroverError]] = []
+    for addr in parse_addresses(_address(args)):
+        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
+            try:
+                answers.append((addr, client.invariants()))
+            except DroverError as exc:
+                answers.append((addr, exc))
+    failed = sum(isinstance(a, DroverError) for _, a in answers)
+    violations = sum(len(a.violations) for _, a in answers if isinstance(a, api_pb2.InvariantsResponse))
+    if args.json:
+        print_json(
+            [a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers]
+        )
+    else:
+        for addr, a in answers:
+            if isinstance(a, DroverError):
+                print(f"{addr}: ERROR: {a}")
+                continue
+            verdict = f"{len(a.violations)} violation(s)" if a.violations else "no violations"
+            print(f"{a.server} ({addr}) at index {a.index}: {verdict}")
+            for violation in a.violations:
+                print(f"  {violation}")
+    if failed:
+        return _fail(f"{failed} of {len(answers)} servers did not answer")
+    return 1 if violations else 0
 
 
 # ---------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from server.snapshot import recount_summaries
 from server.state_store import JobKey, Tables
 
 __all__ = [
+    "INVARIANTS",
     "INVARIANT_SUMMARIES",
     "INVARIANT_SYSTEM_ALLOCS",
     "Violation",
@@ -48,6 +49,7 @@ __all__ = [
 
 INVARIANT_SYSTEM_ALLOCS: Final = "system-allocs-per-node"
 INVARIANT_SUMMARIES: Final = "job-summaries"
+INVARIANTS: Final = (INVARIANT_SYSTEM_ALLOCS, INVARIANT_SUMMARIES)
 
 _GROUP_COUNTERS: Final = tuple(f.name for f in fields(TaskGroupSummary))
 _CHILD_BUCKETS: Final = (JOB_STATUS_PENDING, JOB_STATUS_RUNNING, JOB_STATUS_DEAD)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 import structlog
+from prometheus_client import Gauge
 
 from scheduler.structs import (
     EVAL_STATUS_BLOCKED,
@@ -27,6 +29,7 @@ from scheduler.structs import (
 )
 from server.blocked import BlockedEvals
 from server.broker import EvalBroker
+from server.invariants import INVARIANTS, check_invariants
 from server.periodic import PeriodicDispatcher
 from server.plan_apply import PlanApplier, PlanQueue
 from server.worker import Worker, write_evals
@@ -41,6 +44,14 @@ log = structlog.get_logger("drover.leader")
 # problem does not spin.
 FAILED_FOLLOW_UP_DELAY_NS: Final = 60_000_000_000
 TICK_S: Final = 0.05
+# The leader checks invariants 1 and 2 over its state this often (server/invariants.py).
+INVARIANT_CHECK_S: Final = 30.0
+INVARIANT_LOG_LIMIT: Final = 20
+INVARIANT_VIOLATIONS = Gauge(
+    "drover_invariant_violations",
+    "Violations of a design invariant in the leader's state at its last periodic check",
+    ["invariant"],
+)
 
 
 class LeaderServices:
@@ -109,10 +120,24 @@ class LeaderServices:
     # -- establish / revoke ------------------------------------------------------------
     def _establish(self) -> bool:
         raft = self.core.raft
-        deadline = self.core.clock.now_ns() + 10_000_000_000
+        waited_from = self.core.clock.now_ns()
+        next_warning = waited_from + 10_000_000_000
+        # Leader services start only once every entry of earlier terms is applied here; a
+        # leader that never gets there must say so, not sit as a leader without a scheduler.
         while not raft.leader_ready():
-            if not raft.is_leader() or self.core.clock.now_ns() > deadline:
+            if not raft.is_leader() or not self._events.empty():
                 return False
+            now = self.core.clock.now_ns()
+            if now > next_warning:
+                log.warning(
+                    "leader.still_catching_up",
+                    server=self.core.name,
+                    term=raft.term(),
+                    waited_s=round((now - waited_from) / 1e9, 1),
+                    applied=raft.applied_index(),
+                    commit=raft.commit_index(),
+                )
+                next_warning = now + 10_000_000_000
             threading.Event().wait(0.01)
         self._term = raft.term()
         self._stop_services.clear()
@@ -136,6 +161,7 @@ class LeaderServices:
             (self._watch_evals, "eval-watcher"),
             (self._tick_broker, "broker-ticker"),
             (self._reap_heartbeats, "heartbeat-reaper"),
+            (self._check_invariants, "invariant-checker"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -250,6 +276,32 @@ class LeaderServices:
                     heartbeats.reset(node_id, self.core.clock.now_ns())
                     continue
                 log.warning("leader.heartbeat_missed", node_id=node_id, status=status)
+
+    def _check_invariants(self) -> None:
+        """Every INVARIANT_CHECK_S, check the state; violations are logged at ERROR and
+        counted in the ``drover_invariant_violations`` gauge."""
+        while not self._stop_services.wait(INVARIANT_CHECK_S):
+            if not self.still_leader():
+                return
+            tables = self.core.store.snapshot().tables
+            try:
+                violations = check_invariants(tables)
+            except Exception:
+                log.exception("leader.invariant_check_failed", index=tables.index)
+                continue
+            counts = Counter(v.invariant for v in violations)
+            for name in INVARIANTS:
+                INVARIANT_VIOLATIONS.labels(name).set(counts.get(name, 0))
+            for v in violations[:INVARIANT_LOG_LIMIT]:
+                log.error(
+                    "leader.invariant_violated",
+                    invariant=v.invariant,
+                    subject=v.subject,
+                    violation=v.message,
+                    index=tables.index,
+                )
+            if len(violations) > INVARIANT_LOG_LIMIT:
+                log.error("leader.invariant_violations_truncated", total=len(violations), index=tables.index)
 
     def _tick_broker(self) -> None:
         while not self._stop_services.wait(TICK_S):

@@ -354,6 +354,11 @@ class DroverClient:
         one single-address client per server."""
         return self._call(lambda s: s.operator.StateDigest, api_pb2.StateDigestRequest())
 
+    def invariants(self) -> api_pb2.InvariantsResponse:
+        """Invariant violations in the state of whichever server answers (never forwarded):
+        to check every server, use one single-address client per server."""
+        return self._call(lambda s: s.operator.Invariants, api_pb2.InvariantsRequest())
+
     # -- the retry loop -----------------------------------------------------------------
 
     def _pick(self) -> _Stubs:

@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 from drover.v1 import api_pb2, api_pb2_grpc
 from server.api._base import meta_for, query, rpc, write_meta
 from server.errors import ValidationError
+from server.invariants import check_invariants
 from server.snapshot import state_digest, to_snapshot
 
 if TYPE_CHECKING:
@@ -93,4 +94,13 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
             server=self.core.name,
             leader=raft.is_leader(),
             term=raft.term(),
+        )
+
+    @rpc("Operator", "local")
+    def Invariants(
+        self, request: api_pb2.InvariantsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.InvariantsResponse:
+        tables = self.core.store.snapshot().tables
+        return api_pb2.InvariantsResponse(
+            violations=[str(v) for v in check_invariants(tables)], index=tables.index, server=self.core.name
         )

@@ -69,8 +69,8 @@ def plan_schedule(
     """``count`` faults from ``seed``: even positions kill the leader, odd ones are drawn
     from the other kinds. The runner stops when its time is up."""
     rng = random.Random(f"nemesis:{seed}:{servers}")
-    gap = (0.5, 1.5) if quick else (1.0, 3.0)
-    kill_hold = (0.5, 2.5) if quick else (1.0, 5.0)
+    gap = (0.5, 1.5) if quick else (0.5, 2.5)
+    kill_hold = (0.5, 2.5) if quick else (1.0, 4.0)
     pause_hold = (3.0, 5.0) if quick else (3.0, 10.0)
     others: list[tuple[str, int]] = [(KILL_FOLLOWER, 3), (PAUSE, 4), (RESTART, 2)]
     if partitions:
@@ -92,12 +92,33 @@ def plan_schedule(
 
 @dataclass
 class Failover:
+    """One leader SIGKILL. Its duration runs to the first acknowledged write committed by a
+    later leader: during the run that is judged by index (above the killed leader's commit
+    index a moment before the kill, which a write it was still committing can pass), and
+    afterwards, by ``measure``, exactly, by the raft term of the acknowledged index."""
+
     server: str
     t_kill: float
     commit_index: int
+    term: int = 0
     t_elected: float | None = None
     new_leader: str = ""
     t_first_ack: float | None = None
+    by_term: bool = False
+
+    def measure(self, history: History, terms: dict[int, int]) -> None:
+        """Recompute ``t_first_ack`` with the journals' terms (index -> term); indexes the
+        journals no longer hold (compacted) fall back to the commit-index rule."""
+        best: float | None = None
+        for op in history.ops():
+            if not op.ok or op.t_complete <= self.t_kill:
+                continue
+            term = terms.get(op.index)
+            later = term > self.term if term is not None else op.index > self.commit_index
+            if later and (best is None or op.t_complete < best):
+                best = op.t_complete
+        if best is not None:
+            self.t_first_ack, self.by_term = best, True
 
     @property
     def duration_s(self) -> float | None:
@@ -111,6 +132,8 @@ class Failover:
             "election_s": None if self.t_elected is None else round(self.t_elected - self.t_kill, 3),
             "new_leader": self.new_leader,
             "duration_s": None if self.duration_s is None else round(self.duration_s, 3),
+            "term_at_kill": self.term,
+            "measured_by_term": self.by_term,
         }
 
 
@@ -206,7 +229,8 @@ class Nemesis:
     def _kill_leader(self, leader: int, hold_s: float, also: int | None = None) -> None:
         answer = self.cluster.query_digest(leader)
         commit_index = answer.commit_index if answer is not None else 0
-        failover = Failover(self.names[leader], self.history.now(), commit_index)
+        term = answer.term if answer is not None else 0
+        failover = Failover(self.names[leader], self.history.now(), commit_index, term)
         self._sigkill(leader, role="leader", commit_index=commit_index)
         if also is not None:
             self._sigkill(also, role="follower")

@@ -68,8 +68,12 @@ class _Blocked:
         self._path = path
         self._mtime = -1
         self.pairs: frozenset[tuple[str, str]] = frozenset()
+        self._stop = threading.Event()
         self._reload()
         threading.Thread(target=self._poll, name="chaos-partition-poll", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
 
     def _reload(self) -> None:
         try:
@@ -83,8 +87,7 @@ class _Blocked:
         self.pairs = frozenset((str(a), str(b)) for a, b in data.get("blocked", []))
 
     def _poll(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(POLL_S):
+        while not self._stop.wait(POLL_S):
             self._reload()
 
 

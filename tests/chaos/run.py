@@ -123,7 +123,9 @@ def _settle(cluster: LocalCluster) -> tuple[tuple[str, int] | None, str]:
     try:
         return cluster.wait_converged(max(10.0, deadline - time.monotonic())), ""
     except ClusterError as exc:
-        return None, str(exc).splitlines()[0]
+        # The first line and each server's last answer; not the logs' tails.
+        lines = str(exc).split("\n--- ")[0].splitlines()
+        return None, " | ".join(line.strip() for line in lines)
 
 
 def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_DIR) -> ChaosOutcome:
@@ -190,6 +192,10 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         checker.check_logs(logs),
         checker.check_live(live.samples, live.unavailable),
     ]
+    data_dirs = {name: cluster_dir / name for name in cluster.server_names}
+    terms = checker.journal_terms(data_dirs)
+    for failover in nemesis.failovers:
+        failover.measure(history, terms)
     full_on = cluster.server_names[: config.full_replay_servers]
     checks.append(
         checker.check_replay(

@@ -1,4 +1,5 @@
-"""The chaos checker and schedule, on hand-written histories: it must fail what is broken.
+"""The chaos checker, schedule and partition control, on hand-written inputs: the checker must
+fail what is broken.
 
 A checker that only ever says "pass" proves nothing; each test here feeds it one way a
 cluster could lose or invent a write, and one way a correct cluster looks odd but is fine
@@ -9,17 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import immutables
 import pytest
 
+from deploy.cluster import wait_for
 from scheduler.structs import Job
 from server.codec import from_proto
 from server.state_store import Tables
 from tests.chaos import checker
 from tests.chaos.history import INFO, OK, History, Op
 from tests.chaos.nemesis import KILL_LEADER, KILL_TWO, PARTITION, plan_schedule
+from tests.chaos.partition import PartitionControl, _Blocked
 from tests.chaos.report import percentile
 from tests.chaos.workload import build_job
 
@@ -168,3 +172,16 @@ def test_schedule__same_seed_same_faults__every_other_kills_the_leader() -> None
 )
 def test_report__percentile__nearest_rank(values: list[float], q: float, expected: float | None) -> None:
     assert percentile(values, q) == expected
+
+
+def test_partition_control__isolate_and_heal__agents_see_the_pairs(tmp_path: Path) -> None:
+    path = tmp_path / "partition.json"
+    control = PartitionControl(path, ["s1", "s2", "s3"], ["a:1", "b:2", "c:3"])
+    blocked = _Blocked(str(path))
+    assert blocked.pairs == frozenset()
+    control.isolate("s2")
+    want = {("b:2", "a:1"), ("a:1", "b:2"), ("b:2", "c:3"), ("c:3", "b:2")}
+    assert wait_for(lambda: blocked.pairs == want, 5, 0.01, "the agent to see the cut")
+    control.heal()
+    assert wait_for(lambda: blocked.pairs == frozenset(), 5, 0.01, "the agent to see the heal")
+    blocked.close()

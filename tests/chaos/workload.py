@@ -14,8 +14,9 @@ reproducible; their interleaving with the nemesis is not):
   running, batch work complete after a while, stopped allocs complete, and now and then a
   failure, never moving an alloc's status backwards;
 * **probe**: a cheap write every ``probe_interval_s`` (setting the ineligible probe node
-  ineligible again: an entry, no evaluation), so a failover's end is seen within a tick
-  of the first write the new leader acknowledges, not after the SDK's backoff.
+  ineligible again: an entry, no evaluation) with its own short retries, so a failover's
+  end is seen within a tick of the first write the new leader can acknowledge, not after
+  the SDK's backoff (which grows to 2 s).
 
 Every write goes through ``History.invoke`` and ends ``ok`` with its raft index or
 ``info``. A client that saw UNAVAILABLE or DEADLINE_EXCEEDED is replaced by a fresh one:
@@ -136,16 +137,23 @@ def dispatch_parent() -> structs_pb2.Job:
 class Caller:
     """One thread's SDK client, replaced after a transport-level failure."""
 
-    def __init__(self, addresses: Sequence[str], config: WorkloadConfig, rotate: int) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        config: WorkloadConfig,
+        rotate: int,
+        *,
+        timeout_s: float | None = None,
+        retry_deadline_s: float | None = None,
+    ) -> None:
         n = len(addresses)
         self._addresses = [addresses[(rotate + i) % n] for i in range(n)]
-        self._config = config
+        self._timeout_s = config.rpc_timeout_s if timeout_s is None else timeout_s
+        self._retry_deadline_s = config.retry_deadline_s if retry_deadline_s is None else retry_deadline_s
         self._client = self._open()
 
     def _open(self) -> DroverClient:
-        return DroverClient(
-            self._addresses, timeout=self._config.rpc_timeout_s, retry_deadline=self._config.retry_deadline_s
-        )
+        return DroverClient(self._addresses, timeout=self._timeout_s, retry_deadline=self._retry_deadline_s)
 
     def call(self, fn: Callable[[DroverClient], T]) -> T:
         try:
@@ -404,7 +412,9 @@ class Workload:
         self.errors.append(f"could not undrain {node_id} after {attempts} attempts")
 
     def _probe(self) -> None:
-        caller = Caller(self.addresses, self.config, 0)
+        # Its own short retries: the SDK's backoff grows to seconds during an election, which
+        # would measure the client's patience rather than the cluster's unavailability.
+        caller = Caller(self.addresses, self.config, 0, timeout_s=1.0, retry_deadline_s=0.25)
         try:
             while not self._stop_writes.wait(self.config.probe_interval_s):
                 self._write(

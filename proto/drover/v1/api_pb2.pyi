@@ -1630,3 +1630,47 @@ class StateDigestResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StateDigestResponse: _TypeAlias = StateDigestResponse  # noqa: Y015
+
+@_typing.final
+class InvariantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvariantsRequest: _TypeAlias = InvariantsRequest  # noqa: Y015
+
+@_typing.final
+class InvariantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIOLATIONS_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The applied raft index of the state that was checked."""
+    server: _builtins.str
+    @_builtins.property
+    def violations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One line per violation: "<invariant>: <subject>: <what is wrong>"."""
+
+    def __init__(
+        self,
+        *,
+        violations: _abc.Iterable[_builtins.str] | None = ...,
+        index: _builtins.int = ...,
+        server: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "server", b"server", "violations", b"violations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvariantsResponse: _TypeAlias = InvariantsResponse  # noqa: Y015

@@ -1132,6 +1132,11 @@ class OperatorStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesResponse.FromString,
                 _registered_method=True)
+        self.Invariants = channel.unary_unary(
+                '/drover.v1.Operator/Invariants',
+                request_serializer=drover_dot_v1_dot_api__pb2.InvariantsRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.InvariantsResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -1177,6 +1182,14 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Invariants(self, request, context):
+        """Design invariants 1 and 2 checked over the answering server's own state (never
+        forwarded: ask each server). An empty list means no violation (server/invariants.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1209,6 +1222,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.ReconcileSummaries,
                     request_deserializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.ReconcileSummariesResponse.SerializeToString,
+            ),
+            'Invariants': grpc.unary_unary_rpc_method_handler(
+                    servicer.Invariants,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.InvariantsRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.InvariantsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1373,6 +1391,33 @@ class Operator:
             '/drover.v1.Operator/ReconcileSummaries',
             drover_dot_v1_dot_api__pb2.ReconcileSummariesRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.ReconcileSummariesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Invariants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/Invariants',
+            drover_dot_v1_dot_api__pb2.InvariantsRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.InvariantsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -317,6 +317,10 @@ class OperatorStub:
     """This server's Prometheus metrics in the text exposition format (never forwarded)."""
     ReconcileSummaries: _grpc.UnaryUnaryMultiCallable[_api_pb2.ReconcileSummariesRequest, _api_pb2.ReconcileSummariesResponse]
     """Recompute every job summary from allocs and children; reports what changed."""
+    Invariants: _grpc.UnaryUnaryMultiCallable[_api_pb2.InvariantsRequest, _api_pb2.InvariantsResponse]
+    """Design invariants 1 and 2 checked over the answering server's own state (never
+    forwarded: ask each server). An empty list means no violation (server/invariants.py).
+    """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -332,6 +336,10 @@ class OperatorAsyncStub(OperatorStub):
     """This server's Prometheus metrics in the text exposition format (never forwarded)."""
     ReconcileSummaries: _aio.UnaryUnaryMultiCallable[_api_pb2.ReconcileSummariesRequest, _api_pb2.ReconcileSummariesResponse]  # type: ignore[assignment]
     """Recompute every job summary from allocs and children; reports what changed."""
+    Invariants: _aio.UnaryUnaryMultiCallable[_api_pb2.InvariantsRequest, _api_pb2.InvariantsResponse]  # type: ignore[assignment]
+    """Design invariants 1 and 2 checked over the answering server's own state (never
+    forwarded: ask each server). An empty list means no violation (server/invariants.py).
+    """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -380,5 +388,15 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.ReconcileSummariesResponse, _abc.Awaitable[_api_pb2.ReconcileSummariesResponse]]:
         """Recompute every job summary from allocs and children; reports what changed."""
+
+    @_abc_1.abstractmethod
+    def Invariants(
+        self,
+        request: _api_pb2.InvariantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.InvariantsResponse, _abc.Awaitable[_api_pb2.InvariantsResponse]]:
+        """Design invariants 1 and 2 checked over the answering server's own state (never
+        forwarded: ask each server). An empty list means no violation (server/invariants.py).
+        """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
