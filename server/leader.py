@@ -239,6 +239,11 @@ class LeaderServices:
         store = self.core.store
         seen = store.index
         self._track(None)  # rebuild from state
+        # Capacity may have changed while no leader was watching (between the old leader's
+        # last look and now): give every blocked eval one more pass.
+        now = self.core.clock.now_ns()
+        for ev in self.blocked.unblock_all(seen):
+            self.broker.enqueue(ev, now)
         while not self._stop_services.is_set():
             if not store.wait_for_index(seen + 1, 0.2):
                 continue
