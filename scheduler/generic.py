@@ -28,17 +28,15 @@ from dataclasses import replace
 from typing import Final
 
 from scheduler.interfaces import SchedulerContext, SchedulerResult, State
-from scheduler.placement import PlanBuilder, feasible_nodes, score_node, select_node
+from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, score_node, select_node
 from scheduler.reconcile import (
     DESC_UNKNOWN,
     DelayedReschedule,
     GroupResult,
-    Placement,
     ScoreFn,
     reconcile_group,
 )
 from scheduler.structs import (
-    ALLOC_CLIENT_PENDING,
     ALLOC_CLIENT_UNKNOWN,
     ALLOC_DESIRED_RUN,
     EVAL_STATUS_BLOCKED,
@@ -52,7 +50,6 @@ from scheduler.structs import (
     TRIGGER_QUEUED_ALLOCS,
     TRIGGER_RETRY_FAILED_ALLOC,
     TRIGGER_ROLLING_UPDATE,
-    AllocatedResources,
     Allocation,
     AllocStop,
     Evaluation,
@@ -215,36 +212,6 @@ def _with_updates(
     return replace(plan, node_update=dict(sorted(node_update.items())))
 
 
-def _new_alloc(
-    ev: Evaluation,
-    job: Job,
-    group: TaskGroup,
-    p: Placement,
-    node: Node,
-    resources: AllocatedResources,
-    ctx: SchedulerContext,
-) -> Allocation:
-    return Allocation(
-        id=ctx.new_id(),
-        namespace=job.namespace,
-        eval_id=ev.id,
-        name=p.name,
-        node_id=node.id,
-        node_name=node.name,
-        job_id=job.id,
-        job_version=job.version,
-        task_group=group.name,
-        resources=resources,
-        desired_status=ALLOC_DESIRED_RUN,
-        client_status=ALLOC_CLIENT_PENDING,
-        previous_allocation=p.previous.id if p.previous is not None else "",
-        reschedule_events=p.reschedule_events,
-        create_time_ns=ctx.now_ns,
-        modify_time_ns=ctx.now_ns,
-        index=p.index,
-    )
-
-
 def _reconnect_score(builder: PlanBuilder, state: State, job: Job, group: TaskGroup) -> ScoreFn:
     """How ``select_node`` ranks an alloc's node for the group, as the state stands (before
     this plan changes anything): the reconnect picker keeps the better-ranked of an original
@@ -371,7 +338,19 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
                 unplaced[group.name] = unplaced.get(group.name, 0) + 1
                 failed_tg[group.name] = FAILED_EXHAUSTED if candidates[group.name] else FAILED_NO_NODES
                 continue
-            builder.place(_new_alloc(ev, target, group, p, choice.node, choice.resources, ctx))
+            builder.place(
+                new_alloc(
+                    ev,
+                    target,
+                    group,
+                    choice,
+                    ctx,
+                    name=p.name,
+                    index=p.index,
+                    previous_id=p.previous.id if p.previous is not None else "",
+                    reschedule_events=p.reschedule_events,
+                )
+            )
             if p.stop_previous is not None:
                 builder.stop(
                     p.stop_previous.alloc,

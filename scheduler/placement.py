@@ -68,6 +68,8 @@ from scheduler.fit import allocs_fit, node_capacity
 from scheduler.interfaces import SchedulerContext, State
 from scheduler.ports import assign_ports, group_ports, pick_port_values, reuse_ports
 from scheduler.structs import (
+    ALLOC_CLIENT_PENDING,
+    ALLOC_DESIRED_RUN,
     ALLOC_DESIRED_STOP,
     AllocatedPort,
     AllocatedResources,
@@ -78,6 +80,7 @@ from scheduler.structs import (
     Node,
     NodeResources,
     Plan,
+    RescheduleEvent,
     TaskGroup,
 )
 
@@ -91,6 +94,7 @@ __all__ = [
     "PlanBuilder",
     "assign_ports",
     "feasible_nodes",
+    "new_alloc",
     "place_on_node",
     "score_node",
     "select_node",
@@ -849,6 +853,40 @@ def _scan(
     if best_node is None or best_view is None:
         return None
     return best_score, best_node, best_view
+
+
+def new_alloc(
+    ev: Evaluation,
+    job: Job,
+    group: TaskGroup,
+    choice: NodeChoice,
+    ctx: SchedulerContext,
+    *,
+    name: str,
+    index: int,
+    previous_id: str = "",
+    reschedule_events: tuple[RescheduleEvent, ...] = (),
+) -> Allocation:
+    """A new alloc of ``group`` on the chosen node: the one way both schedulers mint one."""
+    return Allocation(
+        id=ctx.new_id(),
+        namespace=job.namespace,
+        eval_id=ev.id,
+        name=name,
+        node_id=choice.node.id,
+        node_name=choice.node.name,
+        job_id=job.id,
+        job_version=job.version,
+        task_group=group.name,
+        resources=choice.resources,
+        desired_status=ALLOC_DESIRED_RUN,
+        client_status=ALLOC_CLIENT_PENDING,
+        previous_allocation=previous_id,
+        reschedule_events=reschedule_events,
+        create_time_ns=ctx.now_ns,
+        modify_time_ns=ctx.now_ns,
+        index=index,
+    )
 
 
 def select_node(

@@ -31,10 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from scheduler.interfaces import SchedulerContext, SchedulerResult, State
-from scheduler.placement import PlanBuilder, feasible_nodes, place_on_node
+from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
 from scheduler.structs import (
     ALLOC_CLIENT_LOST,
-    ALLOC_CLIENT_PENDING,
     ALLOC_CLIENT_UNKNOWN,
     ALLOC_DESIRED_RUN,
     EVAL_STATUS_BLOCKED,
@@ -228,23 +227,15 @@ def build_plan(
                 failed[group.name].append(node.id)
                 continue
             builder.place(
-                Allocation(
-                    id=ctx.new_id(),
-                    namespace=job.namespace,
-                    eval_id=ev.id,
+                new_alloc(
+                    ev,
+                    job,
+                    group,
+                    choice,
+                    ctx,
                     name=t.name,
-                    node_id=node.id,
-                    node_name=node.name,
-                    job_id=job.id,
-                    job_version=job.version,
-                    task_group=group.name,
-                    resources=choice.resources,
-                    desired_status=ALLOC_DESIRED_RUN,
-                    client_status=ALLOC_CLIENT_PENDING,
-                    previous_allocation=t.alloc.id if t.alloc is not None else "",
-                    create_time_ns=ctx.now_ns,
-                    modify_time_ns=ctx.now_ns,
                     index=t.index,
+                    previous_id=t.alloc.id if t.alloc is not None else "",
                 )
             )
     plan = _mark_unknown(builder.build(), diff.disconnecting, ev, state)
