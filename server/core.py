@@ -164,6 +164,7 @@ class ServerCore:
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
+        self.store.close()
         self.leader.shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 1)

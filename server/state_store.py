@@ -238,6 +238,7 @@ class StateStore:
         self._feed: deque[tuple[int, Changes]] = deque(maxlen=CHANGE_FEED_LENGTH)
         # Changes at or below this index have fallen off the feed.
         self._feed_floor = 0
+        self._closed = False
 
     def snapshot(self) -> Snapshot:
         # A reference read is atomic in CPython: no lock needed for an O(1) snapshot.
@@ -285,7 +286,7 @@ class StateStore:
                 if snap.table_index(*names) > min_index:
                     return snap
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._closed:
                     return snap
                 self._changed.wait(remaining)
 
@@ -295,10 +296,21 @@ class StateStore:
         with self._changed:
             while self._tables.index < min_index:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._closed:
                     return False
                 self._changed.wait(remaining)
         return True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Wake every blocking query now and answer new ones at once: the server is stopping,
+        and a parked handler thread would otherwise keep the process alive until it times out."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
 
 # ---------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
         while True:
             snap = self.core.store.wait_for(("allocs",), seen, max(0.0, deadline - time.monotonic()))
             index = _node_alloc_index(snap, node_id)
-            if index > min_index or time.monotonic() >= deadline:
+            if index > min_index or time.monotonic() >= deadline or self.core.store.closed:
                 return snap, index
             # Something else changed: wait for the next change of the alloc table.
             seen = max(seen, snap.table_index("allocs"))
@@ -144,7 +144,7 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
         if not request.node_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
         index = request.options.min_index
-        while context.is_active():
+        while context.is_active() and not self.core.store.closed:
             snap, new_index = self._wait_node_allocs(request.node_id, index, 5.0)
             if new_index > index or (index == 0 and new_index == 0):
                 index = max(new_index, 1) if new_index == 0 else new_index

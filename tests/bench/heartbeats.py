@@ -75,7 +75,7 @@ from tests.bench._procs import (
     wait_until,
     write_json,
 )
-from tests.bench._stats import CpuProbe, latency_ms, rss_mb, wait_quiet
+from tests.bench._stats import OTHERS, QUIET_PERCENT, CpuProbe, latency_ms, rss_mb
 from tests.cluster.nodes import simulated_node
 
 NAME: Final = "heartbeats"
@@ -698,6 +698,20 @@ def _phase_wait(
     return result, round(time.monotonic() - start, 2)
 
 
+def _wait_others_quiet(pids: Mapping[str, int], max_wait: float) -> float:
+    """Wait (at most ``max_wait`` s) until processes other than ours use under
+    ``QUIET_PERCENT`` % of a core (our own cluster and fleet are busy by design); the last
+    figure seen. With ``max_wait`` 0 it only measures, for a second."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        probe = CpuProbe(pids)
+        probe.start(time.monotonic())
+        time.sleep(1.0)
+        others = probe.stop(time.monotonic()).get(OTHERS, 0.0)
+        if others < QUIET_PERCENT or time.monotonic() >= deadline:
+            return others
+
+
 def _top_threads(per_thread: Mapping[int, tuple[str, float]], n: int = 8) -> dict[str, float]:
     """The busiest threads of a process by kernel name (same names summed), % of one core."""
     by_name: dict[str, float] = {}
@@ -770,10 +784,10 @@ def _measure(run: _Run) -> dict[str, Any]:
         # Let every node reach its steady TTL (registration changed the node count) before
         # measuring: one full TTL. Then, if asked, wait for other work to leave the CPU.
         time.sleep(cfg.max_ttl_s() / 2)
-        out["machine_busy_percent_before"] = wait_quiet(cfg.wait_quiet_s)
+        pids = run.server_pids()
+        out["others_busy_percent_before"] = _wait_others_quiet(pids, cfg.wait_quiet_s)
 
         # 2. Steady window, with the job scheduled inside it.
-        pids = run.server_pids()
         probe = CpuProbe(pids, threads_of="leader")
         t_steady = run.mark("steady_start")
         probe.start(time.monotonic())
@@ -989,6 +1003,13 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(
             f"  steady p99 sent to the leader {direct['latency_ms']['p99']} ms, to a follower (forwarded) "
             f"{forwarded['latency_ms']['p99']} ms; planned {hb.get('planned_per_s')}/s"
+        )
+    series = [b for b in hb.get("steady_p99_every_5s", []) if b["n"]]
+    if series:
+        worst = max(series, key=lambda b: b["p99_ms"])
+        lines.append(
+            f"  steady p99 per 5 s: worst {worst['p99_ms']} ms at +{worst['from_s']} s "
+            f"(the job was registered at +2 s), best {min(b['p99_ms'] for b in series)} ms"
         )
     cpu = res.get("steady_cpu_percent_of_one_core", {})
     if cpu:
