@@ -419,6 +419,10 @@ def apply_scheduler_config(txn: Txn, entry: raft_pb2.SchedulerConfigEntry, index
 
 def apply_periodic_launch(txn: Txn, entry: raft_pb2.PeriodicLaunchEntry, index: int) -> Any:
     launch = from_proto(entry.launch, PeriodicLaunch)
+    recorded = txn.base.periodic_launches.get((launch.namespace, launch.job_id))
+    if recorded is not None and launch.launch_ns <= recorded.launch_ns:
+        # The launch record only moves forward, as for launches written with their child.
+        raise EntryRejected(f"launch at {launch.launch_ns} is not after the recorded {recorded.launch_ns}")
     txn.put_periodic_launch(replace(launch, modify_index=index, create_index=launch.create_index or index))
     return None
 

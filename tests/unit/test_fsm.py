@@ -1042,6 +1042,17 @@ def test_fsm__periodic_launch__recorded_per_job(log: Log) -> None:
     assert (launch.launch_ns, launch.create_index, launch.modify_index) == (mock.NOW + mock.HOUR, 3, 3)
 
 
+def test_fsm__periodic_launch__never_moves_back__older_slot_refused(log: Log) -> None:
+    parent = registered(log, mock.periodic_job(), with_eval=False)
+    log.apply(mock.periodic_launch_entry(parent.id, mock.NOW + mock.HOUR))
+
+    log.apply(mock.periodic_launch_entry(parent.id, mock.NOW), refused=True)
+    log.apply(mock.periodic_launch_entry(parent.id, mock.NOW + mock.HOUR), refused=True)
+
+    launch = log.snap.periodic_launch(parent.namespace, parent.id)
+    assert launch is not None and launch.launch_ns == mock.NOW + mock.HOUR
+
+
 def test_fsm__server_member__announced_and_updated(log: Log) -> None:
     log.apply(mock.server_member_entry("s1", grpc_address="10.0.0.1:4646"))
 
