@@ -87,6 +87,20 @@ def reblocked(ev: Evaluation, result: SchedulerResult) -> SchedulerResult:
     return replace(result, eval_update=update, created_evals=others)
 
 
+def _same_eval(update: Evaluation, current: Evaluation) -> bool:
+    """Equal but for the bookkeeping a rewrite would change."""
+    return (
+        replace(
+            update,
+            modify_time_ns=current.modify_time_ns,
+            snapshot_index=current.snapshot_index,
+            modify_index=current.modify_index,
+            create_index=current.create_index,
+        )
+        == current
+    )
+
+
 class Worker:
     def __init__(
         self,
@@ -200,6 +214,11 @@ class Worker:
         created = [
             e if e.snapshot_index else replace(e, snapshot_index=snap.index) for e in result.created_evals
         ]
+        if not created and _same_eval(update, ev):
+            # A released blocked eval that is still blocked for the same reasons: writing it
+            # again would only churn the log (every leader change and capacity change).
+            bound.info("worker.eval_unchanged", status=update.status, attempts=attempts)
+            return
         write_evals(self._propose, [update, *created])
         bound.info(
             "worker.eval_done", status=update.status, attempts=attempts, created=len(result.created_evals)
