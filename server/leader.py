@@ -26,6 +26,7 @@ from scheduler.structs import (
     EVAL_STATUS_PENDING,
     NODE_STATUS_DOWN,
     TRIGGER_FAILED_FOLLOW_UP,
+    Evaluation,
 )
 from server.blocked import BlockedEvals
 from server.broker import EvalBroker
@@ -88,6 +89,14 @@ class LeaderServices:
     def still_leader(self) -> bool:
         raft = self.core.raft
         return raft.is_leader() and raft.term() == self._term
+
+    def _reblock(self, ev: Evaluation) -> None:
+        """A still-blocked eval back to the tracker (its snapshot is the worker's, so a
+        capacity change after that snapshot releases it again at once)."""
+        if self.blocked.missed_unblock(ev):
+            self.broker.enqueue(ev, self.core.clock.now_ns())
+        else:
+            self.blocked.block(ev)
 
     def _propose(self, data: bytes, timeout: float) -> object:
         return self.core.raft.propose(data, timeout)
@@ -175,6 +184,7 @@ class LeaderServices:
                 self.core.clock,
                 self.core.ids,
                 self._propose,
+                self._reblock,
             )
             for i in range(self.num_workers)
         ]

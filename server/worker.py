@@ -111,8 +111,10 @@ class Worker:
         clock: Clock,
         ids: IdSource,
         propose: Callable[[bytes, float], object],
+        reblock: Callable[[Evaluation], None] | None = None,
     ) -> None:
         self.name = name
+        self._reblock = reblock
         self._broker = broker
         self._plans = plan_queue
         self._store = store
@@ -214,9 +216,11 @@ class Worker:
         created = [
             e if e.snapshot_index else replace(e, snapshot_index=snap.index) for e in result.created_evals
         ]
-        if not created and _same_eval(update, ev):
+        if not created and _same_eval(update, ev) and self._reblock is not None:
             # A released blocked eval that is still blocked for the same reasons: writing it
-            # again would only churn the log (every leader change and capacity change).
+            # again would only churn the log (every leader change and capacity change), so
+            # it goes straight back to the blocked tracker instead.
+            self._reblock(update)
             bound.info("worker.eval_unchanged", status=update.status, attempts=attempts)
             return
         write_evals(self._propose, [update, *created])
