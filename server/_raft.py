@@ -25,6 +25,7 @@ import codecs
 import io
 import os
 import pickle
+import random
 import struct
 import threading
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET
+from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
@@ -43,6 +45,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 from drover.v1 import raft_pb2
 from server.errors import CommitTimeoutError, NoLeaderError, NotLeaderError, RaftError
 from server.fsm import FSM, ApplyResult
+from server.raft_append import plan_append
 from server.snapshot import from_snapshot, to_snapshot
 
 log = structlog.get_logger("drover.raft")
@@ -64,6 +67,11 @@ class RaftTuning:
     compaction_min_time: float = 600.0
     commands_queue_size: int = 100_000
     append_entries_batch_bytes: int = 16 * 1024 * 1024
+    # A follower whose TCP connection to the leader closes (the leader's process died, its
+    # kernel reset the socket) calls an election this soon instead of waiting out the full
+    # 1-2 s timeout. A paused or cut-off leader closes nothing and is caught by the timeout.
+    leader_lost_min_timeout: float = 0.15
+    leader_lost_max_timeout: float = 0.5
 
 
 class _SnapshotWriter:
@@ -214,6 +222,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         super().__init__(self_address, peers, conf)
         self._writer.attach(self)
         self._install_next_index_patch()
+        self._install_leader_lost_election(tuning)
 
     def _install_next_index_patch(self) -> None:
         """Keep the leader's nextIndex for a follower from moving backwards on a late ack.
@@ -248,6 +257,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                     )
                 log.warning("raft.forwarded_command_refused", peer=str(node))
                 return
+            if kind == "append_entries":
+                self._take_append_entries(original, node, message)
+                return
             if kind != "next_node_idx" or message.get("reset") or not message.get("success"):
                 original(node, message)
                 return
@@ -258,6 +270,92 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 next_index[node] = before
 
         transport.setOnMessageReceivedCallback(on_message)
+
+    def _install_leader_lost_election(self, tuning: RaftTuning) -> None:
+        """Call an election soon after the leader's connection closes.
+
+        pysyncobj notices a dead leader only when its election timeout (1-2 s, kept long
+        so a busy machine does not flap) runs out. A SIGKILLed or crashed leader's kernel
+        closes its sockets at once, so the followers can know within milliseconds. Each
+        follower draws its own short deadline (randomised, so they rarely split the vote);
+        a leader that is in fact alive reconnects and its next append_entries puts the
+        deadline back to the full timeout before it fires.
+        """
+        transport = self._SyncObj__transport
+        original = self._SyncObj__onNodeDisconnected
+        rng = random.Random()
+        low, high = tuning.leader_lost_min_timeout, tuning.leader_lost_max_timeout
+
+        def on_disconnected(node: Any) -> None:
+            original(node)
+            if self._isLeader() or node != self._SyncObj__raftLeader:
+                return
+            now = pysyncobj_monotonic()
+            deadline = now + rng.uniform(low, high)
+            if deadline < getattr(self, "_SyncObj__raftElectionDeadline"):  # noqa: B009
+                setattr(self, "_SyncObj__raftElectionDeadline", deadline)  # noqa: B010
+                log.info(
+                    "raft.leader_connection_lost", leader=str(node), election_in_s=round(deadline - now, 3)
+                )
+
+        transport.setOnNodeDisconnectedCallback(on_disconnected)
+
+    def _take_append_entries(self, original: Callable[[Any, Any], None], node: Any, message: Any) -> None:
+        """Follow Raft's AppendEntries receiver rule around pysyncobj's handler (see
+        server/raft_append.py): never delete entries that match the leader's, never let a
+        stale message lift the commit index over entries it did not carry."""
+        if (
+            message.get("term", -1) < self._SyncObj__raftCurrentTerm
+            or "prevLogIdx" not in message
+            or "transmission" in message
+        ):
+            original(node, message)
+            return
+        raft_log = self._SyncObj__raftLog
+        first_index = int(raft_log[0][1])
+        last_index = int(raft_log[-1][1])
+
+        def term_at(index: int) -> int:
+            return int(raft_log[index - first_index][2])
+
+        plan = plan_append(
+            prev_index=int(message["prevLogIdx"]),
+            prev_term=int(message["prevLogTerm"]),
+            entries=message.get("entries") or [],
+            first_index=first_index,
+            last_index=last_index,
+            term_at=term_at,
+            applied_floor=max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied),
+        )
+        if plan.delete_from is not None:
+            log.info(
+                "raft.conflicting_tail_dropped",
+                peer=str(node),
+                from_index=plan.delete_from,
+                last_index=last_index,
+                retry_from=plan.hint,
+            )
+            self._SyncObj__deleteEntriesFrom(plan.delete_from)
+        rewritten = dict(message)
+        rewritten["prevLogIdx"] = plan.prev_index
+        rewritten["prevLogTerm"] = plan.prev_term
+        rewritten["entries"] = list(plan.entries)
+        rewritten["commit_index"] = min(int(message["commit_index"]), plan.commit_limit)
+        if plan.keep_tail:
+            # pysyncobj deletes whatever follows prevLogIdx; here all of it may be entries
+            # this follower acknowledged. Suppress that one call (instance attribute shadows
+            # the name-mangled method for the duration of this synchronous handler).
+            setattr(self, "_SyncObj__deleteEntriesFrom", _keep_log)  # noqa: B010
+            try:
+                original(node, rewritten)
+            finally:
+                delattr(self, "_SyncObj__deleteEntriesFrom")
+        else:
+            original(node, rewritten)
+        if plan.hint is not None:
+            self._SyncObj__transport.send(
+                node, {"type": "next_node_idx", "next_node_idx": plan.hint, "reset": True, "success": False}
+            )
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, data: bytes) -> ApplyResult:
@@ -391,6 +489,10 @@ class _CommandUnpickler(pickle.Unpickler):
         if (module, name) == ("_codecs", "encode"):
             return codecs.encode
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a raft journal")
+
+
+def _keep_log(_from_index: int) -> None:
+    """Stands in for pysyncobj's log truncation when the message's tail must be kept."""
 
 
 def _forwardable(command: bytes) -> bool:
