@@ -38,7 +38,6 @@ from scheduler.reconcile import (
 )
 from scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_RUN,
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_COMPLETE,
     EVAL_STATUS_FAILED,
@@ -51,11 +50,9 @@ from scheduler.structs import (
     TRIGGER_RETRY_FAILED_ALLOC,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
-    AllocStop,
     Evaluation,
     Job,
     Node,
-    Plan,
     TaskGroup,
 )
 
@@ -162,56 +159,6 @@ def _untainted_outsiders(
     return frozenset(infeasible), frozenset(unplaceable)
 
 
-def _mark_unknown(alloc: Allocation) -> AllocStop:
-    """The plan entry for "unknown, still desired to run" (a disconnecting alloc).
-
-    An upsert of an existing alloc keeps the client-owned fields (server/fsm.py
-    apply_plan_results), so it cannot say this; an ``AllocStop`` whose desired status stays
-    *run* does: the FSM sets the client status, appends to state_history and leaves the rest.
-    It frees nothing, and stops always pass the plan applier (the node is disconnected).
-    """
-    return AllocStop(
-        alloc_id=alloc.id,
-        desired_status=ALLOC_DESIRED_RUN,
-        desired_description=DESC_UNKNOWN,
-        client_status=ALLOC_CLIENT_UNKNOWN,
-    )
-
-
-def _stamp_followup(alloc: Allocation, followup_eval_id: str) -> AllocStop:
-    """The plan entry recording a failed alloc's follow-up eval, as an ``AllocStop`` that
-    changes nothing else: an upsert would be rejected on a node that is down or ineligible,
-    taking the node's other entries with it."""
-    return AllocStop(
-        alloc_id=alloc.id,
-        desired_status=alloc.desired_status,
-        desired_description=alloc.desired_description,
-        followup_eval_id=followup_eval_id,
-    )
-
-
-def _with_updates(
-    plan: Plan | None, updates: Sequence[tuple[str, AllocStop]], ev: Evaluation, state: State
-) -> Plan | None:
-    """``plan`` with status-only entries (node ID, entry) appended to its node_update.
-
-    PlanBuilder can only stop allocs; these entries leave them desired-running."""
-    if not updates:
-        return plan
-    if plan is None:
-        plan = Plan(
-            eval_id=ev.id,
-            priority=ev.priority,
-            job_id=ev.job_id,
-            namespace=ev.namespace,
-            snapshot_index=state.index,
-        )
-    node_update = {node_id: tuple(entries) for node_id, entries in plan.node_update.items()}
-    for node_id, entry in updates:
-        node_update[node_id] = (*node_update.get(node_id, ()), entry)
-    return replace(plan, node_update=dict(sorted(node_update.items())))
-
-
 def _reconnect_score(builder: PlanBuilder, state: State, job: Job, group: TaskGroup) -> ScoreFn:
     """How ``select_node`` ranks an alloc's node for the group, as the state stands (before
     this plan changes anything): the reconnect picker keeps the better-ranked of an original
@@ -290,7 +237,6 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         )
 
     created: list[Evaluation] = []
-    updates: list[tuple[str, AllocStop]] = []  # status-only plan entries (node ID, entry)
 
     # Phase 1: stops, in-place updates, unknown marks, follow-up stamps.
     followup_of: dict[str, str] = {}
@@ -306,11 +252,12 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
             builder.place(
                 replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
             )
-        updates.extend((a.node_id, _mark_unknown(a)) for a in result.disconnecting)
-        updates.extend(
-            (d.alloc.node_id, _stamp_followup(d.alloc, followup_of[d.alloc.id]))
-            for d in result.reschedule_later
-        )
+        # Disconnecting: unknown, still desired to run (it may come back, seed 003).
+        for alloc in result.disconnecting:
+            builder.update_status(alloc, description=DESC_UNKNOWN, client_status=ALLOC_CLIENT_UNKNOWN)
+        # The follow-up eval recorded, so no later pass makes another for the same failure.
+        for d in result.reschedule_later:
+            builder.update_status(d.alloc, followup_eval_id=followup_of[d.alloc.id])
 
     # Phase 2: placements. Allocs of one group ask for the same thing: after the first
     # that fits nowhere, the rest of the group cannot fit either (the rng is not consumed).
@@ -390,7 +337,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         modify_time_ns=ctx.now_ns,
     )
     return SchedulerResult(
-        plan=_with_updates(builder.build(), updates, ev, state),
+        plan=builder.build(),
         eval_update=eval_update,
         created_evals=tuple(created),
         queued=queued,

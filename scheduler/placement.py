@@ -4,6 +4,7 @@ Used by both the generic (service/batch) and the system (system/sysbatch) schedu
 
     builder = PlanBuilder(state, ev, job)
     builder.stop(alloc, "alloc not needed due to job update")
+    builder.update_status(other, description=..., client_status="unknown")   # stays running
     choice = select_node(builder, job, group, candidates, ctx, rng)          # generic
     choice = place_on_node(builder, job, group, node)                        # system
     if choice is not None:
@@ -42,9 +43,18 @@ its own view loses an alloc (a stop, an in-place replacement); every node comes 
 a distinct_property count drops. Pass the same candidate list object to every call of a
 pass: a different list starts a new ring.
 
+*Status-only entries.* ``update_status`` records a node_update entry that keeps the
+alloc's desired status (a disconnecting alloc marked unknown, a failed one stamped with its
+follow-up eval). An upsert of the existing alloc cannot do this: the FSM keeps the
+client-owned fields of an upserted alloc (server/fsm.py apply_plan_results), and the plan
+applier may reject an upsert where node_update entries always pass (on a down node, for
+one), taking the node's other entries with it. The alloc stays as live as it was, so no
+view, counter or ring changes.
+
 Public additions to the original API: ``PlanBuilder.fits`` (the cached fit check),
-``PlanBuilder.stats`` (``PlacementStats``), ``PlanBuilder.eval``/``.job``,
-``place_on_node(..., replacing=, rng=, penalty_node_ids=)`` and ``score_node``.
+``PlanBuilder.update_status``, ``PlanBuilder.stats`` (``PlacementStats``),
+``PlanBuilder.eval``/``.job``, ``place_on_node(..., replacing=, rng=, penalty_node_ids=)``
+and ``score_node``.
 """
 
 from __future__ import annotations
@@ -516,6 +526,8 @@ class PlanBuilder:
         self._ev = ev
         self._job = job
         self._stops: dict[str, dict[str, AllocStop]] = {}
+        self._status_updates: dict[str, dict[str, AllocStop]] = {}
+        self._status_updated: set[str] = set()
         self._stopped: set[str] = set()
         self._stopped_frozen: frozenset[str] | None = frozenset()
         self._placed: dict[str, dict[str, Allocation]] = {}
@@ -554,6 +566,8 @@ class PlanBuilder:
         """Stop ``alloc`` (desired_status stop); ``client_status`` e.g. "lost" for a down node."""
         if alloc.id in self._placed_node:
             raise ValueError(f"alloc {alloc.id} is placed by this plan and cannot also be stopped")
+        if alloc.id in self._status_updated:
+            raise ValueError(f"alloc {alloc.id} is status-updated by this plan and cannot also be stopped")
         self._stops.setdefault(alloc.node_id, {})[alloc.id] = AllocStop(
             alloc_id=alloc.id,
             desired_status=ALLOC_DESIRED_STOP,
@@ -582,6 +596,8 @@ class PlanBuilder:
             raise ValueError(f"alloc {alloc.id} has no resources")
         if alloc.id in self._stopped:
             raise ValueError(f"alloc {alloc.id} is stopped by this plan and cannot also be placed")
+        if alloc.id in self._status_updated:
+            raise ValueError(f"alloc {alloc.id} is status-updated by this plan and cannot also be placed")
         node_id = alloc.node_id
         previous_node = self._placed_node.get(alloc.id)
         if previous_node is not None and previous_node != node_id:
@@ -604,6 +620,41 @@ class PlanBuilder:
             for counter in counters.values():
                 if counter.add(alloc, node) and counter.distinct:
                     self._epoch += 1
+
+    def update_status(
+        self,
+        alloc: Allocation,
+        *,
+        description: str | None = None,
+        client_status: str = "",
+        followup_eval_id: str = "",
+    ) -> None:
+        """Record a status-only entry for ``alloc``, which keeps its desired status (see the
+        module docstring). ``description`` None keeps the alloc's desired_description (the FSM
+        writes the entry's, so "keep" must be spelled out); an empty ``client_status`` or
+        ``followup_eval_id`` leaves that field as it is.
+
+        One entry per alloc per plan. The FSM applies node_update entries in plan order, so
+        a status-only entry after a stop would make the alloc desired-running again, and it
+        applies upserts after them, so an in-place update would overwrite the entry's
+        description and follow-up eval. Reconcile and the system diff put each alloc in one
+        bucket, so an overlap is a programming error: ValueError in either order, as stop
+        and place already do with each other.
+        """
+        if alloc.id in self._stopped:
+            raise ValueError(f"alloc {alloc.id} is stopped by this plan and cannot also be status-updated")
+        if alloc.id in self._placed_node:
+            raise ValueError(f"alloc {alloc.id} is placed by this plan and cannot also be status-updated")
+        if alloc.id in self._status_updated:
+            raise ValueError(f"alloc {alloc.id} is already status-updated by this plan")
+        self._status_updates.setdefault(alloc.node_id, {})[alloc.id] = AllocStop(
+            alloc_id=alloc.id,
+            desired_status=alloc.desired_status,
+            desired_description=alloc.desired_description if description is None else description,
+            client_status=client_status,
+            followup_eval_id=followup_eval_id,
+        )
+        self._status_updated.add(alloc.id)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -636,11 +687,16 @@ class PlanBuilder:
         )
 
     def build(self, *, all_at_once: bool = False) -> Plan | None:
-        """The plan, or None when it changes nothing."""
+        """The plan, or None when it changes nothing. A node's stops come before its
+        status-only entries, each in the order they were recorded."""
         node_allocation = {
             n: tuple(self._placed[n].values()) for n in sorted(self._placed) if self._placed[n]
         }
-        node_update = {n: tuple(self._stops[n].values()) for n in sorted(self._stops) if self._stops[n]}
+        node_update: dict[str, tuple[AllocStop, ...]] = {}
+        for n in sorted(self._stops.keys() | self._status_updates.keys()):
+            entries = (*self._stops.get(n, {}).values(), *self._status_updates.get(n, {}).values())
+            if entries:
+                node_update[n] = entries
         if not node_allocation and not node_update:
             return None
         ev = self._ev

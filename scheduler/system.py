@@ -13,8 +13,8 @@ Bucket -> plan (scheduler/README.md has the flow diagram):
 * update_inplace         -> same alloc ID re-upserted with the new job_version
 * place                  -> a new alloc on that node (previous_allocation = the newest
                             finished alloc of the slot there, if any)
-* disconnecting          -> a node_update entry with desired status *run* and client status
-                            "unknown" (see ``_mark_unknown``)
+* disconnecting          -> a status-only node_update entry: desired status stays *run*,
+                            client status "unknown" (``PlanBuilder.update_status``)
 * reconnecting, ignore   -> nothing
 * deferred               -> nothing now; one follow-up eval (rolling-update) at now + stagger
 
@@ -35,7 +35,6 @@ from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on
 from scheduler.structs import (
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_RUN,
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_COMPLETE,
     EVAL_STATUS_FAILED,
@@ -45,7 +44,6 @@ from scheduler.structs import (
     TRIGGER_QUEUED_ALLOCS,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
-    AllocStop,
     Evaluation,
     Job,
     Node,
@@ -211,6 +209,9 @@ def build_plan(
     for t in diff.update_destructive:
         if t.alloc is not None and not t.alloc.terminal():
             builder.stop(t.alloc, t.reason)
+    for t in diff.disconnecting:
+        # Unknown, still desired to run: its node may come back (seed 003).
+        builder.update_status(_existing(t), description=DESC_UNKNOWN, client_status=ALLOC_CLIENT_UNKNOWN)
 
     failed: dict[str, list[str]] = defaultdict(list)
     if job is not None:
@@ -238,46 +239,7 @@ def build_plan(
                     previous_id=t.alloc.id if t.alloc is not None else "",
                 )
             )
-    plan = _mark_unknown(builder.build(), diff.disconnecting, ev, state)
-    return PlanOutcome(plan, {name: tuple(nodes) for name, nodes in failed.items()})
-
-
-def _mark_unknown(
-    plan: Plan | None, disconnecting: Iterable[AllocTuple], ev: Evaluation, state: State
-) -> Plan | None:
-    """Add the disconnecting allocs to the plan as "unknown, still desired to run".
-
-    PlanBuilder can only stop allocs, and an upsert of an existing alloc keeps the
-    client-owned fields (client_status, state_history: server/fsm.py apply_plan_results).
-    An ``AllocStop`` whose desired status stays *run* is the entry the FSM applies as
-    exactly this: client status unknown, one "unknown" record appended to state_history,
-    the alloc untouched otherwise. It frees nothing, so the builder's view stays right.
-    """
-    marks: dict[str, list[AllocStop]] = defaultdict(list)
-    for t in disconnecting:
-        alloc = _existing(t)
-        marks[alloc.node_id].append(
-            AllocStop(
-                alloc_id=alloc.id,
-                desired_status=ALLOC_DESIRED_RUN,
-                desired_description=DESC_UNKNOWN,
-                client_status=ALLOC_CLIENT_UNKNOWN,
-            )
-        )
-    if not marks:
-        return plan
-    if plan is None:
-        plan = Plan(
-            eval_id=ev.id,
-            priority=ev.priority,
-            job_id=ev.job_id,
-            namespace=ev.namespace,
-            snapshot_index=state.index,
-        )
-    node_update = {node_id: tuple(stops) for node_id, stops in plan.node_update.items()}
-    for node_id, stops in marks.items():
-        node_update[node_id] = (*node_update.get(node_id, ()), *stops)
-    return replace(plan, node_update=node_update)
+    return PlanOutcome(builder.build(), {name: tuple(nodes) for name, nodes in failed.items()})
 
 
 def _existing(t: AllocTuple) -> Allocation:

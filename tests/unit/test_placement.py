@@ -17,8 +17,11 @@ from scheduler.interfaces import SchedulerContext
 from scheduler.placement import PlanBuilder, assign_ports, place_on_node, select_node
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_RUNNING,
+    ALLOC_CLIENT_UNKNOWN,
+    ALLOC_DESIRED_RUN,
     ALLOC_DESIRED_STOP,
     AllocatedPort,
     AllocatedResources,
@@ -198,6 +201,164 @@ def test_builder__stop_frees_room_for_a_later_placement() -> None:
     assert place_n(builder, job, [node], 1) == []
     builder.stop(big, "alloc not needed due to job update")
     assert place_n(builder, job, [node], 1, start=1) == ["n1"]
+
+
+# ---------------------------------------------------------------------------------------
+# PlanBuilder.update_status: status-only entries
+
+
+def test_update_status__entry_keeps_desired_status_and_sets_what_it_is_given() -> None:
+    node = mock.node(id="n1")
+    job = job_of()
+    away = mock.alloc(job, node, 0, id="away", resources=plain(), client_status=ALLOC_CLIENT_RUNNING)
+    failed = mock.alloc(
+        job,
+        node,
+        1,
+        id="failed",
+        resources=plain(),
+        client_status=ALLOC_CLIENT_FAILED,
+        desired_description="kept",
+    )
+    _, builder, _ = world([node], job, [away, failed])
+    builder.update_status(away, description="alloc is unknown", client_status=ALLOC_CLIENT_UNKNOWN)
+    builder.update_status(failed, followup_eval_id="e7")
+    plan = builder.build()
+    assert plan is not None
+    assert plan.node_update == {
+        "n1": (
+            AllocStop(
+                alloc_id="away",
+                desired_status=ALLOC_DESIRED_RUN,
+                desired_description="alloc is unknown",
+                client_status=ALLOC_CLIENT_UNKNOWN,
+            ),
+            AllocStop(
+                alloc_id="failed",
+                desired_status=ALLOC_DESIRED_RUN,
+                desired_description="kept",
+                followup_eval_id="e7",
+            ),
+        )
+    }
+
+
+def test_update_status__alloc_desired_to_stop__stays_desired_to_stop() -> None:
+    node = mock.node(id="n1")
+    job = job_of()
+    stopping = mock.alloc(
+        job,
+        node,
+        0,
+        id="a1",
+        resources=plain(),
+        desired_status=ALLOC_DESIRED_STOP,
+        desired_description="gone",
+    )
+    _, builder, _ = world([node], job, [stopping])
+    builder.update_status(stopping, followup_eval_id="e7")
+    plan = builder.build()
+    assert plan is not None
+    [entry] = plan.node_update["n1"]
+    assert (entry.desired_status, entry.desired_description) == (ALLOC_DESIRED_STOP, "gone")
+
+
+@pytest.mark.parametrize("view_first", [False, True], ids=["before the view", "after the view"])
+def test_update_status__frees_nothing(view_first: bool) -> None:
+    node = mock.node(id="n1", resources=NodeResources(cpu_mhz=1000, memory_mb=1000))
+    job = job_of(count=2)
+    big = mock.alloc(job, node, 0, id="big", resources=plain(cpu=900, mem=10))
+    _, builder, job = world([node], job, [big])
+    if view_first:
+        assert place_n(builder, job, [node], 1, start=1) == []
+    builder.update_status(big, description="alloc is unknown", client_status=ALLOC_CLIENT_UNKNOWN)
+    assert builder.proposed_on("n1") == [big]
+    assert builder.stopped_ids() == frozenset()
+    assert not builder.fits(node, plain(cpu=500))
+    assert place_n(builder, job, [node], 1, start=1) == []
+
+
+def test_update_status__distinct_property_still_counts_the_alloc() -> None:
+    nodes = [mock.node(id=f"n{i}", meta={"rack": "r1"}) for i in range(3)]
+    job = job_of(count=1, constraints=(Constraint("${meta.rack}", "distinct_property"),))
+    existing = mock.alloc(job, nodes[0], 0, resources=plain())
+    _, builder, job = world(nodes, job, [existing])
+    assert place_n(builder, job, nodes, 1, start=1) == []
+    builder.update_status(existing, followup_eval_id="e7")
+    assert place_n(builder, job, nodes, 1, start=1) == []
+
+
+def test_update_status__only_change__plan_built() -> None:
+    node = mock.node(id="n1")
+    job = job_of()
+    alloc = mock.alloc(job, node, 0, id="a1", resources=plain())
+    h, builder, job = world([node], job, [alloc])
+    builder.update_status(alloc, followup_eval_id="e7")
+    plan = builder.build()
+    assert plan is not None
+    assert (plan.eval_id, plan.job_id, plan.namespace, plan.priority, plan.all_at_once) == (
+        builder.eval.id,
+        job.id,
+        job.namespace,
+        builder.eval.priority,
+        False,
+    )
+    assert plan.snapshot_index == h.snapshot().index
+    assert plan.node_allocation == {}
+    assert [e.alloc_id for e in plan.node_update["n1"]] == ["a1"]
+
+
+def test_update_status__after_stops_on_its_node_whatever_the_call_order() -> None:
+    n1, n2 = mock.node(id="n1"), mock.node(id="n2")
+    job = job_of()
+    allocs = [
+        mock.alloc(job, n1, 0, id="kept1", resources=plain()),
+        mock.alloc(job, n1, 1, id="stop1", resources=plain()),
+        mock.alloc(job, n2, 2, id="kept2", resources=plain()),
+    ]
+    _, builder, _ = world([n1, n2], job, allocs)
+    builder.update_status(allocs[2], followup_eval_id="e2")
+    builder.update_status(allocs[0], followup_eval_id="e1")
+    builder.stop(allocs[1], "alloc not needed due to job update")
+    plan = builder.build()
+    assert plan is not None
+    assert list(plan.node_update) == ["n1", "n2"]
+    assert [(e.alloc_id, e.desired_status) for e in plan.node_update["n1"]] == [
+        ("stop1", ALLOC_DESIRED_STOP),
+        ("kept1", ALLOC_DESIRED_RUN),
+    ]
+    assert [e.alloc_id for e in plan.node_update["n2"]] == ["kept2"]
+
+
+def _both(builder: PlanBuilder, alloc: Allocation, first: str, second: str) -> None:
+    steps = {
+        "stop": lambda: builder.stop(alloc, "alloc not needed due to job update"),
+        "place": lambda: builder.place(replace(alloc, job_version=1)),
+        "update_status": lambda: builder.update_status(alloc, followup_eval_id="e7"),
+    }
+    steps[first]()
+    steps[second]()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "match"),
+    [
+        ("stop", "update_status", "stopped"),
+        ("update_status", "stop", "status-updated"),
+        ("place", "update_status", "placed"),
+        ("update_status", "place", "status-updated"),
+        ("update_status", "update_status", "already status-updated"),
+    ],
+)
+def test_update_status__second_entry_for_the_same_alloc__programming_error(
+    first: str, second: str, match: str
+) -> None:
+    node = mock.node(id="n1")
+    job = job_of()
+    alloc = mock.alloc(job, node, 0, id="a1", resources=plain())
+    _, builder, _ = world([node], job, [alloc])
+    with pytest.raises(ValueError, match=match):
+        _both(builder, alloc, first, second)
 
 
 # ---------------------------------------------------------------------------------------
