@@ -465,9 +465,6 @@ class Endpoints:
         entry = raft_pb2.SnapshotRestoreEntry(snapshot=snapshot)
         return self._propose(ET.ENTRY_TYPE_SNAPSHOT_RESTORE, entry)
 
-    def apply_raw(self, entry_type: int, payload: Message) -> ApplyResult:
-        return self._propose(entry_type, payload)
-
 
 _CLIENT_STATUSES: Final = ("pending", "running", "complete", "failed", "lost", "unknown")
 

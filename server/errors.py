@@ -15,8 +15,6 @@ scheduler.validate.ValidationError is translated at the API boundary (server/api
 
 from __future__ import annotations
 
-from typing import Final
-
 import grpc
 
 
@@ -58,19 +56,3 @@ class NoLeaderError(RaftError):
 
 class CommitTimeoutError(RaftError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-ERROR_CODES: Final[dict[type[DroverError], grpc.StatusCode]] = {
-    cls: cls.code
-    for cls in (
-        DroverError,
-        ValidationError,
-        NotFoundError,
-        ConflictError,
-        PermissionDeniedError,
-        RaftError,
-        NotLeaderError,
-        NoLeaderError,
-        CommitTimeoutError,
-    )
-}
