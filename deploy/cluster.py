@@ -627,6 +627,25 @@ class LocalCluster:
     def client_alive(self, j: int) -> bool:
         return self._client(j).alive()
 
+    def add_client(self, name: str, servers: Sequence[str], extra_args: Sequence[str] = ()) -> int:
+        """Start one more client agent on a started cluster, talking to ``servers`` rather
+        than to the servers' own addresses (fault-injecting proxies go in between), and
+        return its index for the ``*_client`` methods. It runs ``server.cli`` whatever the
+        servers run, and is stopped with the rest by ``stop_all``."""
+        if not self._started:
+            raise ClusterError("cluster not started")
+        if name in self.server_names or name in self.client_names:
+            raise ClusterError(f"an agent named {name!r} already exists")
+        data_dir = self.base_dir / name
+        argv = client_argv(name, data_dir, servers, [*self._client_extra_args, *extra_args])
+        member = _Member(name, argv, data_dir, self.base_dir / f"{name}.log")
+        self._clients.append(member)
+        self._spawn(member)
+        return len(self._clients) - 1
+
+    def client_data_dir(self, j: int) -> Path:
+        return self._client(j).data_dir
+
     # --- what there is ----------------------------------------------------------------
 
     @property

@@ -4,9 +4,12 @@
   updates, scaling, stops, purges, dispatches, forced periodic launches, node drains, and
   simulated clients reporting alloc statuses) and records every request in a ``History``
   (``history.py``) with its outcome and acknowledged raft index;
+* ``clients.py`` adds real client agent processes, each behind its own fault-injecting
+  proxies, running a raw_exec job whose tasks are observed down to the OS process;
 * ``nemesis.py`` plans a reproducible fault schedule from a seed (leader and follower
-  SIGKILLs, long SIGSTOP pauses, graceful restarts from the data dirs, raft partitions) and
-  runs it against a ``deploy.cluster.LocalCluster``, recording a timeline;
+  SIGKILLs, long SIGSTOP pauses, graceful restarts from the data dirs, raft partitions,
+  client connection cuts) and runs it against a ``deploy.cluster.LocalCluster``,
+  recording a timeline;
 * ``checker.py`` runs after the nemesis stops and the cluster settles, and decides each
   invariant of ``../shared/design.md`` pass or fail;
 * ``report.py`` writes ``bench-results/chaos-<UTC>.json`` (and a PNG timeline when

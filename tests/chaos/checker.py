@@ -31,6 +31,7 @@ from server.invariants import INVARIANT_SYSTEM_ALLOCS, check_invariants
 from server.raft_tools import OfflineError, open_data_dir, replay
 from server.snapshot import state_digest
 from server.state_store import Tables
+from tests.chaos.clients import TaskSeen, Window
 from tests.chaos.history import History, Op
 from tests.chaos.workload import (
     CLIENT_RANK,
@@ -46,6 +47,12 @@ REGISTER_KINDS: Final = frozenset({"register", "update-inplace", "update-destruc
 DIVERGENCE: Final = re.compile(r"may have diverged|failed _onTick|IndexError")
 TRACEBACK: Final = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
 REJECTED: Final = re.compile(r"^(\S+Z) .*plan\.node_rejected.*?\bnode_id=(\S+)", re.MULTILINE)
+HEARTBEAT_MISSED: Final = re.compile(r"leader\.heartbeat_missed\s+node_id=(\S+)")
+# Writes that deliberately end or replace a job's allocs: their allocs need not be kept.
+ENDS_ALLOCS: Final = frozenset({"stop", "purge", "update-destructive"})
+CLIENT_DEFECT: Final = re.compile(
+    r"client\.loop_crashed|task\.runner_crashed|^Traceback \(most recent", re.MULTILINE
+)
 
 
 @dataclass
@@ -400,17 +407,22 @@ def check_plan_rejections(logs: Mapping[str, str], threshold: int, window_s: flo
 def check_logs(logs: Mapping[str, str]) -> CheckResult:
     problems: list[str] = []
     tracebacks: dict[str, int] = {}
+    # Not judged: which nodes a leader declared silent (a real client cut off, or a node whose
+    # heartbeats a fault delayed past TTL + grace), to explain unknown or lost allocs.
+    missed: Counter[str] = Counter()
     for server, text in sorted(logs.items()):
         for line in text.splitlines():
             if DIVERGENCE.search(line):
                 problems.append(f"{server}: {line.strip()[:300]}")
         tracebacks[server] = len(TRACEBACK.findall(text))
+        missed.update(HEARTBEAT_MISSED.findall(text))
     return _result(
         "no_raft_defect_logged",
         "3",
         'no server logged pysyncobj\'s "state machine may have diverged", "failed _onTick" or an IndexError',
         problems,
         tracebacks=tracebacks,
+        heartbeat_missed=dict(missed),
     )
 
 
@@ -552,4 +564,127 @@ def check_live(samples: Sequence[Mapping[str, Any]], unavailable: str = "") -> C
         "Operator.Invariants polled on every live server during the run reported no violation",
         problems,
         **figures,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Invariant 5: allocs kept across a client reconnect keep their IDs and processes
+
+
+def _ended_deliberately(history: History, job_id: str, t0: float, t1: float) -> Op | None:
+    """A write of the workload's that may have ended ``job_id``'s allocs between ``t0`` and
+    ``t1``: acknowledged in the window, or with an unknown outcome invoked before its end
+    (it may land at any time)."""
+    for op in history:
+        if op.key != job_id or op.kind not in ENDS_ALLOCS or op.t_invoke > t1:
+            continue
+        if not op.ok or op.t_complete >= t0:
+            return op
+    return None
+
+
+def _window_label(window: Window) -> str:
+    if window.kind == "cut":
+        at = window.t_cut if window.t_cut is not None else window.t_before
+        return f"cut of {window.client} at t={at:.1f}s"
+    return "the whole run"
+
+
+def _kept_problem(before: TaskSeen, after: Sequence[TaskSeen]) -> str:
+    """Why ``before`` (running) did not come through unchanged, or ""."""
+    what = f"alloc {before.alloc_id[:8]} of {before.job_id} on {before.client}"
+    now = next((t for t in after if t.alloc_id == before.alloc_id), None)
+    others = [
+        t.alloc_id[:8]
+        for t in after
+        if t.alloc_id != before.alloc_id and t.job_id == before.job_id and t.desired_status == "run"
+    ]
+    if now is None or now.desired_status != "run":
+        state = (
+            "gone" if now is None else f"stopped by the servers ({now.desired_status}/{now.client_status})"
+        )
+        return f"{what} is {state}" + (f", replaced by {', '.join(others)}" if others else "")
+    if others:
+        return f"{what} has company: {', '.join(others)} placed beside it for the same job"
+    if now.client_status != "running":
+        return f"{what} is {now.client_status} after the reconnect, not running"
+    if (now.pid, now.create_time) != (before.pid, before.create_time):
+        return (
+            f"{what}: its task process changed from pid {before.pid} (started {before.create_time:.2f}) "
+            f"to pid {now.pid} (started {now.create_time:.2f})"
+        )
+    if not now.alive:
+        return f"{what}: its task process {now.pid} is not running any more"
+    if (now.restarts, now.started_at_ns) != (before.restarts, before.started_at_ns):
+        return (
+            f"{what}: restarted (restarts {before.restarts} -> {now.restarts}, "
+            f"started_at {before.started_at_ns} -> {now.started_at_ns})"
+        )
+    if now.server_pid != now.pid:
+        return f"{what}: the servers report pid {now.server_pid}, the agent runs pid {now.pid}"
+    return ""
+
+
+def check_allocs_kept(windows: Sequence[Window], history: History) -> CheckResult:
+    """Every alloc that ran on a real client before a cut (or at the start of the run) and
+    was not deliberately ended by the workload meanwhile runs after the reconnect (at the
+    end) with the same alloc ID, the same task process (pid and start time, per the agent's
+    record and the OS) and no restart."""
+    problems: list[str] = []
+    checked = kept = excluded = 0
+    for window in windows:
+        label = _window_label(window)
+        problems += [f"{label}: {p}" for p in window.problems]
+        candidates = [t for t in window.before if t.runs]
+        if not candidates and not window.problems:
+            problems.append(f"{label}: no alloc ran before it: nothing was checked")
+        for before in candidates:
+            ended = _ended_deliberately(history, before.job_id, window.t_before, window.t_after)
+            if ended is not None:
+                excluded += 1
+                continue
+            checked += 1
+            problem = _kept_problem(before, window.after)
+            if problem:
+                problems.append(f"{label}: {problem}")
+            else:
+                kept += 1
+    cuts = [w for w in windows if w.kind == "cut"]
+    return _result(
+        "allocs_kept_across_reconnect",
+        "5",
+        "every raw_exec alloc running on a real client agent before a cut of its connections (and "
+        "at the start of the run) runs after the reconnect (and at the end) with the same alloc ID, "
+        "the same pid and process start time, and no restart, unless the workload stopped it",
+        problems,
+        cuts=len(cuts),
+        allocs_checked=checked,
+        allocs_kept=kept,
+        excluded_as_stopped=excluded,
+        disconnected_after_s=[
+            round(w.t_disconnected - w.t_cut, 2)
+            for w in cuts
+            if w.t_disconnected is not None and w.t_cut is not None
+        ],
+        reconnected_after_s=[
+            round(w.t_reconnected - w.t_heal, 2)
+            for w in cuts
+            if w.t_reconnected is not None and w.t_heal is not None
+        ],
+    )
+
+
+def check_client_logs(logs: Mapping[str, str]) -> CheckResult:
+    problems = [
+        f"{name}: {line.strip()[:300]}"
+        for name, text in sorted(logs.items())
+        for line in text.splitlines()
+        if CLIENT_DEFECT.search(line)
+    ]
+    return _result(
+        "client_agents_clean",
+        "",
+        "no real client agent logged a crashed loop or task runner, or a traceback",
+        problems,
+        clients=sorted(logs),
     )

@@ -14,10 +14,18 @@ Faults (every other one is a leader SIGKILL, so a run of M minutes has a known s
 * ``restart``: SIGTERM and start again at once from the data dir (a clean shutdown path);
 * ``partition``: the server's raft traffic to and from every other server is dropped for
   ``hold_s`` (tests/chaos/partition.py), then healed;
-* ``kill-two`` (5 servers): the leader and a follower SIGKILLed together.
+* ``kill-two`` (5 servers): the leader and a follower SIGKILLed together;
+* ``cut-client`` (with real client agents, tests/chaos/clients.py): every connection of
+  one client agent is cut at its proxies until the servers have marked its node
+  disconnected and its alloc unknown, for ``hold_s`` more, then healed; the fault ends
+  once the agent is back and its alloc runs again. The client's tasks are observed before
+  the cut and after the reconnect (a ``Window`` for invariant 5). The second fault of a
+  schedule is always one, so even a short run has a reconnect to check.
 
 Never more than ``(servers - 1) // 2`` servers are down, paused or cut off at once: each
 fault heals before the next begins, and only ``kill-two`` takes two.
+
+A client cut takes no server: it counts against nothing, and no server fault runs during it.
 
 After a leader SIGKILL the nemesis waits for the next acknowledged write before its next
 fault, so every failover is measured on its own (kill to first acknowledged write).
@@ -28,10 +36,12 @@ from __future__ import annotations
 import random
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from deploy.cluster import ClusterError, LocalCluster, wait_for
+from tests.chaos.clients import DISCONNECT_TIMEOUT_S, LOST_AFTER_S, RECONNECT_TIMEOUT_S, RealClients, Window
 from tests.chaos.history import History
 from tests.chaos.partition import PartitionControl
 
@@ -41,15 +51,22 @@ PAUSE: Final = "pause"
 RESTART: Final = "restart"
 PARTITION: Final = "partition"
 KILL_TWO: Final = "kill-two"
+CUT_CLIENT: Final = "cut-client"
 
 RECOVERY_TIMEOUT_S: Final = 60.0
+# How long a cut client stays cut once its node is marked disconnected.
+CUT_HOLD_S: Final = (1.0, 3.0)
+CUT_HOLD_QUICK_S: Final = (1.0, 2.0)
+# A cut never outlasts lost_after: the alloc must stay unknown, never become lost.
+assert DISCONNECT_TIMEOUT_S + max(CUT_HOLD_S) < LOST_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
     kind: str
-    target: str  # "leader" or "follower"
-    pick: int  # which follower (index into the sorted followers, modulo their number)
+    target: str  # "leader", "follower" or "client"
+    # Which follower (index into the sorted followers, modulo their number), or which client.
+    pick: int
     hold_s: float
     gap_s: float
 
@@ -64,29 +81,51 @@ class Fault:
 
 
 def plan_schedule(
-    seed: int, servers: int, *, count: int = 400, quick: bool = False, partitions: bool = True
+    seed: int,
+    servers: int,
+    *,
+    count: int = 400,
+    quick: bool = False,
+    partitions: bool = True,
+    clients: int = 0,
 ) -> list[Fault]:
     """``count`` faults from ``seed``: even positions kill the leader, odd ones are drawn
-    from the other kinds. The runner stops when its time is up."""
+    from the other kinds; with ``clients`` the second fault cuts a client. The runner stops
+    when its time is up. Without clients the draws are those of a schedule before client
+    cuts existed, so an old seed replays the same faults."""
     rng = random.Random(f"nemesis:{seed}:{servers}")
     gap = (0.5, 1.5) if quick else (0.5, 2.5)
     kill_hold = (0.5, 2.5) if quick else (1.0, 4.0)
     pause_hold = (3.0, 5.0) if quick else (3.0, 10.0)
+    cut_hold = CUT_HOLD_QUICK_S if quick else CUT_HOLD_S
     others: list[tuple[str, int]] = [(KILL_FOLLOWER, 3), (PAUSE, 4), (RESTART, 2)]
     if partitions:
         others.append((PARTITION, 3))
     if servers >= 5:
         others.append((KILL_TWO, 2))
+    if clients:
+        others.append((CUT_CLIENT, 2))
     faults = []
     for n in range(count):
-        kind = KILL_LEADER if n % 2 == 0 else rng.choices([k for k, _ in others], [w for _, w in others])[0]
+        if n % 2 == 0:
+            kind = KILL_LEADER
+        elif clients and n == 1:
+            kind = CUT_CLIENT
+        else:
+            kind = rng.choices([k for k, _ in others], [w for _, w in others])[0]
         target = "leader"
         if kind in (KILL_FOLLOWER, KILL_TWO):
             target = "follower"
+        elif kind == CUT_CLIENT:
+            target = "client"
         elif kind in (PAUSE, RESTART, PARTITION):
             target = rng.choice(["leader", "follower"])
-        hold = rng.uniform(*(pause_hold if kind in (PAUSE, PARTITION) else kill_hold))
-        faults.append(Fault(kind, target, rng.randrange(servers), hold, rng.uniform(*gap)))
+        if kind == CUT_CLIENT:
+            hold, pick = rng.uniform(*cut_hold), rng.randrange(clients)
+        else:
+            hold = rng.uniform(*(pause_hold if kind in (PAUSE, PARTITION) else kill_hold))
+            pick = rng.randrange(servers)
+        faults.append(Fault(kind, target, pick, hold, rng.uniform(*gap)))
     return faults
 
 
@@ -143,15 +182,20 @@ class Nemesis:
     history: History
     schedule: list[Fault]
     partitions: PartitionControl | None = None
+    clients: RealClients | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
     failovers: list[Failover] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    # One per client cut: the tasks before it and after the reconnect.
+    reconnects: list[Window] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._down: set[int] = set()
         self._paused: set[int] = set()
         self._cut: set[int] = set()
+        self._cut_clients: set[str] = set()
+        self._leader = ""
 
     @property
     def names(self) -> list[str]:
@@ -188,10 +232,14 @@ class Nemesis:
     def _run_one(self, fault: Fault) -> None:
         # Roles are resolved now, once exactly one server leads.
         leader = self.cluster.leader_index(timeout=RECOVERY_TIMEOUT_S)
+        if self.names[leader] != self._leader:
+            self._leader = self.names[leader]
+            self.note("leader", leader)
         followers = [i for i in range(len(self.names)) if i != leader]
         follower = followers[fault.pick % len(followers)]
         target = leader if fault.target == "leader" else follower
-        assert not (self._down | self._paused | self._cut), "a fault started before the last one healed"
+        healed = not (self._down or self._paused or self._cut or self._cut_clients)
+        assert healed, "a fault started before the last one healed"
         if fault.kind == KILL_LEADER:
             self._kill_leader(leader, fault.hold_s)
         elif fault.kind == KILL_FOLLOWER:
@@ -205,6 +253,8 @@ class Nemesis:
             self._restart(target, fault.target)
         elif fault.kind == PARTITION:
             self._partition(target, fault.target, fault.hold_s)
+        elif fault.kind == CUT_CLIENT:
+            self._cut_client(fault.pick, fault.hold_s)
         else:  # pragma: no cover - plan_schedule makes only the kinds above
             raise ValueError(f"unknown fault {fault.kind!r}")
 
@@ -237,6 +287,7 @@ class Nemesis:
         self.failovers.append(failover)
         failover.new_leader = self.cluster.wait_for_leader(RECOVERY_TIMEOUT_S)
         failover.t_elected = self.history.now()
+        self._leader = failover.new_leader
         self.note("leader-elected", self.names.index(failover.new_leader))
         self._hold(failover.t_kill + hold_s)
         for i in sorted(self._down):
@@ -290,6 +341,64 @@ class Nemesis:
         self._cut.discard(i)
         self.note("heal", i)
 
+    def _cut_client(self, pick: int, hold_s: float) -> None:
+        """Cut one client agent off; every wait is bounded, and what did not happen in time
+        goes into the window's problems (the checker fails on them) instead of raising, so
+        the run goes on and heals."""
+        clients = self.clients
+        if clients is None:
+            raise ClusterError("client cut planned without real clients")
+        name = clients.names[pick % len(clients.names)]
+        window = Window("cut", name)
+        self.reconnects.append(window)
+        window.before, problem = clients.wait_settled(RECONNECT_TIMEOUT_S, [name])
+        if problem:
+            window.problems.append(f"before the cut: {problem}")
+        window.t_before = self.history.now()
+        running = {t.alloc_id for t in window.before if t.runs}
+        clients.cut(name)
+        self._cut_clients.add(name)
+        window.t_cut = self.history.now()
+        self.note("cut-client", client=name)
+        window.t_disconnected = self._wait_client(
+            window,
+            lambda: clients.node_statuses().get(name) == "disconnected",
+            f"the servers to mark {name} disconnected",
+        )
+        if window.t_disconnected is not None:
+            self.note("client-disconnected", client=name)
+
+        def all_unknown() -> bool:
+            seen = clients.observe([name])
+            return seen is not None and all(
+                t.client_status == "unknown" for t in seen if t.alloc_id in running
+            )
+
+        if window.t_disconnected is not None:
+            window.t_unknown = self._wait_client(
+                window, all_unknown, f"{name}'s running allocs to be unknown"
+            )
+        self._hold((window.t_unknown or self.history.now()) + hold_s)
+        clients.heal(name)
+        self._cut_clients.discard(name)
+        window.t_heal = self.history.now()
+        self.note("heal-client", client=name)
+        window.after, problem = clients.wait_settled(RECONNECT_TIMEOUT_S, [name])
+        window.t_after = self.history.now()
+        if problem:
+            window.problems.append(f"after the heal: {problem}")
+        else:
+            window.t_reconnected = window.t_after
+            self.note("client-reconnected", client=name)
+
+    def _wait_client(self, window: Window, predicate: Callable[[], bool], what: str) -> float | None:
+        try:
+            wait_for(predicate, DISCONNECT_TIMEOUT_S, 0.2, what)
+        except TimeoutError as exc:
+            window.problems.append(str(exc))
+            return None
+        return self.history.now()
+
     def _hold(self, until: float) -> None:
         remaining = until - self.history.now()
         if remaining > 0:
@@ -306,6 +415,11 @@ class Nemesis:
             for i in sorted(self._cut):
                 self.note("heal", i)
         self._cut.clear()
+        if self.clients is not None:
+            for name in sorted(self._cut_clients):
+                self.clients.heal(name)
+                self.note("heal-client", client=name)
+        self._cut_clients.clear()
         for i in range(len(self.names)):
             if not self.cluster.is_alive(i):
                 self._start_again(i)

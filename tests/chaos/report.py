@@ -5,8 +5,13 @@ the nemesis actually did, operation counts and rates, every leader failover with
 duration (leader SIGKILL to the first acknowledged write after it) and their p50/p99
 against the target, and each invariant with pass/fail and its first problems.
 
-The PNG (same name, ``.png``) needs matplotlib, which is not a drover dependency: without
-it the plot is skipped and the report says so.
+The PNG (same name, ``.png``) needs matplotlib, which is not a drover dependency but the
+``chaos`` extra (``pip install -e '.[chaos]'``; ``make chaos`` installs it): without it the
+plot is skipped and the report says so, so ``make test``'s short run never needs it. It is
+drawn with the Agg backend (no display): x is seconds since the run started; one lane per
+server shows when it was down, paused or cut off from raft, one lane when a real client's
+connections were cut (darker once the servers marked it disconnected), one lane marks each
+leader the nemesis saw take over; below, acknowledged writes per second.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def build_report(
     workload_s: float,
     phases: dict[str, float],
     notes: list[str],
+    reconnects: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     executed = sum(fault_counts.values())
     return {
@@ -101,6 +107,7 @@ def build_report(
             "schedule": schedule[: executed + 1],
             "timeline": timeline,
         },
+        "clients": {"cuts": fault_counts.get("cut-client", 0), "windows": reconnects or []},
         "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "notes": notes,
     }
@@ -116,24 +123,47 @@ def write_report(report: dict[str, Any], results_dir: Path, stamp: str, acked_ti
 
 
 def _spans(timeline: list[dict[str, Any]], end: float) -> dict[str, list[tuple[float, float, str]]]:
-    """Per server, (start, end, what) for each time it was down, paused or cut off."""
+    """Per server, (start, end, what) for each time it was down, paused or cut off; per
+    client (keyed by its name), each cut and, within it, the time it was marked disconnected."""
     opened: dict[tuple[str, str], float] = {}
     spans: dict[str, list[tuple[float, float, str]]] = {}
-    starts = {"sigkill": "down", "sigterm": "down", "sigstop": "paused", "partition": "cut off"}
-    ends = {"restart": "down", "sigcont": "paused", "heal": "cut off"}
+    starts = {
+        "sigkill": "down",
+        "sigterm": "down",
+        "sigstop": "paused",
+        "partition": "cut off",
+        "cut-client": "client cut",
+        "client-disconnected": "disconnected",
+    }
+    ends = {
+        "restart": ("down",),
+        "sigcont": ("paused",),
+        "heal": ("cut off",),
+        "heal-client": ("client cut", "disconnected"),
+    }
     for event in timeline:
-        server = event.get("server")
-        if server is None:
+        who = event.get("server") or event.get("client")
+        if who is None:
             continue
         kind = event["event"]
         if kind in starts:
-            opened.setdefault((server, starts[kind]), event["t"])
-        elif kind in ends and (server, ends[kind]) in opened:
-            t0 = opened.pop((server, ends[kind]))
-            spans.setdefault(server, []).append((t0, event["t"], ends[kind]))
-    for (server, what), t0 in opened.items():
-        spans.setdefault(server, []).append((t0, end, what))
+            opened.setdefault((who, starts[kind]), event["t"])
+        for what in ends.get(kind, ()):
+            if (who, what) in opened:
+                t0 = opened.pop((who, what))
+                spans.setdefault(who, []).append((t0, event["t"], what))
+    for (who, what), t0 in opened.items():
+        spans.setdefault(who, []).append((t0, end, what))
     return spans
+
+
+def leader_changes(timeline: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """(t, server) each time the nemesis saw a different server lead."""
+    out: list[tuple[float, str]] = []
+    for event in timeline:
+        if event["event"] in ("leader", "leader-elected") and (not out or out[-1][1] != event["server"]):
+            out.append((event["t"], event["server"]))
+    return out
 
 
 def plot_timeline(report: dict[str, Any], acked_times: list[float], path: Path) -> str:
@@ -144,22 +174,51 @@ def plot_timeline(report: dict[str, Any], acked_times: list[float], path: Path) 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        return "skipped: matplotlib is not installed (pip install matplotlib to get the PNG timeline)"
+        return "skipped: matplotlib is not installed (pip install -e '.[chaos]' to get the PNG timeline)"
     timeline = report["nemesis"]["timeline"]
     end = max([e["t"] for e in timeline] + acked_times + [1.0])
     spans = _spans(timeline, end)
-    servers = sorted({e["server"] for e in timeline if "server" in e} | set(spans))
-    colors = {"down": "tab:red", "paused": "tab:orange", "cut off": "tab:purple"}
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 6), sharex=True, height_ratios=[2, 1])
+    # LocalCluster names server i "s{i+1}": a server no fault touched still gets its lane.
+    named = {f"s{i + 1}" for i in range(report["config"]["servers"])}
+    servers = sorted({e["server"] for e in timeline if "server" in e} | named)
+    clients = sorted({e["client"] for e in timeline if "client" in e})
+    colors = {
+        "down": "tab:red",
+        "paused": "tab:orange",
+        "cut off": "tab:purple",
+        "client cut": "lightsteelblue",
+        "disconnected": "tab:blue",
+    }
+    lanes = [*servers, "client cuts", "leader"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 6.5), sharex=True, height_ratios=[2.2, 1])
     for row, server in enumerate(servers):
         for t0, t1, what in spans.get(server, []):
             top.broken_barh([(t0, max(t1 - t0, 0.05))], (row - 0.4, 0.8), color=colors[what])
+    client_row = len(servers)
+    for name in clients:
+        for t0, t1, what in sorted(spans.get(name, []), key=lambda s: s[2] == "disconnected"):
+            inner = what == "disconnected"
+            height = 0.5 if inner else 0.8
+            top.broken_barh([(t0, max(t1 - t0, 0.05))], (client_row - height / 2, height), color=colors[what])
+            if not inner:
+                top.text(t0, client_row + 0.42, name, fontsize=7, va="bottom")
+    leader_row = client_row + 1
+    changes = leader_changes(timeline)
+    if changes:
+        top.plot([t for t, _ in changes], [leader_row] * len(changes), "k^", markersize=6)
+        for n, (t, server) in enumerate(changes):
+            # Alternate heights: a leader seen just before it is killed and its successor
+            # are often a second apart.
+            top.text(t, leader_row + (0.15 if n % 2 == 0 else 0.45), server, fontsize=7, ha="center")
     for failover in report["failovers"]["each"]:
         top.axvline(failover["t_kill"], color="grey", linewidth=0.5)
-    top.set_yticks(range(len(servers)), servers)
+    top.set_yticks(range(len(lanes)), lanes)
+    top.set_ylim(-0.6, leader_row + 0.9)
     top.set_title(
-        f"seed {report['config']['seed']}: red down, orange paused, purple cut off; "
-        f"failover p50 {report['failovers']['p50_s']}s p99 {report['failovers']['p99_s']}s"
+        f"seed {report['config']['seed']}: red down, orange paused, purple raft-partitioned, "
+        f"blue client cut (dark: marked disconnected), ^ new leader; "
+        f"failover p50 {report['failovers']['p50_s']}s p99 {report['failovers']['p99_s']}s",
+        fontsize=9,
     )
     buckets = Counter(int(t) for t in acked_times)
     xs = list(range(int(end) + 1))

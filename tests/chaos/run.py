@@ -3,15 +3,18 @@
 Phases, each bounded by a deadline (nothing sleeps and hopes):
 
 1. start ``servers`` real server processes on loopback (LocalCluster, always stopped at
-   the end) and wait until they settle;
+   the end) and wait until they settle; start ``clients`` real client agents behind their
+   own proxies (tests/chaos/clients.py, always stopped with their tasks and proxies) and
+   wait until each runs its raw_exec job;
 2. workload and live checker start; the nemesis runs its schedule for ``minutes``, then
    heals everything;
 3. the workload stops writing (the simulated clients and heartbeats go on), and the run
    waits for the cluster to settle: no eval pending, the leader's index quiet, every
-   server at the same digest and index;
+   server at the same digest and index; then for the real clients' tasks to run again;
 4. snapshots from the leader and from each server, the logs, then every server stopped
    and its log replayed offline;
-5. the checker decides every invariant; the report goes to ``bench-results/``.
+5. the checker decides every invariant; the report goes to ``bench-results/`` (JSON, and
+   the PNG timeline when matplotlib is installed: ``pip install -e '.[chaos]'``).
 
 Exit status 0 when every invariant passed, 1 otherwise.
 """
@@ -35,6 +38,8 @@ from server.snapshot import from_snapshot
 from server.state_store import Tables
 from tests.chaos import checker
 from tests.chaos.checker import CheckResult
+from tests.chaos.clients import SERVER_ARGS as CLIENT_SERVER_ARGS
+from tests.chaos.clients import RealClients, Window
 from tests.chaos.history import History
 from tests.chaos.live import LiveChecker
 from tests.chaos.nemesis import Nemesis, plan_schedule
@@ -46,6 +51,7 @@ from tests.cluster.conftest import wait_settled
 
 RESULTS_DIR = REPO_ROOT / "bench-results"
 SETTLE_TIMEOUT_S = 120.0
+CLIENTS_START_TIMEOUT_S = 90.0
 QUIET_S = 3.0
 # Pending evals due this soon are waited for; later ones (a failed eval's follow-up, a
 # minute out) are "delayed" and reported as such.
@@ -59,6 +65,8 @@ class ChaosConfig:
     seed: int = 1
     quick: bool = False
     partitions: bool = True
+    # Real client agents behind proxies, cut by the nemesis (0: simulated clients only).
+    clients: int = 2
     # Invariants 1 and 2 after every replayed entry on this many servers (the rest sampled).
     full_replay_servers: int = 1
     workload: dict[str, Any] = field(default_factory=dict)
@@ -66,6 +74,8 @@ class ChaosConfig:
     def __post_init__(self) -> None:
         if self.servers not in (3, 5):
             raise ValueError(f"servers must be 3 or 5, got {self.servers}")
+        if self.clients < 0:
+            raise ValueError(f"clients must be >= 0, got {self.clients}")
 
 
 @dataclass
@@ -133,14 +143,21 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
     phases: dict[str, float] = {}
     notes: list[str] = []
     history = History()
-    schedule = plan_schedule(config.seed, config.servers, quick=config.quick, partitions=config.partitions)
+    schedule = plan_schedule(
+        config.seed, config.servers, quick=config.quick, partitions=config.partitions, clients=config.clients
+    )
     partition_file = base_dir / "partition.json"
     cluster_dir = base_dir / "cluster"
     env = {PARTITION_ENV: str(partition_file)} if config.partitions else None
     module = "tests.chaos.partition_agent" if config.partitions else "server.cli"
     workload_config = WorkloadConfig(seed=config.seed, **config.workload)
     checks: list[CheckResult] = []
-    with LocalCluster(cluster_dir, servers=config.servers, env=env, agent_module=module) as cluster:
+    server_args = CLIENT_SERVER_ARGS if config.clients else ()
+    whole_run = Window("run", "*")
+    client_logs: dict[str, str] = {}
+    with LocalCluster(
+        cluster_dir, servers=config.servers, env=env, agent_module=module, extra_args=server_args
+    ) as cluster:
         t0 = time.monotonic()
         wait_settled(cluster, timeout=60)
         phases["start"] = time.monotonic() - t0
@@ -150,10 +167,20 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
             else None
         )
         workload = Workload(cluster.grpc_addresses, history, workload_config)
+        clients = RealClients(cluster, config.clients, workload_config) if config.clients else None
         live = LiveChecker(cluster, history)
-        nemesis = Nemesis(cluster, history, schedule, partitions)
+        nemesis = Nemesis(cluster, history, schedule, partitions, clients)
         try:
             workload.setup()
+            if clients is not None:
+                t_clients = time.monotonic()
+                clients.start()
+                workload.register_client_jobs(clients.jobs())
+                whole_run.before, problem = clients.wait_settled(CLIENTS_START_TIMEOUT_S)
+                whole_run.t_before = history.now()
+                if problem:
+                    whole_run.problems.append(f"at the start: {problem}")
+                phases["clients"] = time.monotonic() - t_clients
             workload.start()
             live.start()
             t1 = time.monotonic()
@@ -163,6 +190,11 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
             workload_s = time.monotonic() - t1
             t2 = time.monotonic()
             converged, settle_error = _settle(cluster)
+            if clients is not None:
+                whole_run.after, problem = clients.wait_settled(SETTLE_TIMEOUT_S)
+                whole_run.t_after = history.now()
+                if problem:
+                    whole_run.problems.append(f"at the end: {problem}")
             phases["settle"] = time.monotonic() - t2
             t3 = time.monotonic()
             live.stop()
@@ -177,6 +209,9 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         finally:
             workload.stop()
             live.stop()
+            if clients is not None:
+                client_logs = {name: clients.log(name) for name in clients.names}
+                clients.close()
         logs = {name: cluster.log(i) for i, name in enumerate(cluster.server_names)}
         cluster.stop_all()
     tracker = final.scheduler_config.rejection_tracker or RejectionTrackerConfig()
@@ -209,13 +244,16 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
                 "workload_ran_clean", "", "the workload threads raised nothing", False, workload.errors
             )
         )
+    if clients is not None:
+        checks.append(checker.check_allocs_kept([*nemesis.reconnects, whole_run], history))
+        checks.append(checker.check_client_logs(client_logs))
+    else:
+        notes.append(
+            "invariant 5 (allocs kept across a client reconnect keep their IDs and processes) is not "
+            "checked: no real client agents in this run (--clients 0)"
+        )
     if not config.partitions:
         notes.append("raft partitions disabled for this run (--no-partitions)")
-    notes.append(
-        "invariant 5 (allocs kept across a client reconnect keep their IDs and processes) is not "
-        "checked here: the clients are simulated through the API (tests/cluster/test_client_agent.py "
-        "covers it with a real agent)"
-    )
     report = build_report(
         config=asdict(config),
         history=history,
@@ -227,10 +265,32 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         workload_s=workload_s,
         phases=phases,
         notes=notes,
+        reconnects=[w.to_dict() for w in [*nemesis.reconnects, whole_run]] if clients is not None else [],
     )
     acked_times = [op.t_complete for op in history.ops() if op.ok]
     path = write_report(report, results_dir, stamp, acked_times)
     return ChaosOutcome(report, path, checks)
+
+
+def _describe_cuts(report: dict[str, Any]) -> str:
+    if not report["config"]["clients"]:
+        return "none (no real clients)"
+    parts = []
+    for w in report["clients"]["windows"]:
+        if w["kind"] != "cut" or w["t_cut"] is None:
+            continue
+        gone = (
+            "never marked disconnected"
+            if w["t_disconnected"] is None
+            else f"disconnected after {w['t_disconnected'] - w['t_cut']:.1f}s"
+        )
+        back = (
+            "not back in time"
+            if w["t_reconnected"] is None or w["t_heal"] is None
+            else f"running again {w['t_reconnected'] - w['t_heal']:.1f}s after the heal"
+        )
+        parts.append(f"{w['client']} at t={w['t_cut']:.1f}s ({gone}, {back})")
+    return f"{len(parts)}" + (": " + "; ".join(parts) if parts else "")
 
 
 def summarize(outcome: ChaosOutcome) -> str:
@@ -241,6 +301,7 @@ def summarize(outcome: ChaosOutcome) -> str:
         f"chaos seed={report['config']['seed']} servers={report['config']['servers']} "
         f"minutes={report['config']['minutes']}: {'PASS' if outcome.passed else 'FAIL'}",
         f"  faults: {report['nemesis']['faults_executed']}",
+        f"  client cuts: {_describe_cuts(report)}",
         f"  operations: {ops['acknowledged']} acknowledged ({ops['acknowledged_per_s']}/s), "
         f"{ops['unknown_outcome']} unknown outcome",
         f"  failovers: {failovers['measured']}/{failovers['count']} measured, p50 {failovers['p50_s']}s, "
@@ -265,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--quick", action="store_true", help="shorter gaps and holds between faults")
     parser.add_argument("--no-partitions", dest="partitions", action="store_false")
+    parser.add_argument("--clients", type=int, default=2, help="real client agents the nemesis cuts off")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and logs (printed)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -274,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         quick=args.quick,
         partitions=args.partitions,
+        clients=args.clients,
     )
     base = Path(tempfile.mkdtemp(prefix=f"drover-chaos-{args.seed}-"))
     try:

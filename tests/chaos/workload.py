@@ -62,7 +62,7 @@ class WorkloadConfig:
     think_s: tuple[float, float] = (0.05, 0.25)
     template_think_s: tuple[float, float] = (0.4, 1.2)
     probe_interval_s: float = 0.05
-    heartbeat_s: float = 2.0
+    heartbeat_s: float = 1.0
     client_poll_s: float = 0.3
     batch_run_s: float = 2.0
     drain_gap_s: tuple[float, float] = (6.0, 14.0)
@@ -223,6 +223,23 @@ class Workload:
                     variant=0,
                     template=True,
                 )
+        finally:
+            caller.close()
+
+    def register_client_jobs(self, jobs: Sequence[structs_pb2.Job], attempts: int = 5) -> None:
+        """Register the real clients' jobs (tests/chaos/clients.py) before the faults begin,
+        each until acknowledged: a run whose real clients run nothing checks nothing. Their
+        kind, ``register-raw``, is not one the job checks judge (they know the mock jobs'
+        shape only)."""
+        caller = Caller(self.addresses, self.config, 0)
+        try:
+            for job in jobs:
+                for _ in range(attempts):
+                    write = partial(DroverClient.register_job, job=job)
+                    if self._write(caller, "setup", "register-raw", job.id, write).ok:
+                        break
+                else:
+                    self.errors.append(f"could not register {job.id} in {attempts} attempts")
         finally:
             caller.close()
 
