@@ -68,10 +68,13 @@ class RaftTuning:
     commands_queue_size: int = 100_000
     append_entries_batch_bytes: int = 16 * 1024 * 1024
     # A follower whose TCP connection to the leader closes (the leader's process died, its
-    # kernel reset the socket) calls an election this soon instead of waiting out the full
-    # 1-2 s timeout. A paused or cut-off leader closes nothing and is caught by the timeout.
-    leader_lost_min_timeout: float = 0.15
-    leader_lost_max_timeout: float = 0.5
+    # kernel reset the socket) calls an election within a fraction of a second instead of
+    # waiting out the full 1-2 s timeout; the followers go in a fixed order, one step apart,
+    # so they do not split the vote (see leader_lost_delay). A paused or cut-off leader
+    # closes nothing and is caught by the timeout.
+    leader_lost_first_s: float = 0.1
+    leader_lost_step_s: float = 0.2
+    leader_lost_jitter_s: float = 0.05
 
 
 class _SnapshotWriter:
@@ -276,27 +279,26 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
         pysyncobj notices a dead leader only when its election timeout (1-2 s, kept long
         so a busy machine does not flap) runs out. A SIGKILLed or crashed leader's kernel
-        closes its sockets at once, so the followers can know within milliseconds. Each
-        follower draws its own short deadline (randomised, so they rarely split the vote);
-        a leader that is in fact alive reconnects and its next append_entries puts the
-        deadline back to the full timeout before it fires.
+        closes its sockets at once, so the followers can know within milliseconds. A leader
+        that is in fact alive reconnects and its next append_entries puts the deadline back
+        to the full timeout before it fires.
         """
         transport = self._SyncObj__transport
         original = self._SyncObj__onNodeDisconnected
         rng = random.Random()
-        low, high = tuning.leader_lost_min_timeout, tuning.leader_lost_max_timeout
+        members = [str(self._SyncObj__selfNode), *(str(n) for n in self._SyncObj__otherNodes)]
+        me = str(self._SyncObj__selfNode)
 
         def on_disconnected(node: Any) -> None:
             original(node)
             if self._isLeader() or node != self._SyncObj__raftLeader:
                 return
             now = pysyncobj_monotonic()
-            deadline = now + rng.uniform(low, high)
+            delay = leader_lost_delay(me, members, str(node), tuning, rng.random())
+            deadline = now + delay
             if deadline < getattr(self, "_SyncObj__raftElectionDeadline"):  # noqa: B009
                 setattr(self, "_SyncObj__raftElectionDeadline", deadline)  # noqa: B010
-                log.info(
-                    "raft.leader_connection_lost", leader=str(node), election_in_s=round(deadline - now, 3)
-                )
+                log.info("raft.leader_connection_lost", leader=str(node), election_in_s=round(delay, 3))
 
         transport.setOnNodeDisconnectedCallback(on_disconnected)
 
@@ -489,6 +491,21 @@ class _CommandUnpickler(pickle.Unpickler):
         if (module, name) == ("_codecs", "encode"):
             return codecs.encode
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a raft journal")
+
+
+def leader_lost_delay(me: str, members: list[str], lost_leader: str, tuning: RaftTuning, u: float) -> float:
+    """How long this follower waits before its election after the leader's socket closed.
+
+    All followers see the close at the same moment; random short deadlines within a few
+    hundred ms still collide on a loaded machine (two candidates split the vote, and the
+    retry costs a full 1-2 s timeout). So the survivors go in address order, one
+    ``leader_lost_step_s`` apart: the first usually wins before the second starts, and the
+    second runs only if the first is down too or its log is behind (refused votes do not
+    reset the others' deadlines). ``u`` in [0, 1) adds a little jitter.
+    """
+    survivors = sorted(m for m in members if m != lost_leader)
+    rank = survivors.index(me) if me in survivors else len(survivors)
+    return tuning.leader_lost_first_s + rank * tuning.leader_lost_step_s + u * tuning.leader_lost_jitter_s
 
 
 def _keep_log(_from_index: int) -> None:

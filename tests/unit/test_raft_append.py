@@ -9,6 +9,7 @@ never had.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -169,3 +170,18 @@ def test_a_divergence_below_the_applied_floor_is_left_for_pysyncobj_to_report():
         applied_floor=9,
     )
     assert plan.delete_from is None and plan.hint is None
+
+
+def test_followers_elect_in_address_order_after_the_leader_socket_closes():
+    from server._raft import RaftTuning, leader_lost_delay
+
+    tuning = RaftTuning()
+    members = ["127.0.0.1:7003", "127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7005", "127.0.0.1:7004"]
+    lost = "127.0.0.1:7002"
+    delays = {m: leader_lost_delay(m, members, lost, tuning, 0.99) for m in members if m != lost}
+    order = sorted(delays, key=delays.__getitem__)
+    assert order == ["127.0.0.1:7001", "127.0.0.1:7003", "127.0.0.1:7004", "127.0.0.1:7005"]
+    # Even with the most jitter, each one starts a full step minus jitter after the previous.
+    gaps = [delays[b] - delays[a] for a, b in itertools.pairwise(order)]
+    assert min(gaps) >= tuning.leader_lost_step_s - tuning.leader_lost_jitter_s
+    assert delays[order[0]] < tuning.raft_min_timeout / 2
