@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
+from scheduler._records import replacer
 from scheduler.periodic import cron_error, time_zone_error
 from scheduler.structs import (
     DEFAULT_NAMESPACE,
@@ -210,38 +211,61 @@ def canonicalize_job(job: Job) -> Job:
     """
     periodic = job.periodic
     if periodic is not None and not periodic.time_zone:
-        periodic = replace(periodic, time_zone="UTC")
-    return replace(
+        periodic = _with_time_zone(periodic, "UTC")
+    return _canonical_job(
         job,
-        name=job.name or job.id,
-        namespace=job.namespace or DEFAULT_NAMESPACE,
-        priority=job.priority or DEFAULT_PRIORITY,
-        datacenters=tuple(job.datacenters) or (ANY_DATACENTER,),
-        periodic=periodic,
-        groups=tuple(_canonicalize_group(job, group) for group in job.groups),
+        job.name or job.id,
+        job.namespace or DEFAULT_NAMESPACE,
+        job.priority or DEFAULT_PRIORITY,
+        tuple(job.datacenters) or (ANY_DATACENTER,),
+        periodic,
+        tuple([_canonicalize_group(job, group) for group in job.groups]),
     )
 
 
+# Specialised ``dataclasses.replace`` (canonicalizing is on every register's path).
+_with_time_zone = replacer(PeriodicConfig, "time_zone")
+_canonical_job = replacer(Job, "name", "namespace", "priority", "datacenters", "periodic", "groups")
+_canonical_group = replacer(TaskGroup, "update", "reschedule", "restart", "tasks")
+_canonical_task = replacer(Task, "resources", "config_json")
+
+# The defaults are frozen values, so one instance per job type serves every job. A type
+# that is not one (validation reports it) gets them computed as usual.
+_DEFAULT_UPDATE: Final = {t: default_update_strategy(t) for t in JOB_TYPES}
+_DEFAULT_RESCHEDULE: Final = {t: default_reschedule_policy(t) for t in JOB_TYPES}
+_DEFAULT_RESTART: Final = {t: default_restart_policy(t) for t in JOB_TYPES}
+
+
 def _canonicalize_group(job: Job, group: TaskGroup) -> TaskGroup:
-    update = group.update or job.update or default_update_strategy(job.type)
+    job_type = job.type
+    update = group.update or job.update
+    if update is None:
+        update = (
+            _DEFAULT_UPDATE[job_type] if job_type in _DEFAULT_UPDATE else default_update_strategy(job_type)
+        )
     reschedule = group.reschedule
     if reschedule is None:
-        reschedule = default_reschedule_policy(job.type)
-    return replace(
+        reschedule = (
+            _DEFAULT_RESCHEDULE[job_type]
+            if job_type in _DEFAULT_RESCHEDULE
+            else default_reschedule_policy(job_type)
+        )
+    restart = group.restart
+    if not restart:
+        restart = (
+            _DEFAULT_RESTART[job_type] if job_type in _DEFAULT_RESTART else default_restart_policy(job_type)
+        )
+    return _canonical_group(
         group,
-        update=update,
-        reschedule=reschedule,
-        restart=group.restart or default_restart_policy(job.type),
-        tasks=tuple(_canonicalize_task(task) for task in group.tasks),
+        update,
+        reschedule,
+        restart,
+        tuple([_canonicalize_task(task) for task in group.tasks]),
     )
 
 
 def _canonicalize_task(task: Task) -> Task:
-    return replace(
-        task,
-        resources=task.resources or Resources(),
-        config_json=task.config_json or "{}",
-    )
+    return _canonical_task(task, task.resources or Resources(), task.config_json or "{}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,8 +294,11 @@ def _job_errors(job: Job) -> Iterator[FieldError]:
     for i, dc in enumerate(job.datacenters):
         if not dc:
             yield FieldError(f"job.datacenters[{i}]", "must not be empty")
-    yield from _meta_errors(job.meta, "job.meta")
-    yield from _placement_errors(job.constraints, job.affinities, job.spreads, "job")
+    # The guards skip helpers that would find nothing (this runs on every register).
+    if job.meta:
+        yield from _meta_errors(job.meta, "job.meta")
+    if job.constraints or job.affinities or job.spreads:
+        yield from _placement_errors(job.constraints, job.affinities, job.spreads, "job")
     if job.update is not None:
         yield from _update_errors(job.update, "job.update")
     if job.periodic is not None:
@@ -314,8 +341,10 @@ def _group_errors(group: TaskGroup, job_type: str, path: str) -> Iterator[FieldE
         yield FieldError(f"{path}.count", f"count > 1 is not allowed for a {job_type} job")
     if group.ephemeral_disk_mb < 0:
         yield FieldError(f"{path}.ephemeral_disk_mb", f"must be >= 0, got {group.ephemeral_disk_mb}")
-    yield from _meta_errors(group.meta, f"{path}.meta")
-    yield from _placement_errors(group.constraints, group.affinities, group.spreads, path)
+    if group.meta:
+        yield from _meta_errors(group.meta, f"{path}.meta")
+    if group.constraints or group.affinities or group.spreads:
+        yield from _placement_errors(group.constraints, group.affinities, group.spreads, path)
     if group.network is not None:
         yield from _network_errors(group.network, f"{path}.network")
     if group.update is not None:
@@ -351,8 +380,10 @@ def _task_errors(task: Task, path: str) -> Iterator[FieldError]:
         yield from _resources_errors(task.resources, f"{path}.resources", require_positive=True)
     if task.kill_timeout_ns < 0:
         yield FieldError(f"{path}.kill_timeout_ns", f"must be >= 0, got {task.kill_timeout_ns}")
-    yield from _meta_errors(task.env, f"{path}.env")
-    yield from _meta_errors(task.meta, f"{path}.meta")
+    if task.env:
+        yield from _meta_errors(task.env, f"{path}.env")
+    if task.meta:
+        yield from _meta_errors(task.meta, f"{path}.meta")
     for i, constraint in enumerate(task.constraints):
         yield from _constraint_errors(constraint, f"{path}.constraints[{i}]")
 

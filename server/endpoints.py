@@ -42,6 +42,8 @@ from server.snapshot import from_snapshot
 from server.state_store import Snapshot, StateStore, Txn
 
 ET = raft_pb2.EntryType
+# Looked up once: an EntryType attribute goes through the enum wrapper's __getattr__.
+_JOB_REGISTER: Final = ET.ENTRY_TYPE_JOB_REGISTER
 
 # A job larger than this is almost certainly a mistake (Nomad caps job payloads too).
 MAX_JOB_BYTES: Final = 1 << 20
@@ -124,8 +126,11 @@ class Endpoints:
             )
         now = self._clock.now_ns()
         entry = raft_pb2.JobRegisterEntry()
-        to_proto(replace(job, submit_time_ns=now), entry.job)
-        size = entry.job.ByteSize()
+        job_msg = to_proto(job, entry.job)
+        # What ``to_proto(replace(job, submit_time_ns=now), ...)`` writes, without the copy
+        # (a zero clears the field, as an unset one would leave it).
+        job_msg.submit_time_ns = now
+        size = job_msg.ByteSize()
         if size > MAX_JOB_BYTES:
             raise ValidationError(f"job: encoded size {size} exceeds {MAX_JOB_BYTES} bytes")
         eval_id = ""
@@ -134,7 +139,7 @@ class Endpoints:
             ev = self._new_eval(job, TRIGGER_JOB_REGISTER, now)
             to_proto(ev, entry.eval)
             eval_id = ev.id
-        return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), eval_id
+        return self._propose(_JOB_REGISTER, entry), eval_id
 
     def dispatch_job(
         self, namespace: str, job_id: str, meta: dict[str, str], payload: bytes

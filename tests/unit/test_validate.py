@@ -7,8 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.structs import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_PRIORITY,
+    JOB_TYPES,
     Affinity,
     Constraint,
     DisconnectStrategy,
@@ -28,14 +33,20 @@ from scheduler.structs import (
     UpdateStrategy,
 )
 from scheduler.validate import (
+    ANY_DATACENTER,
     FieldError,
     ValidationError,
     canonicalize_job,
+    default_reschedule_policy,
+    default_restart_policy,
+    default_update_strategy,
     validate_eligibility,
     validate_job,
     validate_node,
     validate_node_status,
 )
+from tests.unit.test_codec import assert_identical
+from tests.unit.test_codec import values as codec_values
 
 SECOND = 1_000_000_000
 HOUR = 3600 * SECOND
@@ -556,6 +567,49 @@ def test_canonicalize_job__periodic_without_time_zone__is_utc() -> None:
     raw = Job(id="j", type="batch", periodic=PeriodicConfig(spec="@daily", time_zone=""))
     periodic = canonicalize_job(raw).periodic
     assert periodic is not None and periodic.time_zone == "UTC"
+
+
+def reference_canonicalize_job(job: Job) -> Job:
+    """canonicalize_job as plain ``dataclasses.replace`` calls (what it is specialised from)."""
+    periodic = job.periodic
+    if periodic is not None and not periodic.time_zone:
+        periodic = replace(periodic, time_zone="UTC")
+
+    def task_of(task: Task) -> Task:
+        return replace(task, resources=task.resources or Resources(), config_json=task.config_json or "{}")
+
+    def group_of(group: TaskGroup) -> TaskGroup:
+        reschedule = group.reschedule
+        if reschedule is None:
+            reschedule = default_reschedule_policy(job.type)
+        return replace(
+            group,
+            update=group.update or job.update or default_update_strategy(job.type),
+            reschedule=reschedule,
+            restart=group.restart or default_restart_policy(job.type),
+            tasks=tuple(task_of(task) for task in group.tasks),
+        )
+
+    return replace(
+        job,
+        name=job.name or job.id,
+        namespace=job.namespace or DEFAULT_NAMESPACE,
+        priority=job.priority or DEFAULT_PRIORITY,
+        datacenters=tuple(job.datacenters) or (ANY_DATACENTER,),
+        periodic=periodic,
+        groups=tuple(group_of(group) for group in job.groups),
+    )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=codec_values(Job), job_type=st.sampled_from([*JOB_TYPES, "", "bogus"]))
+def test_canonicalize_job__random_job__matches_the_reference(raw: Job, job_type: str) -> None:
+    raw = replace(raw, type=job_type)
+
+    canonical = canonicalize_job(raw)
+
+    assert_identical(canonical, reference_canonicalize_job(raw))
+    assert_identical(canonicalize_job(canonical), canonical)
 
 
 # ---------------------------------------------------------------------------------------
