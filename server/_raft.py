@@ -11,8 +11,10 @@ from a background thread: the tick thread only takes the O(1) state-store snapsh
 compaction never stalls raft. pysyncobj 0.3.17 has a defect (design.md): a follower
 truncates its log on every append_entries whose prevLogIdx is behind its end, and when that
 races with a finishing compaction the log can be emptied for good (IndexError on every
-tick). ``_SnapshotWriter.check`` refuses to report success while the log is shorter than
-the snapshot it would compact to; the compaction is retried later instead. The snapshot file
+tick). Followers now take appends by Raft's rule (``_take_append_entries``,
+server/raft_append.py), so they no longer truncate on stale appends; as a second guard
+``_SnapshotWriter.check`` refuses to report success while the log is shorter than the
+snapshot it would compact to; the compaction is retried later instead. The snapshot file
 only changes together with a compaction that pysyncobj will actually perform.
 
 The transport unpickles whatever a peer sends: a non-loopback raft bind requires a cluster
@@ -73,7 +75,7 @@ class RaftTuning:
     # so they do not split the vote (see leader_lost_delay). A paused or cut-off leader
     # closes nothing and is caught by the timeout.
     leader_lost_first_s: float = 0.1
-    leader_lost_step_s: float = 0.2
+    leader_lost_step_s: float = 0.35
     leader_lost_jitter_s: float = 0.05
 
 
