@@ -260,7 +260,11 @@ class PeriodicDispatcher:
                 self._tracked[key] = _Tracked(job.periodic, last, _next(job.periodic, last))
             elif last > tracked.last_ns:
                 tracked.last_ns = last
-                tracked.next_ns = _next(job.periodic, last)
+                # The next slot after ``last`` is still the one computed, unless ``last``
+                # reached it: slots are fixed instants. A re-registered job moves its
+                # baseline on every write, and croniter costs ~100 us a call.
+                if tracked.next_ns is not None and last >= tracked.next_ns:
+                    tracked.next_ns = _next(job.periodic, last)
         for key in [k for k in self._tracked if k not in seen]:
             del self._tracked[key]
 

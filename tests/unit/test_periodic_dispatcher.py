@@ -188,6 +188,37 @@ def test_dispatcher__registered_after_a_slot__does_not_launch_it(cluster: Cluste
     assert leader.next_launches() == {("default", "report"): minute(3)}
 
 
+def test_dispatcher__re_registered_before_its_next_slot__next_slot_kept_without_recomputing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import server.periodic as periodic_module
+
+    calls: list[int] = []
+    real = periodic_module.next_periodic_launch
+
+    def counting(config: PeriodicConfig, after_ns: int) -> int | None:
+        calls.append(after_ns)
+        return real(config, after_ns)
+
+    monkeypatch.setattr(periodic_module, "next_periodic_launch", counting)
+    job = cron_job()
+    cluster.register(job, at=T0)
+    leader = cluster.server()
+    assert leader.tick(T0) == []
+    assert leader.next_launches() == {("default", "report"): minute(1)}
+    computed = len(calls)
+
+    cluster.register(replace(job, meta={"write": "2"}), at=minute(0) + 50 * S)
+    assert leader.tick(minute(0) + 55 * S) == []
+    assert leader.next_launches() == {("default", "report"): minute(1)}
+    assert len(calls) == computed, "a baseline before the next slot must not call croniter"
+
+    # A baseline at or past the next slot moves it (here a submit time past the tick's clock).
+    cluster.register(replace(job, meta={"write": "3"}), at=minute(1) + 5 * S)
+    assert leader.tick(minute(0) + 58 * S) == []
+    assert leader.next_launches() == {("default", "report"): minute(2)}
+
+
 def test_dispatcher__stopped_or_disabled_parent__untracked(cluster: Cluster) -> None:
     cluster.register(cron_job("a"))
     cluster.register(cron_job("b", enabled=False))
