@@ -11,17 +11,31 @@ The generated code does what the plan says, field by field, in the dataclass's f
 order: a scalar is copied when truthy, an optional message when not ``None`` (marked
 present even if empty), repeated fields and maps when non-empty. tests/unit/test_codec.py
 checks it against a straightforward reflective reference implementation.
+
+Decoding also shares what repeats, because the state store keeps every decoded record
+(an alloc is decoded twice on the leader: the plan applier's expected state and the FSM)
+and most of an alloc's strings are the same for all the allocs of a job, a node or an
+eval. Equal values only, so equality, encoding and state digests are unchanged:
+
+* the ``str`` fields listed in ``INTERNED_FIELDS`` (and the keys of the maps listed
+  there) go through ``sys.intern``: one string per distinct value, not one per record;
+* a record of a class in ``SHARED_CLASSES`` (small, immutable all the way down, often
+  equal: an alloc's resources) is looked up by its field values in a bounded per-class
+  cache and the first equal one is reused;
+* an empty map decodes to one shared empty ``dict``. Records are frozen and their map
+  fields are typed ``Mapping``: nobody may change a record's map in place, this one least.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from google.protobuf.message import Message
 
@@ -36,6 +50,45 @@ _NESTED_KINDS = frozenset({_OPTIONAL_MSG, _MSG, _REPEATED_MSG, _MAP_MSG})
 
 FieldPlan = tuple[str, int, Any]  # (name, kind, dataclass type for nested kinds)
 
+# Decode-side sharing (see the module docstring). Interned: fields whose values repeat
+# across the many records the state keeps (per alloc: its job, eval, node, group,
+# statuses), and a node's ID and name, which every alloc on the node repeats (interned on
+# both sides, they are one string). Never a value found once (an alloc's own ID and name,
+# free-form messages): interning it would only add an entry to the interned table.
+INTERNED_FIELDS: Final[Mapping[type, frozenset[str]]] = {
+    structs.Allocation: frozenset(
+        {
+            "namespace",
+            "eval_id",
+            "node_id",
+            "node_name",
+            "job_id",
+            "task_group",
+            "desired_status",
+            "desired_description",
+            "client_status",
+            "client_description",
+            "followup_eval_id",
+            "task_states",  # keys: the group's task names
+        }
+    ),
+    structs.AllocatedPort: frozenset({"label", "host_ip"}),
+    structs.TaskState: frozenset({"state"}),
+    structs.TaskEvent: frozenset({"type"}),
+    structs.AllocStateChange: frozenset({"field", "value"}),
+    structs.RescheduleEvent: frozenset({"prev_node_id"}),
+    structs.Evaluation: frozenset(
+        {"namespace", "type", "triggered_by", "job_id", "node_id", "status", "queued_allocations"}
+    ),
+    structs.Node: frozenset({"id", "name", "datacenter", "node_class", "status", "scheduling_eligibility"}),
+}
+# Shared: equal records decode to one object (every alloc of a group asks the same).
+SHARED_CLASSES: Final = frozenset({structs.AllocatedResources, structs.Resources, structs.NodeResources})
+# Entries per shared class; a full cache starts over (it only has to hold a few values).
+SHARED_CACHE_SIZE: Final = 512
+# What every empty map decodes to. Never to be changed: see the module docstring.
+EMPTY_MAP: Final[dict[Any, Any]] = {}
+
 
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
@@ -44,8 +97,18 @@ def _is_dataclass_type(tp: Any) -> bool:
 def _build_plan(cls: type) -> tuple[FieldPlan, ...]:
     hints = typing.get_type_hints(cls, vars(structs))
     plan: list[FieldPlan] = []
+    interned = INTERNED_FIELDS.get(cls, frozenset())
+    unknown = interned - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"codec: INTERNED_FIELDS names no field {sorted(unknown)} of {cls.__name__}")
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        if (
+            f.name in interned
+            and tp is not str
+            and not (typing.get_origin(tp) in (Mapping, dict) and typing.get_args(tp)[0] is str)
+        ):
+            raise TypeError(f"codec: {cls.__name__}.{f.name} is neither a str nor a map keyed by str")
         origin = typing.get_origin(tp)
         args = typing.get_args(tp)
         if origin in (typing.Union, types.UnionType):
@@ -76,7 +139,11 @@ _TO: dict[type, ToFn] = {}
 _FROM: dict[type, FromFn] = {}
 # The generated functions' globals: they call each other by name (``_to_3``, ``_from_3``),
 # so recursive records need no special care; scheduler/_records.py adds what builds them.
-_NAMESPACE: dict[str, Any] = {}
+_NAMESPACE: dict[str, Any] = {
+    "_intern": sys.intern,
+    "_EMPTY_MAP": EMPTY_MAP,
+    "_SHARED_CACHE_SIZE": SHARED_CACHE_SIZE,
+}
 _NUMBERS: dict[type, int] = {}
 _NEXT_NUMBER = itertools.count()
 _COMPILE_LOCK = threading.Lock()
@@ -131,9 +198,10 @@ def _to_source(n: int, plan: tuple[FieldPlan, ...], numbers: Mapping[type, int])
 def _from_source(n: int, cls: type, plan: tuple[FieldPlan, ...], numbers: Mapping[type, int]) -> str:
     lines = [f"def _from_{n}(msg):"]
     values: list[str] = []
+    interned = INTERNED_FIELDS.get(cls, frozenset())
     for i, (name, kind, sub) in enumerate(plan):
         if kind == _SCALAR:
-            values.append(f"msg.{name}")
+            values.append(f"_intern(msg.{name})" if name in interned else f"msg.{name}")
             continue
         if kind == _OPTIONAL_MSG:
             values.append(f"_from_{numbers[sub]}(msg.{name}) if msg.HasField({name!r}) else None")
@@ -143,19 +211,58 @@ def _from_source(n: int, cls: type, plan: tuple[FieldPlan, ...], numbers: Mappin
             continue
         # Containers: read once, skip the conversion when empty (the usual case).
         lines.append(f"    a{i} = msg.{name}")
+        key = "_intern(k)" if name in interned else "k"
         if kind == _REPEATED_SCALAR:
             values.append(f"tuple(a{i}) if a{i} else ()")
         elif kind == _REPEATED_MSG:
             values.append(f"tuple([_from_{numbers[sub]}(x) for x in a{i}]) if a{i} else ()")
         elif kind == _MAP_SCALAR:
             # dict(a) reads a's keys through the Mapping ABC's Python-level KeysView.
-            values.append(f"{{k: a{i}[k] for k in a{i}}} if a{i} else {{}}")
+            values.append(f"{{{key}: a{i}[k] for k in a{i}}} if a{i} else _EMPTY_MAP")
         else:  # _MAP_MSG
-            values.append(f"{{k: _from_{numbers[sub]}(x) for k, x in a{i}.items()}} if a{i} else {{}}")
+            values.append(
+                f"{{{key}: _from_{numbers[sub]}(x) for k, x in a{i}.items()}} if a{i} else _EMPTY_MAP"
+            )
+    if cls in SHARED_CLASSES:
+        # Field values first, as the cache key; build the record only on a miss.
+        for i, value in enumerate(values):
+            lines.append(f"    v{i} = {value}")
+        values = [f"v{i}" for i in range(len(values))]
+        lines += [
+            f"    key = ({', '.join(values)},)",
+            f"    hit = _shared_{n}.get(key)",
+            "    if hit is not None:",
+            "        return hit",
+        ]
+        statements, result = construction(cls, values, _NAMESPACE, f"c{n}", "    ")
+        lines += statements
+        lines += [
+            f"    obj = {result}",
+            f"    if len(_shared_{n}) >= _SHARED_CACHE_SIZE:",
+            f"        _shared_{n}.clear()",
+            f"    _shared_{n}[key] = obj",
+            "    return obj",
+        ]
+        return "\n".join(lines) + "\n"
     statements, result = construction(cls, values, _NAMESPACE, f"c{n}", "    ")
     lines += statements
     lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"
+
+
+def _check_shareable(
+    cls: type, plan: tuple[FieldPlan, ...], plans: Mapping[type, tuple[FieldPlan, ...]]
+) -> None:
+    """A shared class's field values must be a hashable key whose equality is the record's:
+    frozen dataclasses, scalars and tuples of them, no maps, all the way down."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not (params.frozen and params.eq):
+        raise TypeError(f"codec: shared class {cls.__name__} is not a frozen dataclass with eq")
+    for name, kind, sub in plan:
+        if kind in (_MAP_SCALAR, _MAP_MSG):
+            raise TypeError(f"codec: shared class {cls.__name__} has a map field {name!r}")
+        if kind in _NESTED_KINDS:
+            _check_shareable(sub, plans.get(sub) or _build_plan(sub), plans)
 
 
 def _compile(root: type) -> None:
@@ -170,10 +277,15 @@ def _compile(root: type) -> None:
             raise TypeError(f"codec: {cls!r} is not a dataclass")
         plans[cls] = plan = _build_plan(cls)
         pending.extend(sub for _name, kind, sub in plan if kind in _NESTED_KINDS)
+    for cls, plan in plans.items():
+        if cls in SHARED_CLASSES:
+            _check_shareable(cls, plan, plans)
     for cls in plans:
         _NUMBERS[cls] = next(_NEXT_NUMBER)
     for cls, plan in plans.items():
         n = _NUMBERS[cls]
+        if cls in SHARED_CLASSES:
+            _NAMESPACE[f"_shared_{n}"] = {}
         source = _to_source(n, plan, _NUMBERS) + _from_source(n, cls, plan, _NUMBERS)
         exec(compile(source, f"<codec {cls.__qualname__}>", "exec"), _NAMESPACE)
     for cls in plans:

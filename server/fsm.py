@@ -366,6 +366,8 @@ def apply_eval_delete(txn: Txn, entry: raft_pb2.EvalDeleteEntry, index: int) -> 
 
 
 def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: int) -> Any:
+    # One int for every alloc of the entry: each read of the field makes a new one.
+    updated_at = entry.updated_at_ns
     for stop in entry.allocs_stopped:
         existing = txn.alloc(stop.alloc_id)
         if existing is None:
@@ -374,7 +376,7 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
         client_status = existing.client_status
         if stop.client_status and stop.client_status != client_status:
             client_status = stop.client_status
-            change = AllocStateChange(field="client_status", value=client_status, time_ns=entry.updated_at_ns)
+            change = AllocStateChange(field="client_status", value=client_status, time_ns=updated_at)
             history = (*history, change)[-10:]
         txn.put_alloc(
             replace(
@@ -386,7 +388,7 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
                 followup_eval_id=stop.followup_eval_id or existing.followup_eval_id,
                 modify_index=index,
                 alloc_modify_index=index,
-                modify_time_ns=entry.updated_at_ns,
+                modify_time_ns=updated_at,
             )
         )
     for msg in entry.allocs_upserted:
@@ -395,9 +397,7 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
         existing = txn.alloc(alloc.id)
         if existing is not None and alloc.client_status == ALLOC_CLIENT_UNKNOWN != existing.client_status:
             # The one client status the server decides: its node stopped heartbeating.
-            change = AllocStateChange(
-                field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=entry.updated_at_ns
-            )
+            change = AllocStateChange(field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=updated_at)
             alloc = replace(
                 alloc,
                 client_description=alloc.client_description
@@ -419,10 +419,8 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
                 create_time_ns=existing.create_time_ns,
             )
         else:
-            alloc = replace(alloc, create_index=index, create_time_ns=entry.updated_at_ns)
-        txn.put_alloc(
-            replace(alloc, modify_index=index, alloc_modify_index=index, modify_time_ns=entry.updated_at_ns)
-        )
+            alloc = replace(alloc, create_index=index, create_time_ns=updated_at)
+        txn.put_alloc(replace(alloc, modify_index=index, alloc_modify_index=index, modify_time_ns=updated_at))
         if existing is None and alloc.previous_allocation:
             previous = txn.alloc(alloc.previous_allocation)
             if previous is not None:

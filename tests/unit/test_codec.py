@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from drover.v1 import raft_pb2, structs_pb2
 from scheduler import structs
+from server import codec
 from server.codec import from_proto, to_proto
 from tests.fixtures import mock
 
@@ -527,3 +528,193 @@ def test_codec__class_with_post_init__is_built_through_its_constructor() -> None
     value = from_proto(structs_pb2.Resources(cpu_mhz=1, memory_mb=64), _Normalized)
 
     assert value == _Normalized(cpu_mhz=1, memory_mb=64, disk_mb=64)
+
+
+# ---------------------------------------------------------------------------------------
+# Decode-side sharing: interned strings, shared small records, one empty map
+#
+# The state store keeps every decoded alloc (twice on the leader), so decoding shares what
+# repeats. Sharing must be invisible but for identity: equal values, the same types, the
+# same bytes when encoded again (state digests hash the encoded state).
+
+
+_JOB = mock.job()
+_NODE = mock.node()
+
+
+def _alloc_msg(i: int, **overrides: Any) -> structs_pb2.Allocation:
+    """An alloc of one job's group on one node, placed by one eval: slot ``i``."""
+    alloc = mock.alloc(_JOB, _NODE, i, eval_id="eval-1", followup_eval_id="eval-2")
+    msg = to_proto(alloc, structs_pb2.Allocation())
+    for name, value in overrides.items():
+        if isinstance(value, Message):
+            getattr(msg, name).CopyFrom(value)
+        else:
+            setattr(msg, name, value)
+    # Off the wire, as the FSM decodes them: every string a fresh object.
+    return structs_pb2.Allocation.FromString(msg.SerializeToString())
+
+
+def test_codec__interned_fields__are_str_fields_or_maps_keyed_by_str() -> None:
+    for cls, names in codec.INTERNED_FIELDS.items():
+        field_types = hints(cls)
+        for name in names:
+            tp = field_types[name]
+            assert tp is str or (typing.get_origin(tp) is Mapping and typing.get_args(tp)[0] is str), (
+                f"{cls.__name__}.{name}: {tp}"
+            )
+
+
+def test_codec__decoded_allocs__share_their_repeated_strings_and_not_their_ids() -> None:
+    a = from_proto(
+        _alloc_msg(0, client_description="started", desired_description="run it"), structs.Allocation
+    )
+    b = from_proto(
+        _alloc_msg(1, client_description="started", desired_description="run it"), structs.Allocation
+    )
+
+    for name in sorted(codec.INTERNED_FIELDS[structs.Allocation] - {"task_states"}):
+        assert getattr(a, name) == getattr(b, name), name
+        assert getattr(a, name) is getattr(b, name), f"{name} is not shared"
+    assert a.id != b.id
+    assert a.name is not b.name
+
+
+def test_codec__interned_map_keys__are_shared_and_values_are_not_touched() -> None:
+    states = {"server": structs_pb2.TaskState(state="running", restarts=1)}
+    msg_a, msg_b = structs_pb2.Allocation(task_states=states), structs_pb2.Allocation(task_states=states)
+    a = from_proto(structs_pb2.Allocation.FromString(msg_a.SerializeToString()), structs.Allocation)
+    b = from_proto(structs_pb2.Allocation.FromString(msg_b.SerializeToString()), structs.Allocation)
+
+    (key_a,), (key_b,) = a.task_states, b.task_states
+    assert key_a is key_b
+    assert a.task_states["server"].state is b.task_states["server"].state
+    assert a.task_states == b.task_states == {"server": structs.TaskState(state="running", restarts=1)}
+
+
+def test_codec__equal_resources__decode_to_one_object_and_different_ones_do_not() -> None:
+    a = from_proto(_alloc_msg(0), structs.Allocation)
+    b = from_proto(_alloc_msg(1), structs.Allocation)
+    bigger = structs_pb2.AllocatedResources(cpu_mhz=a.resources.cpu_mhz + 1 if a.resources else 1)
+    c = from_proto(_alloc_msg(2, resources=bigger), structs.Allocation)
+
+    assert a.resources is not None and a.resources is b.resources
+    assert c.resources is not a.resources
+    assert c.resources == structs.AllocatedResources(cpu_mhz=bigger.cpu_mhz)
+
+
+def test_codec__shared_records_with_ports__are_shared_only_when_the_ports_are_equal() -> None:
+    def resources(port: int) -> structs.AllocatedResources:
+        msg = structs_pb2.AllocatedResources(
+            cpu_mhz=100, ports=[structs_pb2.AllocatedPort(label="http", value=port, host_ip="10.0.0.1")]
+        )
+        return from_proto(
+            structs_pb2.AllocatedResources.FromString(msg.SerializeToString()), structs.AllocatedResources
+        )
+
+    assert resources(20001) is resources(20001)
+    assert resources(20001) is not resources(20002)
+    assert resources(20002).ports == (structs.AllocatedPort(label="http", value=20002, host_ip="10.0.0.1"),)
+
+
+def test_codec__shared_record_cache__stays_bounded_and_keeps_decoding_right() -> None:
+    limit = codec.SHARED_CACHE_SIZE
+    decoded = [
+        from_proto(structs_pb2.Resources(cpu_mhz=i, memory_mb=1), structs.Resources)
+        for i in range(3 * limit + 7)
+    ]
+    caches = [v for k, v in codec._NAMESPACE.items() if k.startswith("_shared_")]
+
+    assert caches and all(len(cache) <= limit for cache in caches)
+    assert [r.cpu_mhz for r in decoded] == list(range(3 * limit + 7))
+    assert all(r.memory_mb == 1 for r in decoded)
+
+
+def test_codec__empty_maps__decode_to_one_empty_dict_that_stays_empty() -> None:
+    job = from_proto(to_proto(mock.job(meta={}), structs_pb2.Job()), structs.Job)
+    alloc = from_proto(_alloc_msg(0), structs.Allocation)
+    ev = from_proto(structs_pb2.Evaluation(id="e"), structs.Evaluation)
+
+    assert type(alloc.task_states) is dict
+    maps: list[Mapping[str, Any]] = [alloc.task_states, ev.queued_allocations, ev.failed_tg_allocs, job.meta]
+    assert all(m is codec.EMPTY_MAP for m in maps)
+    # Whatever ran before in this process (every codec test) left it empty.
+    assert codec.EMPTY_MAP == {}
+
+
+def test_codec__sharing__changes_neither_equality_nor_the_encoded_bytes() -> None:
+    msgs = [_alloc_msg(i, client_status="running", client_description="ok") for i in range(3)]
+    for msg in msgs:
+        ours = from_proto(msg, structs.Allocation)
+        ref = reference_from_proto(msg, structs.Allocation)
+        assert_identical(ours, ref)
+        again = to_proto(ours, structs_pb2.Allocation())
+        assert again.SerializeToString(deterministic=True) == msg.SerializeToString(deterministic=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Interned:
+    label: str = ""
+    count: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MapHolder:
+    """Shaped like structs.Resources on the wire, but with a map: can not be a cache key."""
+
+    meta: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def test_codec__interning_a_field_that_is_not_a_str__is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(codec.INTERNED_FIELDS, _Interned, frozenset({"count"}))
+
+    with pytest.raises(TypeError, match="neither a str"):
+        from_proto(structs_pb2.Port(label="x"), _Interned)
+
+
+def test_codec__interning_a_field_that_does_not_exist__is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(codec.INTERNED_FIELDS, _Interned, frozenset({"nope"}))
+
+    with pytest.raises(TypeError, match="names no field"):
+        from_proto(structs_pb2.Port(label="x"), _Interned)
+
+
+def test_codec__sharing_a_class_with_a_map__is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "SHARED_CLASSES", codec.SHARED_CLASSES | {_MapHolder})
+
+    with pytest.raises(TypeError, match="map field"):
+        from_proto(structs_pb2.NodeEvent(), _MapHolder)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SharedNormalized:
+    """Shared, and built through its constructor (its __post_init__ must run)."""
+
+    cpu_mhz: int = 0
+    memory_mb: int = 0
+    disk_mb: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "disk_mb", self.disk_mb or self.memory_mb)
+
+
+def test_codec__shared_class_built_through_its_constructor__is_built_once_and_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(codec, "SHARED_CLASSES", codec.SHARED_CLASSES | {_SharedNormalized})
+    msg = structs_pb2.Resources(cpu_mhz=1, memory_mb=64)
+
+    first = from_proto(msg, _SharedNormalized)
+    second = from_proto(structs_pb2.Resources.FromString(msg.SerializeToString()), _SharedNormalized)
+
+    assert first == _SharedNormalized(cpu_mhz=1, memory_mb=64, disk_mb=64)
+    assert second is first
+
+
+def test_codec__decoded_node_and_its_allocs__share_the_node_id_and_name() -> None:
+    node_msg = to_proto(mock.node(id="node-77", name="node-seventy-seven"), structs_pb2.Node())
+    node = from_proto(structs_pb2.Node.FromString(node_msg.SerializeToString()), structs.Node)
+    alloc = from_proto(_alloc_msg(0, node_id="node-77", node_name="node-seventy-seven"), structs.Allocation)
+
+    assert alloc.node_id is node.id
+    assert alloc.node_name is node.name
