@@ -299,8 +299,9 @@ class PlanApplier:
     def _view(self) -> Snapshot:
         """Newest state, plus the in-flight plan's effects if raft has not applied it yet."""
         snap = self._store.snapshot()
-        if self._inflight is not None:
-            done, expected = self._inflight
+        inflight = self._inflight  # read once: raft's thread may clear it (see _commit)
+        if inflight is not None:
+            done, expected = inflight
             if not done.done() or (done.exception() is None and snap.index < done.result()):
                 return Snapshot(expected)
             # Applied (or failed): drop the expected state, a whole second copy of the allocs.
@@ -353,9 +354,10 @@ class PlanApplier:
 
     def _wait_inflight(self) -> bool:
         """Wait for the plan in raft; False if it failed to commit."""
-        if self._inflight is None:
+        inflight = self._inflight  # read once: raft's thread may clear it (see _commit)
+        if inflight is None:
             return True
-        done, _ = self._inflight
+        done, _ = inflight
         self._inflight = None
         try:
             done.result(timeout=30)
@@ -390,10 +392,16 @@ class PlanApplier:
                 return
             assert applied is not None
             committed.set_result(applied.index)
+            # Once raft has applied the plan, the store holds what ``expected`` predicted
+            # (unless a later plan is already in flight): drop this second copy of the
+            # allocs now rather than when the next plan arrives, which may be never.
+            if self._inflight is inflight:
+                self._inflight = None
             refresh = applied.index if result.rejected_nodes else 0
             pending.future.set_result(replace(result, alloc_index=applied.index, refresh_index=refresh))
 
-        self._inflight = (committed, expected)
+        inflight = (committed, expected)
+        self._inflight = inflight
         # Raft keeps the order: stops land before placements, so no node is overcommitted
         # between chunks, and the plan was checked as a whole.
         for chunk in chunks:

@@ -796,6 +796,31 @@ def test_applier__fitting_plan__committed_through_fsm(cluster: Cluster) -> None:
     assert stored is not None and stored.create_index == result.alloc_index
 
 
+def test_applier__committed_plan__expected_state_released_at_once(cluster: Cluster) -> None:
+    """The applier's predicted state is a second copy of every alloc: it must not outlive
+    the commit waiting for a next plan that may never come."""
+    applier = cluster.start()
+    token = cluster.deliver("e1", "web1")
+    p = plan(place={"n1": (big("a1", "n1"),)}, eval_id="e1", eval_token=token)
+
+    cluster.submit(p).result(timeout=10)
+
+    assert applier._inflight is None
+
+
+def test_applier__failed_commit__expected_state_kept_for_the_recheck(cluster: Cluster) -> None:
+    applier = cluster.start()
+    cluster.raft.fail_with = "leadership lost"
+    token = cluster.deliver("e1", "web1")
+    p = plan(place={"n1": (big("a1", "n1"),)}, eval_id="e1", eval_token=token)
+
+    with pytest.raises(Exception, match="leadership lost"):
+        cluster.submit(p).result(timeout=10)
+
+    # The next plan must learn that what this one predicted never happened.
+    assert applier._inflight is not None and applier._inflight[0].exception() is not None
+
+
 def test_applier__second_plan_on_full_node__rejected_with_refresh_index(cluster: Cluster) -> None:
     cluster.start()
     t1 = cluster.deliver("e1", "web1")
