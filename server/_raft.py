@@ -228,7 +228,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._writer.attach(self)
         self._install_next_index_patch()
         self._install_leader_lost_election(tuning)
-        self._install_coalesced_appends()
 
     def _install_next_index_patch(self) -> None:
         """Keep the leader's nextIndex for a follower from moving backwards on a late ack.
@@ -276,36 +275,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 next_index[node] = before
 
         transport.setOnMessageReceivedCallback(on_message)
-
-    def _install_coalesced_appends(self) -> None:
-        """Send one append_entries per follower for all the commands drained in a tick.
-
-        With ``appendEntriesUseBatch=False`` (needed for low latency) pysyncobj sends to
-        every follower after *each* command it takes off its queue: with 32 writers that is
-        32 pickled messages per follower for what one message could carry, and as many acks
-        back; the leader's tick thread spent most of its time there. The drain now only
-        notes that a send is due and sends once at its end, so a lone write still goes out
-        at once and concurrent ones share a message.
-        """
-        real_send = self._SyncObj__sendAppendEntries
-        real_check = getattr(self, "_checkCommandsToApply")  # noqa: B009
-        due = [False]
-
-        def note_send_due() -> None:
-            due[0] = True
-
-        def check_commands_to_apply() -> None:
-            setattr(self, "_SyncObj__sendAppendEntries", note_send_due)  # noqa: B010
-            try:
-                real_check()
-            finally:
-                delattr(self, "_SyncObj__sendAppendEntries")
-            if due[0]:
-                due[0] = False
-                if self._isLeader():
-                    real_send()
-
-        setattr(self, "_checkCommandsToApply", check_commands_to_apply)  # noqa: B010
 
     def _install_leader_lost_election(self, tuning: RaftTuning) -> None:
         """Call an election soon after the leader's connection closes.
