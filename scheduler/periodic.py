@@ -450,8 +450,19 @@ def derive_periodic_child(parent: Job, launch_ns: int, now_ns: int) -> Job:
 
 
 def derive_dispatched_child(
-    parent: Job, child_id: str, now_ns: int, meta: dict[str, str], payload: bytes
+    parent: Job,
+    child_id: str,
+    now_ns: int,
+    meta: dict[str, str],
+    payload: bytes,
+    idempotency_token: str = "",
 ) -> Job:
     """The child a parameterized parent dispatches: its meta merged over the parent's."""
     child = _fresh(parent, child_id, now_ns)
-    return replace(child, dispatched=True, meta={**parent.meta, **meta}, payload=payload)
+    return replace(
+        child,
+        dispatched=True,
+        meta={**parent.meta, **meta},
+        payload=payload,
+        dispatch_idempotency_token=idempotency_token,
+    )

@@ -250,6 +250,7 @@ class Job:
     version: int = 0
     stable: bool = False
     dispatched: bool = False
+    dispatch_idempotency_token: str = ""
     submit_time_ns: int = 0
     create_index: int = 0
     modify_index: int = 0

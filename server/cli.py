@@ -274,6 +274,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("payload", nargs="?", help="file whose contents are the payload ('-' reads stdin)")
     _write_flags(p, monitor=True)
     _flag(p, "meta", action="append", metavar="KEY=VALUE", help="dispatch metadata (repeatable)")
+    _flag(
+        p,
+        "idempotency-token",
+        default="",
+        help="if a child was already dispatched with this token, return it instead of dispatching again",
+    )
     _flag(p, "namespace", default="")
     periodic = group("periodic", "periodic job operations", jobs)
     p = command(periodic, "force", _cmd_job_periodic_force, "launch a periodic job's child now")
@@ -843,7 +849,13 @@ def _cmd_job_dispatch(args: argparse.Namespace) -> int:
         with open(args.payload, "rb") as fh:
             payload = fh.read()
     with _client(args) as client:
-        resp = client.dispatch_job(args.job, namespace=args.namespace, meta=meta, payload=payload)
+        resp = client.dispatch_job(
+            args.job,
+            namespace=args.namespace,
+            meta=meta,
+            payload=payload,
+            idempotency_token=args.idempotency_token,
+        )
         if args.json:
             print_json(resp)
             return 0

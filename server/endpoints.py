@@ -35,7 +35,7 @@ from scheduler.structs import (
 from server.clock import Clock, IdSource
 from server.codec import from_proto, to_proto
 from server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
-from server.fsm import ApplyResult, apply_job_register, encode_entry
+from server.fsm import ApplyResult, apply_job_register, dispatched_twin, encode_entry
 from server.heartbeat import HeartbeatTimers
 from server.periodic import force_launch_ns, launch_entry
 from server.snapshot import from_snapshot
@@ -49,6 +49,7 @@ _JOB_REGISTER: Final = ET.ENTRY_TYPE_JOB_REGISTER
 MAX_JOB_BYTES: Final = 1 << 20
 HEARTBEAT_TTL_NS: Final = 10_000_000_000
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
+MAX_IDEMPOTENCY_TOKEN: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,28 +143,53 @@ class Endpoints:
         return self._propose(_JOB_REGISTER, entry), eval_id
 
     def dispatch_job(
-        self, namespace: str, job_id: str, meta: dict[str, str], payload: bytes
+        self,
+        namespace: str,
+        job_id: str,
+        meta: dict[str, str],
+        payload: bytes,
+        idempotency_token: str = "",
     ) -> tuple[ApplyResult, str, str]:
         """Run a parameterized job: a fresh child ``<parent>/dispatch-<unix>-<8 hex>`` with
-        its eval, in one entry. Returns the write, the child's ID and the eval's ID."""
+        its eval, in one entry. Returns the write, the child's ID and the eval's ID.
+
+        With ``idempotency_token``, a child already dispatched with it is returned instead
+        (its first eval; the index is the state's, nothing is written), so a retried
+        dispatch whose first answer was lost never runs the work twice."""
         if not job_id:
             raise ValidationError("job_id: required")
-        parent = self._store.snapshot().job(namespace, job_id)
+        if len(idempotency_token) > MAX_IDEMPOTENCY_TOKEN:
+            raise ValidationError(f"idempotency_token: longer than {MAX_IDEMPOTENCY_TOKEN} characters")
+        snap = self._store.snapshot()
+        parent = snap.job(namespace, job_id)
         if parent is None:
             raise NotFoundError(f"job {job_id!r} not found")
         validate.validate_dispatch(parent, meta, payload)
         if parent.stop:
             raise ConflictError(f"job {job_id!r} is stopped; register it again before dispatching")
+        twin = dispatched_twin(snap.children(namespace, job_id), idempotency_token)
+        if twin is not None:
+            return ApplyResult(index=snap.index), twin.id, self._first_eval_id(snap, twin)
         now = self._clock.now_ns()
         suffix = self._ids.new().replace("-", "")[:8]
         child = derive_dispatched_child(
-            parent, dispatched_child_id(parent.id, now, suffix), now, meta, payload
+            parent, dispatched_child_id(parent.id, now, suffix), now, meta, payload, idempotency_token
         )
         entry = raft_pb2.JobRegisterEntry()
         to_proto(child, entry.job)
         ev = self._new_eval(child, TRIGGER_JOB_REGISTER, now)
         to_proto(ev, entry.eval)
-        return self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry), child.id, ev.id
+        result = self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry)
+        existing = result.value.get("existing_job_id") if isinstance(result.value, dict) else None
+        if existing:
+            twin = self._store.snapshot().job(namespace, existing)
+            return result, existing, self._first_eval_id(self._store.snapshot(), twin) if twin else ""
+        return result, child.id, ev.id
+
+    @staticmethod
+    def _first_eval_id(snap: Snapshot, job: Job) -> str:
+        evals = sorted(snap.evals_by_job(job.namespace, job.id), key=lambda e: e.create_index)
+        return evals[0].id if evals else ""
 
     def force_periodic(self, namespace: str, job_id: str) -> tuple[ApplyResult, str, str]:
         """Launch a periodic job's child now, outside its schedule (``prohibit_overlap`` is

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -195,9 +196,20 @@ class DroverClient:
         namespace: str = "",
         meta: dict[str, str] | None = None,
         payload: bytes = b"",
+        idempotency_token: str = "",
     ) -> api_pb2.JobDispatchResponse:
-        """Run a parameterized job: a new child job with ``meta`` and ``payload``."""
-        req = api_pb2.JobDispatchRequest(job_id=job_id, namespace=namespace, meta=meta or {}, payload=payload)
+        """Run a parameterized job: a new child job with ``meta`` and ``payload``.
+
+        Without ``idempotency_token`` one is made for this call, so that retrying it after
+        a lost answer (a leader change before the reply) cannot dispatch a second child;
+        pass your own to make separate calls idempotent too."""
+        req = api_pb2.JobDispatchRequest(
+            job_id=job_id,
+            namespace=namespace,
+            meta=meta or {},
+            payload=payload,
+            idempotency_token=idempotency_token or f"sdk-{uuid.uuid4()}",
+        )
         return self._call(lambda s: s.jobs.Dispatch, req, write=True)
 
     def periodic_force(self, job_id: str, *, namespace: str = "") -> api_pb2.JobPeriodicForceResponse:

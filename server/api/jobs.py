@@ -60,7 +60,11 @@ class JobsServicer(api_pb2_grpc.JobsServicer):
         self, request: api_pb2.JobDispatchRequest, context: grpc.ServicerContext
     ) -> api_pb2.JobDispatchResponse:
         result, child_id, eval_id = self.core.endpoints.dispatch_job(
-            _ns(request.namespace), request.job_id, dict(request.meta), request.payload
+            _ns(request.namespace),
+            request.job_id,
+            dict(request.meta),
+            request.payload,
+            request.idempotency_token,
         )
         return api_pb2.JobDispatchResponse(
             meta=write_meta(result.index), dispatched_job_id=child_id, eval_id=eval_id

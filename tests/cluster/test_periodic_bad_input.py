@@ -136,6 +136,12 @@ BAD_CALLS: list[tuple[str, Call, str, str]] = [
         "must be at most",
     ),
     (
+        "dispatch-oversized-idempotency-token",
+        lambda c: c.dispatch_job("encode", meta={"file": "a"}, idempotency_token="t" * 300),
+        "idempotency_token",
+        "longer than 256",
+    ),
+    (
         "force-not-periodic",
         lambda c: c.periodic_force("plain-batch"),
         "job_id",

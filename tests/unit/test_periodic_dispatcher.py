@@ -24,12 +24,14 @@ from scheduler.structs import (
     JOB_STATUS_PENDING,
     JOB_STATUS_RUNNING,
     TRIGGER_PERIODIC_JOB,
+    Evaluation,
     Job,
     JobChildrenSummary,
     ParameterizedConfig,
     PeriodicConfig,
     TaskGroupSummary,
 )
+from server.codec import to_proto
 from server.endpoints import Endpoints
 from server.errors import ConflictError, NotFoundError, ValidationError
 from server.fsm import FSM, ApplyResult, encode_entry
@@ -537,6 +539,63 @@ def test_dispatch__child_with_meta_payload_and_eval_in_one_entry(
     stored = cluster.snap.job("default", "encode")
     assert stored is not None
     assert cluster.counts(stored) == JobChildrenSummary(pending=1)
+
+
+def _parameterized_parent(endpoints: Endpoints) -> None:
+    endpoints.register_job(mock.batch_job(id="encode", parameterized=ParameterizedConfig(payload="optional")))
+
+
+def test_dispatch__same_idempotency_token__the_first_child_answers_and_nothing_is_written(
+    cluster: Cluster, endpoints: Endpoints
+) -> None:
+    _parameterized_parent(endpoints)
+    first, child_id, eval_id = endpoints.dispatch_job("default", "encode", {}, b"", "nightly-7")
+    index = cluster.index
+    cluster.clock.now += 3 * S
+
+    again, again_child, again_eval = endpoints.dispatch_job("default", "encode", {}, b"", "nightly-7")
+
+    assert (again_child, again_eval) == (child_id, eval_id)
+    assert cluster.index == index and again.index == first.index
+    assert [c.id for c in cluster.children(cluster.snap.job("default", "encode"))] == [child_id]
+    # Another token (or none) dispatches a new child.
+    _r, other_child, _e = endpoints.dispatch_job("default", "encode", {}, b"", "nightly-8")
+    _r, plain_child, _e = endpoints.dispatch_job("default", "encode", {}, b"")
+    assert len({child_id, other_child, plain_child}) == 3
+
+
+def test_fsm__two_dispatches_with_one_token_raced__one_child(cluster: Cluster, endpoints: Endpoints) -> None:
+    """Both passed the endpoint's check before either committed: the FSM keeps the first."""
+    _parameterized_parent(endpoints)
+    parent = cluster.snap.job("default", "encode")
+    assert parent is not None
+    entries = []
+    for n in (1, 2):
+        child = derive_dispatched_child(parent, f"encode/dispatch-{n}", T0, {}, b"", "tok")
+        entry = raft_pb2.JobRegisterEntry()
+        to_proto(child, entry.job)
+        to_proto(Evaluation(id=f"eval-{n}", job_id=child.id, type="batch"), entry.eval)
+        entries.append(encode_entry(ET.ENTRY_TYPE_JOB_REGISTER, entry))
+    cluster.apply(entries[0])
+    jobs_before = cluster.snap.table_index("jobs", "evals", "job_summaries")
+
+    result = cluster.apply(entries[1])
+
+    assert result.value["existing_job_id"] == "encode/dispatch-1"
+    assert cluster.snap.job("default", "encode/dispatch-2") is None
+    assert cluster.snap.evals_by_job("default", "encode/dispatch-2") == []
+    assert cluster.counts(parent) == JobChildrenSummary(pending=1)
+    assert cluster.snap.table_index("jobs", "evals", "job_summaries") == jobs_before
+
+
+def test_dispatch__oversized_idempotency_token__invalid_and_nothing_written(
+    cluster: Cluster, endpoints: Endpoints
+) -> None:
+    _parameterized_parent(endpoints)
+    index = cluster.index
+    with pytest.raises(ValidationError, match="idempotency_token"):
+        endpoints.dispatch_job("default", "encode", {}, b"", "x" * 257)
+    assert cluster.index == index
 
 
 def test_fsm__dispatch_for_a_stopped_parent__refused(cluster: Cluster, endpoints: Endpoints) -> None:

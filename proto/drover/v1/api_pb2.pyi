@@ -132,9 +132,15 @@ class JobDispatchRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_TOKEN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     namespace: _builtins.str
     payload: _builtins.bytes
+    idempotency_token: _builtins.str
+    """With a token, dispatching again while a child with the same token exists (not dead)
+    returns that child instead of creating another. The SDK sets one per call, so its
+    retries of an unanswered dispatch never create two children.
+    """
     @_builtins.property
     def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -144,10 +150,11 @@ class JobDispatchRequest(_message.Message):
         namespace: _builtins.str = ...,
         meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         payload: _builtins.bytes = ...,
+        idempotency_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "meta", b"meta", "namespace", b"namespace", "payload", b"payload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_token", b"idempotency_token", "job_id", b"job_id", "meta", b"meta", "namespace", b"namespace", "payload", b"payload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

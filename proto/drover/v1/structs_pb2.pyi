@@ -585,6 +585,7 @@ class Job(_message.Message):
     CREATE_INDEX_FIELD_NUMBER: _builtins.int
     MODIFY_INDEX_FIELD_NUMBER: _builtins.int
     JOB_MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    DISPATCH_IDEMPOTENCY_TOKEN_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     namespace: _builtins.str
@@ -602,6 +603,8 @@ class Job(_message.Message):
     create_index: _builtins.int
     modify_index: _builtins.int
     job_modify_index: _builtins.int
+    dispatch_idempotency_token: _builtins.str
+    """A dispatched child's idempotency token: one live child per token and parent."""
     @_builtins.property
     def datacenters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -649,10 +652,11 @@ class Job(_message.Message):
         create_index: _builtins.int = ...,
         modify_index: _builtins.int = ...,
         job_modify_index: _builtins.int = ...,
+        dispatch_idempotency_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["parameterized", b"parameterized", "periodic", b"periodic", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "create_index", b"create_index", "datacenters", b"datacenters", "dispatched", b"dispatched", "groups", b"groups", "id", b"id", "job_modify_index", b"job_modify_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "namespace", b"namespace", "parameterized", b"parameterized", "parent_id", b"parent_id", "payload", b"payload", "periodic", b"periodic", "priority", b"priority", "spreads", b"spreads", "stable", b"stable", "status", b"status", "status_description", b"status_description", "stop", b"stop", "submit_time_ns", b"submit_time_ns", "type", b"type", "update", b"update", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "create_index", b"create_index", "datacenters", b"datacenters", "dispatch_idempotency_token", b"dispatch_idempotency_token", "dispatched", b"dispatched", "groups", b"groups", "id", b"id", "job_modify_index", b"job_modify_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "namespace", b"namespace", "parameterized", b"parameterized", "parent_id", b"parent_id", "payload", b"payload", "periodic", b"periodic", "priority", b"priority", "spreads", b"spreads", "stable", b"stable", "status", b"status", "status_description", b"status_description", "stop", b"stop", "submit_time_ns", b"submit_time_ns", "type", b"type", "update", b"update", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
