@@ -485,6 +485,22 @@ class Evaluation:
         return self.status in EVAL_TERMINAL
 
 
+def job_eval(eval_id: str, job: Job, triggered_by: str, now_ns: int, node_id: str = "") -> Evaluation:
+    """A new pending evaluation of ``job``, created at ``now_ns`` (every writer's shape)."""
+    return Evaluation(
+        id=eval_id,
+        namespace=job.namespace,
+        priority=job.priority,
+        type=job.type,
+        triggered_by=triggered_by,
+        job_id=job.id,
+        node_id=node_id,
+        status=EVAL_STATUS_PENDING,
+        create_time_ns=now_ns,
+        modify_time_ns=now_ns,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TaskGroupSummary:
     queued: int = 0

@@ -31,6 +31,7 @@ from scheduler.structs import (
     Evaluation,
     Job,
     Node,
+    job_eval,
 )
 from server.clock import Clock, IdSource
 from server.codec import from_proto, to_proto
@@ -87,18 +88,7 @@ class Endpoints:
         return result
 
     def _new_eval(self, job: Job, trigger: str, now: int, node_id: str = "") -> Evaluation:
-        return Evaluation(
-            id=self._ids.new(),
-            namespace=job.namespace,
-            priority=job.priority,
-            type=job.type,
-            triggered_by=trigger,
-            job_id=job.id,
-            node_id=node_id,
-            status="pending",
-            create_time_ns=now,
-            modify_time_ns=now,
-        )
+        return job_eval(self._ids.new(), job, trigger, now, node_id)
 
     # -- jobs --------------------------------------------------------------------------
     def register_job(
@@ -182,8 +172,9 @@ class Endpoints:
         result = self._propose(ET.ENTRY_TYPE_JOB_REGISTER, entry)
         existing = result.value.get("existing_job_id") if isinstance(result.value, dict) else None
         if existing:
-            twin = self._store.snapshot().job(namespace, existing)
-            return result, existing, self._first_eval_id(self._store.snapshot(), twin) if twin else ""
+            after = self._store.snapshot()
+            twin = after.job(namespace, existing)
+            return result, existing, self._first_eval_id(after, twin) if twin else ""
         return result, child.id, ev.id
 
     @staticmethod

@@ -42,13 +42,12 @@ import structlog
 from drover.v1 import raft_pb2
 from scheduler.periodic import SECOND_NS, derive_periodic_child, due_launch, next_periodic_launch
 from scheduler.structs import (
-    EVAL_STATUS_PENDING,
     JOB_STATUS_DEAD,
     TRIGGER_PERIODIC_JOB,
-    Evaluation,
     Job,
     PeriodicConfig,
     PeriodicLaunch,
+    job_eval,
 )
 from server.clock import Clock, IdSource
 from server.codec import to_proto
@@ -136,18 +135,7 @@ def launch_entry(parent: Job, launch_ns: int, now_ns: int, eval_id: str) -> raft
     child = derive_periodic_child(parent, launch_ns, now_ns)
     entry = raft_pb2.JobRegisterEntry()
     to_proto(child, entry.job)
-    ev = Evaluation(
-        id=eval_id,
-        namespace=child.namespace,
-        priority=child.priority,
-        type=child.type,
-        triggered_by=TRIGGER_PERIODIC_JOB,
-        job_id=child.id,
-        status=EVAL_STATUS_PENDING,
-        create_time_ns=now_ns,
-        modify_time_ns=now_ns,
-    )
-    to_proto(ev, entry.eval)
+    to_proto(job_eval(eval_id, child, TRIGGER_PERIODIC_JOB, now_ns), entry.eval)
     to_proto(PeriodicLaunch(job_id=parent.id, namespace=parent.namespace, launch_ns=launch_ns), entry.launch)
     return entry
 

@@ -74,6 +74,7 @@ from scheduler.structs import (
     Job,
     Node,
     RejectionTrackerConfig,
+    job_eval,
 )
 from scheduler.system import compute_system
 from scheduler.validate import canonicalize_job
@@ -245,17 +246,7 @@ def measure_scheduler_only(scenario: Scenario, repeats: int) -> dict[str, Any]:
         harness.add_node(from_proto(node_proto(node_id), Node))
     job = harness.add_job(canonicalize_job(from_proto(job_proto(scenario), Job)))
     build_s = time.perf_counter() - started
-    ev = Evaluation(
-        id="bench-eval",
-        namespace=job.namespace,
-        priority=job.priority,
-        type=job.type,
-        triggered_by=TRIGGER_JOB_REGISTER,
-        job_id=job.id,
-        status=EVAL_STATUS_PENDING,
-        create_time_ns=NOW_NS,
-        modify_time_ns=NOW_NS,
-    )
+    ev = job_eval("bench-eval", job, TRIGGER_JOB_REGISTER, NOW_NS)
     snap = harness.snapshot()
     compute = _scheduler_fn(scenario)
     ids = UuidIds()  # what the servers use: 36-character IDs, as big as the real ones
