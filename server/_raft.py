@@ -79,6 +79,33 @@ class RaftTuning:
     leader_lost_jitter_s: float = 0.05
 
 
+def tuned_conf(tuning: RaftTuning, *, journal_file: str, full_dump_file: str, **hooks: Any) -> SyncObjConf:
+    """pysyncobj's configuration for ``tuning`` (the benchmark's bare pysyncobj uses it too,
+    so "the same settings" stays true); ``hooks`` add snapshot and state callbacks."""
+    return SyncObjConf(
+        autoTick=True,
+        autoTickPeriod=tuning.auto_tick_period,
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=tuning.append_entries_period,
+        raftMinTimeout=tuning.raft_min_timeout,
+        raftMaxTimeout=tuning.raft_max_timeout,
+        leaderFallbackTimeout=tuning.leader_fallback_timeout,
+        connectionRetryTime=tuning.connection_retry_time,
+        commandsQueueSize=tuning.commands_queue_size,
+        # pysyncobj 0.3.17 marks the last chunk of a chunked entry by the raw command's
+        # length, not the pickled one: followers fail to unpickle every entry above this
+        # size several times ("failed _onTick") before the real last chunk lands. No entry
+        # of ours comes near 16 MiB (plans are split at 2,000 allocs), so none is chunked.
+        appendEntriesBatchSizeBytes=tuning.append_entries_batch_bytes,
+        logCompactionMinEntries=tuning.compaction_min_entries,
+        logCompactionMinTime=tuning.compaction_min_time,
+        journalFile=journal_file,
+        fullDumpFile=full_dump_file,
+        useFork=False,
+        **hooks,
+    )
+
+
 class _SnapshotWriter:
     """pysyncobj's serializer/deserializer/serializeChecker, asynchronous and in protobuf.
 
@@ -197,30 +224,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._on_state_changed = on_state_changed
         dump_file = os.path.join(data_dir, "snapshot.pb")
         self._writer = _SnapshotWriter(dump_file, fsm)
-        conf = SyncObjConf(
-            autoTick=True,
-            autoTickPeriod=tuning.auto_tick_period,
-            appendEntriesUseBatch=False,
-            appendEntriesPeriod=tuning.append_entries_period,
-            raftMinTimeout=tuning.raft_min_timeout,
-            raftMaxTimeout=tuning.raft_max_timeout,
-            leaderFallbackTimeout=tuning.leader_fallback_timeout,
-            connectionRetryTime=tuning.connection_retry_time,
-            commandsQueueSize=tuning.commands_queue_size,
-            # pysyncobj 0.3.17 marks the last chunk of a chunked entry by the raw command's
-            # length, not the pickled one: followers fail to unpickle every entry above this
-            # size several times ("failed _onTick") before the real last chunk lands. No
-            # entry of ours comes near 16 MiB (plans are split at 2,000 allocs), so none is
-            # chunked.
-            appendEntriesBatchSizeBytes=tuning.append_entries_batch_bytes,
-            logCompactionMinEntries=tuning.compaction_min_entries,
-            logCompactionMinTime=tuning.compaction_min_time,
-            journalFile=os.path.join(data_dir, "journal.bin"),
-            fullDumpFile=dump_file,
+        conf = tuned_conf(
+            tuning,
+            journal_file=os.path.join(data_dir, "journal.bin"),
+            full_dump_file=dump_file,
             serializer=self._writer.serialize,
             deserializer=self._writer.deserialize,
             serializeChecker=self._writer.check,
-            useFork=False,
             password=password,
             onStateChanged=self._state_changed,
         )

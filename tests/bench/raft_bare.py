@@ -25,7 +25,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
 
 from deploy.cluster import pick_free_ports
-from server._raft import RaftTuning
+from server._raft import RaftTuning, tuned_conf
 from tests.bench._procs import (
     Child,
     children_stopped_on_exit,
@@ -45,21 +45,8 @@ GO_FILE: Final = "go.json"
 
 def make_conf(tuning: RaftTuning, data_dir: Path) -> SyncObjConf:
     """The SyncObjConf of server/_raft.py's RaftNode, minus drover's snapshot hooks."""
-    return SyncObjConf(
-        autoTick=True,
-        autoTickPeriod=tuning.auto_tick_period,
-        appendEntriesUseBatch=False,
-        appendEntriesPeriod=tuning.append_entries_period,
-        raftMinTimeout=tuning.raft_min_timeout,
-        raftMaxTimeout=tuning.raft_max_timeout,
-        leaderFallbackTimeout=tuning.leader_fallback_timeout,
-        connectionRetryTime=tuning.connection_retry_time,
-        commandsQueueSize=tuning.commands_queue_size,
-        logCompactionMinEntries=tuning.compaction_min_entries,
-        logCompactionMinTime=tuning.compaction_min_time,
-        journalFile=str(data_dir / "journal.bin"),
-        fullDumpFile=str(data_dir / "dump.bin"),
-        useFork=False,
+    return tuned_conf(
+        tuning, journal_file=str(data_dir / "journal.bin"), full_dump_file=str(data_dir / "dump.bin")
     )
 
 
