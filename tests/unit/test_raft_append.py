@@ -31,12 +31,14 @@ def _entries(log: Log, start: int, stop: int) -> list[Entry]:
     return [(b"", i, log[i - 1]) for i in range(start, stop + 1)]
 
 
-def handle(follower: Log, floor: int, prev: int, sent: list[Entry]) -> tuple[Log, list[Reply], bool]:
+def handle(
+    leader: Log, follower: Log, floor: int, prev: int, sent: list[Entry]
+) -> tuple[Log, list[Reply], bool]:
     """One message through plan_append and the pysyncobj model; returns the new log, the
     replies in order, and whether pysyncobj would have logged the applied-truncation alarm."""
     plan = plan_append(
         prev_index=prev,
-        prev_term=0 if prev == 0 else LEADER_TERMS[prev - 1],
+        prev_term=0 if prev == 0 else leader[prev - 1],
         entries=sent,
         first_index=1,
         last_index=len(follower),
@@ -65,9 +67,6 @@ def handle(follower: Log, floor: int, prev: int, sent: list[Entry]) -> tuple[Log
     return log, replies, alarm
 
 
-LEADER_TERMS: Log = []
-
-
 @st.composite
 def cluster_logs(draw: st.DrawFn) -> tuple[Log, Log, int]:
     """(leader, follower, follower's applied floor) obeying Log Matching."""
@@ -94,13 +93,11 @@ def cluster_logs(draw: st.DrawFn) -> tuple[Log, Log, int]:
 @settings(max_examples=400, deadline=None)
 @given(cluster_logs(), st.data())
 def test_one_message_keeps_every_matching_entry_and_places_what_it_carries(logs, data):
-    global LEADER_TERMS
     leader, follower, floor = logs
-    LEADER_TERMS = leader
     prev = data.draw(st.integers(0, len(leader)), label="prev")
     count = data.draw(st.integers(0, len(leader) - prev), label="count")
     sent = _entries(leader, prev + 1, prev + count)
-    after, replies, alarm = handle(follower, floor, prev, sent)
+    after, replies, alarm = handle(leader, follower, floor, prev, sent)
 
     assert not alarm, "a consistent message truncated applied entries"
     # Raft: entries matching the leader's are never deleted.
@@ -117,9 +114,7 @@ def test_one_message_keeps_every_matching_entry_and_places_what_it_carries(logs,
 @given(cluster_logs(), st.integers(1, 8))
 def test_leader_brings_a_stale_follower_level_quickly(logs, batch):
     """A deposed leader's stale tail is dropped in a couple of round trips, not one per entry."""
-    global LEADER_TERMS
     leader, follower, floor = logs
-    LEADER_TERMS = leader
     next_index = len(leader) + 1
     log = follower
     rounds = 0
@@ -129,7 +124,7 @@ def test_leader_brings_a_stale_follower_level_quickly(logs, batch):
         assert rounds <= budget, f"still behind after {rounds} round trips: {log} vs {leader}"
         prev = next_index - 1
         sent = _entries(leader, next_index, min(len(leader), prev + batch))
-        log, replies, alarm = handle(log, floor, prev, sent)
+        log, replies, alarm = handle(leader, log, floor, prev, sent)
         assert not alarm
         for reply in replies:
             if reply.reset or reply.success:
@@ -138,27 +133,23 @@ def test_leader_brings_a_stale_follower_level_quickly(logs, batch):
 
 def test_a_repeated_message_over_applied_entries_changes_nothing():
     """The chaos failure: a paused follower drains an old batch it has long applied."""
-    global LEADER_TERMS
-    LEADER_TERMS = [2] * 50 + [4] * 50
-    follower = list(LEADER_TERMS)
-    after, replies, alarm = handle(follower, 90, 20, _entries(LEADER_TERMS, 21, 40))
+    leader = [2] * 50 + [4] * 50
+    follower = list(leader)
+    after, replies, alarm = handle(leader, follower, 90, 20, _entries(leader, 21, 40))
     assert (after, alarm) == (follower, False)
     assert replies == [Reply(41, True, False)]
 
 
 def test_a_conflicting_tail_is_dropped_and_the_leader_sent_to_its_start():
-    global LEADER_TERMS
-    LEADER_TERMS = [2] * 10 + [4] * 10
+    leader = [2] * 10 + [4] * 10
     follower = [2] * 10 + [3] * 25
-    after, replies, alarm = handle(follower, 8, 20, [])
+    after, replies, alarm = handle(leader, follower, 8, 20, [])
     assert after == [2] * 10 + [3] * 9
     assert replies == [Reply(20, False, True), Reply(11, False, True)]
     assert not alarm
 
 
 def test_a_divergence_below_the_applied_floor_is_left_for_pysyncobj_to_report():
-    global LEADER_TERMS
-    LEADER_TERMS = [2] * 10
     follower = [2] * 5 + [3] * 5  # impossible in Raft: applied entries 6..9 differ
     plan = plan_append(
         prev_index=8,
