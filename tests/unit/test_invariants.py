@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.structs import JobChildrenSummary, JobSummary, TaskGroupSummary
+from scheduler.structs import Job, JobChildrenSummary, JobSummary, Node, TaskGroupSummary
 from server.fsm import FSM
 from server.invariants import INVARIANT_SUMMARIES, INVARIANT_SYSTEM_ALLOCS, check_invariants
 from server.state_store import StateStore, Tables, Txn
@@ -35,6 +35,13 @@ class Cluster:
         write(txn)  # type: ignore[operator]
         self.store.commit(txn.commit())
 
+    def node_and_job(self, job: Job) -> tuple[Node, Job]:
+        """A registered node and ``job`` registered with its eval, as the store holds it."""
+        node = mock.node()
+        self.apply(mock.register_node_entry(node))
+        self.apply(mock.register_job_entry(job, mock.eval_for(job)))
+        return node, self.tables.jobs[(job.namespace, job.id)]
+
     @property
     def tables(self) -> Tables:
         return self.store.snapshot().tables
@@ -47,11 +54,8 @@ def cluster() -> Cluster:
 
 
 def test_invariants__consistent_state__no_violations(cluster: Cluster) -> None:
-    node = mock.node()
-    cluster.apply(mock.register_node_entry(node))
     job = mock.system_job()
-    cluster.apply(mock.register_job_entry(job, mock.eval_for(job)))
-    stored = cluster.tables.jobs[(job.namespace, job.id)]
+    node, stored = cluster.node_and_job(job)
     alloc = mock.alloc(stored, node)
     cluster.apply(mock.plan_entry([alloc]))
     cluster.apply(mock.client_update_entry(alloc.id, "running"))
@@ -59,11 +63,8 @@ def test_invariants__consistent_state__no_violations(cluster: Cluster) -> None:
 
 
 def test_invariants__two_live_system_allocs_on_one_node__reported(cluster: Cluster) -> None:
-    node = mock.node()
-    cluster.apply(mock.register_node_entry(node))
     job = mock.system_job()
-    cluster.apply(mock.register_job_entry(job, mock.eval_for(job)))
-    stored = cluster.tables.jobs[(job.namespace, job.id)]
+    node, stored = cluster.node_and_job(job)
     first, second = mock.alloc(stored, node), mock.alloc(stored, node)
     cluster.apply(mock.plan_entry([first, second]))
     violations = check_invariants(cluster.tables)
@@ -76,21 +77,15 @@ def test_invariants__two_live_system_allocs_on_one_node__reported(cluster: Clust
 
 
 def test_invariants__service_job_may_run_several_allocs_per_node(cluster: Cluster) -> None:
-    node = mock.node()
-    cluster.apply(mock.register_node_entry(node))
     job = mock.job()
-    cluster.apply(mock.register_job_entry(job, mock.eval_for(job)))
-    stored = cluster.tables.jobs[(job.namespace, job.id)]
+    node, stored = cluster.node_and_job(job)
     cluster.apply(mock.plan_entry([mock.alloc(stored, node, i) for i in range(3)]))
     assert check_invariants(cluster.tables) == []
 
 
 def test_invariants__summary_counter_off_and_negative__both_reported(cluster: Cluster) -> None:
-    node = mock.node()
-    cluster.apply(mock.register_node_entry(node))
     job = mock.batch_job()
-    cluster.apply(mock.register_job_entry(job, mock.eval_for(job)))
-    stored = cluster.tables.jobs[(job.namespace, job.id)]
+    node, stored = cluster.node_and_job(job)
     cluster.apply(mock.plan_entry([mock.alloc(stored, node)]))
     key = (job.namespace, job.id)
     summary = cluster.tables.job_summaries[key]
