@@ -353,16 +353,33 @@ def next_reschedule(alloc: Allocation, policy: ReschedulePolicy | None) -> Resch
     return RescheduleDecision(eligible, fail_ns + delay, delay)
 
 
+def _tasks_changed(alloc: Allocation, job: Job, group: TaskGroup, versions: Mapping[int, Job]) -> bool:
+    """Whether ``alloc`` runs tasks other than ``job``'s: a version we no longer know counts
+    as changed, as it does for updates."""
+    return alloc.job_version != job.version and tasks_updated(
+        versions.get(alloc.job_version), job, group.name
+    )
+
+
 def _replacement_events(
-    alloc: Allocation, policy: ReschedulePolicy, decision: RescheduleDecision, now_ns: int
+    alloc: Allocation,
+    policy: ReschedulePolicy,
+    decision: RescheduleDecision,
+    now_ns: int,
+    *,
+    fresh: bool = False,
 ) -> tuple[RescheduleEvent, ...]:
+    """The reschedule tracker a replacement of ``alloc`` carries: the attempts still inside
+    the interval plus this one. ``fresh``: the job's tasks changed since ``alloc`` was placed,
+    so its earlier failures say nothing about the new tasks and the count starts over, as
+    Nomad resets the tracker on a job update."""
     event = RescheduleEvent(
         reschedule_time_ns=now_ns,
         prev_alloc_id=alloc.id,
         prev_node_id=alloc.node_id,
         delay_ns=decision.delay_ns,
     )
-    past = alloc.reschedule_events
+    past = () if fresh else alloc.reschedule_events
     if policy.unlimited:
         past = past[-(MAX_PAST_RESCHEDULE_EVENTS - 1) :] if MAX_PAST_RESCHEDULE_EVENTS > 1 else ()
     elif policy.interval_ns > 0:
@@ -894,7 +911,9 @@ def reconcile_group(
                     a.index,
                     PLACE_RESCHEDULE,
                     previous=a,
-                    reschedule_events=_replacement_events(a, group.reschedule, h.decision, now_ns),
+                    reschedule_events=_replacement_events(
+                        a, group.reschedule, h.decision, now_ns, fresh=_tasks_changed(a, job, group, versions)
+                    ),
                     stop_previous=Stop(a, DESC_RESCHEDULED),
                     penalty_node_ids=frozenset({a.node_id}),
                 )

@@ -659,6 +659,23 @@ def test_reconcile__service_failed__replacement_carries_history() -> None:
     assert placement.stop_previous.description == DESC_RESCHEDULED
 
 
+def test_reconcile__service_failed__tasks_changed_resets_the_tracker() -> None:
+    """Earlier failures of other tasks say nothing about the new ones: the replacement of a
+    failed alloc from a version whose tasks changed starts its count over."""
+    job, node = mock.job(), mock.node()
+    new, versions = destructive_change(job)
+    earlier = RescheduleEvent(reschedule_time_ns=NOW - 10 * MINUTE, prev_alloc_id="a-0", delay_ns=30 * SECOND)
+    old_failed = failed(mock.alloc(job, node, index=3), NOW - MINUTE, reschedule_events=(earlier,))
+    same = [*running(job, node, (0, 1, 2)), old_failed]
+    updated = [*running(new, node, (0, 1, 2)), old_failed]
+    same_tasks = reconcile_group(job, replace(job.groups[0], count=4), same, {}, NOW)
+    changed = reconcile_group(new, replace(new.groups[0], count=4), updated, {}, NOW, job_versions=versions)
+    (kept,) = same_tasks.place
+    (reset,) = changed.place
+    assert [e.prev_alloc_id for e in kept.reschedule_events] == ["a-0", old_failed.id]
+    assert [e.prev_alloc_id for e in reset.reschedule_events] == [old_failed.id]
+
+
 def test_reconcile__service_failed__later_at_fail_time_plus_delay() -> None:
     (delayed,) = s_service_failed_later().run().reschedule_later
     assert delayed.at_ns == NOW - SECOND + 30 * SECOND
