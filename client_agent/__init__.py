@@ -7,7 +7,8 @@ Layout (one concept per module; only ``rpc`` talks gRPC):
 - ``taskstate`` / ``restarts`` / ``allocdiff`` / ``sync``: the pure decisions (task state
   transitions and the alloc status, the restart policy, what to do with the server's alloc
   list, which updates to send).
-- ``drivers``: ``mock`` (a timer) and ``raw_exec`` (a real process group).
+- ``drivers``: ``mock`` (a timer) and ``raw_exec`` (a real process group); ``taskenv``:
+  the ``DROVER_*``/``NOMAD_*`` variables a task starts with.
 - ``taskrunner`` / ``runner``: one thread per task, one ``AllocRunner`` per alloc.
 - ``rpc``: the server pool (failover, backoff) and the Nodes RPCs.
 - ``config``: ``ClientSettings`` (any object with ``ClientConfig``'s attributes) and

@@ -26,6 +26,7 @@ from client_agent.drivers.base import Driver, TaskHandle, TaskSpec, parse_config
 from client_agent.errors import DriverConfigError, StateError
 from client_agent.restarts import RestartPolicy, default_restart_policy
 from client_agent.state import AllocRecord, StateDB, TaskRecord
+from client_agent.taskenv import task_env
 from client_agent.taskrunner import TaskRunner
 from client_agent.taskstate import (
     CLIENT_FAILED,
@@ -143,7 +144,7 @@ class AllocRunner:
                 name=task.name,
                 driver=task.driver,
                 config=config,
-                env=dict(task.env),
+                env=task_env(self._alloc, job, group, task),
                 kill_timeout_ns=task.kill_timeout_ns or DEFAULT_KILL_TIMEOUT_NS,
                 job_id=job.id,
                 group=group.name,

@@ -1,8 +1,8 @@
 """The ``raw_exec`` driver: a real process, unisolated, in its own session and process group.
 
 Config keys: ``command`` (required) and ``args`` (a list of strings). The task's ``env``
-is laid over the agent's environment plus ``DROVER_*`` variables naming the alloc, task and
-directories. stdout and stderr are appended to ``stdout.log`` / ``stderr.log`` in the task
+is laid over the agent's environment plus the ``DROVER_*``/``NOMAD_*`` variables
+(client_agent/taskenv.py) naming the alloc, task, node and directories. stdout and stderr are appended to ``stdout.log`` / ``stderr.log`` in the task
 directory (``data_dir/allocs/<alloc_id>/<task>/``), which is also the working directory.
 
 Stopping sends SIGTERM to the whole process group, then SIGKILL once the task's
@@ -35,6 +35,7 @@ import structlog
 
 from client_agent.drivers.base import ExitResult, TaskSpec
 from client_agent.errors import DriverConfigError, TaskStartError
+from client_agent.taskenv import dir_env
 
 __all__ = ["RawExecDriver", "RawExecHandle", "reap_registered_children"]
 
@@ -204,8 +205,7 @@ class RawExecDriver:
             "DROVER_TASK_NAME": task.name,
             "DROVER_JOB_ID": task.job_id,
             "DROVER_GROUP_NAME": task.group,
-            "DROVER_ALLOC_DIR": str(task_dir.parent),
-            "DROVER_TASK_DIR": str(task_dir),
+            **dir_env(str(task_dir.parent), str(task_dir)),
             **task.env,
         }
         try:
