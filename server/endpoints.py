@@ -16,7 +16,10 @@ from google.protobuf.message import Message
 from drover.v1 import raft_pb2, structs_pb2
 from scheduler import validate
 from scheduler.periodic import derive_dispatched_child, dispatched_child_id
+from scheduler.reconcile import next_reschedule
 from scheduler.structs import (
+    ALLOC_CLIENT_FAILED,
+    ALLOC_DESIRED_RUN,
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
     NODE_STATUS_DISCONNECTED,
@@ -27,10 +30,12 @@ from scheduler.structs import (
     TRIGGER_JOB_REGISTER,
     TRIGGER_NODE_DRAIN,
     TRIGGER_NODE_UPDATE,
+    TRIGGER_RETRY_FAILED_ALLOC,
     DrainStrategy,
     Evaluation,
     Job,
     Node,
+    TaskState,
     job_eval,
 )
 from server.clock import Clock, IdSource
@@ -476,7 +481,48 @@ class Endpoints:
             )
             for name, state in alloc.task_states.items():
                 slim.task_states[name].CopyFrom(state)
+        for ev in self._failure_evals(snap, entry):
+            to_proto(ev, entry.evals.add())
         return self._propose(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry)
+
+    def _failure_evals(self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry) -> list[Evaluation]:
+        """One ``alloc-failure`` eval per job with a newly failed alloc its policy may
+        reschedule, written in the same entry as the failure: without it a crashed service
+        stays dead until something else happens to evaluate its job.
+
+        Nomad's rule (Node.UpdateAlloc): only allocs still desired running, not already
+        given a follow-up eval, of a job and group that still exist. Whether the
+        replacement goes now or after the policy's delay is the scheduler's decision.
+        """
+        now = entry.updated_at_ns
+        evals: dict[tuple[str, str], Evaluation] = {}
+        for msg in entry.allocs:
+            if msg.client_status != ALLOC_CLIENT_FAILED:
+                continue
+            existing = snap.alloc(msg.id)
+            if (
+                existing is None
+                or existing.client_status == ALLOC_CLIENT_FAILED
+                or existing.desired_status != ALLOC_DESIRED_RUN
+                or existing.followup_eval_id
+            ):
+                continue
+            job = snap.job(existing.namespace, existing.job_id)
+            if job is None or job.stop or (existing.namespace, job.id) in evals:
+                continue
+            group = job.lookup_group(existing.task_group)
+            if group is None:
+                continue
+            task_states = {name: from_proto(ts, TaskState) for name, ts in msg.task_states.items()}
+            now_failed = replace(
+                existing,
+                client_status=ALLOC_CLIENT_FAILED,
+                task_states=task_states or existing.task_states,
+                modify_time_ns=now,
+            )
+            if next_reschedule(now_failed, group.reschedule).eligible:
+                evals[(existing.namespace, job.id)] = self._new_eval(job, TRIGGER_RETRY_FAILED_ALLOC, now)
+        return list(evals.values())
 
     # -- operator ----------------------------------------------------------------------
     def restore_snapshot(self, snapshot: raft_pb2.StateSnapshot) -> ApplyResult:
