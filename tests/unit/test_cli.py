@@ -583,9 +583,9 @@ def test_job_run__periodic_job__nothing_to_monitor(
 
 
 def test_job_run__default_monitor_timeout_is_60s() -> None:
-    from server.cli import _build_parser
+    from server.cli import build_parser
 
-    args = _build_parser().parse_args(["job", "run", "web.hcl"])
+    args = build_parser().parse_args(["job", "run", "web.hcl"])
     assert args.monitor_timeout == 60.0
 
 

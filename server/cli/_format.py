@@ -1,4 +1,4 @@
-"""Formatting helpers for the ``drover`` CLI (server/cli.py): tables, key = value lists,
+"""Output formatting for the ``drover`` CLI: tables, key = value lists,
 JSON, times and durations, and the ``job plan`` bucket table.
 
 Nothing here talks to a server; everything takes plain values or protobuf messages.
@@ -16,11 +16,11 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from drover.v1 import structs_pb2
+from server.cli._errors import CLIError
 
 __all__ = [
     "ALLOC_HEADERS",
     "SHORT_ID_LEN",
-    "CLIError",
     "alloc_rows",
     "fmt_duration",
     "fmt_time",
@@ -29,6 +29,7 @@ __all__ = [
     "parse_duration_ns",
     "plan_header",
     "plan_table",
+    "print_allocs_table",
     "print_json",
     "print_kv",
     "print_table",
@@ -36,10 +37,6 @@ __all__ = [
 ]
 
 SHORT_ID_LEN: Final = 8
-
-
-class CLIError(Exception):
-    """An expected failure: printed as ``Error: <message>``, exit status 1."""
 
 
 def short_id(value: str, verbose: bool) -> str:
@@ -105,6 +102,10 @@ def alloc_rows(allocs: Iterable[structs_pb2.Allocation], verbose: bool) -> list[
 
 
 ALLOC_HEADERS: Final = ("ID", "Node ID", "Task Group", "Version", "Desired", "Status", "Created", "Modified")
+
+
+def print_allocs_table(allocs: Iterable[structs_pb2.Allocation], verbose: bool) -> None:
+    print_table(ALLOC_HEADERS, alloc_rows(allocs, verbose), empty="No allocations placed")
 
 
 # ---------------------------------------------------------------------------------------

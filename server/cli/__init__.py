@@ -1,0 +1,54 @@
+"""The ``drover`` command line: agents, jobs, nodes, evals, allocs and operator commands.
+
+Flags are Nomad-style single-dash words (``-address``, ``-json``); the double-dash spelling
+works too, as does ``-flag=value``. Common flags go after the command: ``drover job status
+-json web``.
+
+Contract for scripts: expected failures (bad job file, unknown ID, server errors, no leader
+after retries) exit 1 with exactly one line ``Error: <message>`` on stderr and nothing on
+stdout after it; argparse usage errors exit 2. ``-json`` prints protobuf messages as
+``MessageToDict(msg, preserving_proto_field_name=True)``: snake_case keys as in the proto,
+64-bit integers as strings, default values omitted.
+
+Map of the package, one module per command group; each has a ``register(top)`` that adds
+its commands to the parser, and the handlers that run them:
+
+- ``agent``: ``drover agent -dev|-server|-client``, the agents themselves.
+- ``job``: ``run``, ``plan``, ``status``, ``stop``, ``allocs``, ``dispatch``,
+  ``periodic force``.
+- ``node``: ``status``, ``drain``, ``eligibility``.
+- ``eval``: ``list``, ``status``.
+- ``alloc``: ``status``.
+- ``system``: ``reconcile summaries``.
+- ``operator``: ``raft list-peers|logs|state``, ``snapshot save|restore|inspect``,
+  ``state``, ``invariants``.
+
+Shared, private:
+
+- ``_parser``: the whole parser, built from the groups' ``register``.
+- ``_args``: flag spellings and the common flag sets; reading ``-address``, ``-verbose``.
+- ``_connect``: the SDK client from the flags; finding a record by ID prefix.
+- ``_errors``: :class:`CLIError` and the one boundary that turns failures into one line.
+- ``_monitor``: following an evaluation after a write.
+- ``_format``: tables, key = value lists, JSON, times, durations; nothing there talks to
+  a server.
+
+The SDK the commands call is ``server.sdk``, a module of its own.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from server.cli._errors import CLIError, Handler, run_handler
+from server.cli._format import format_table, parse_duration_ns
+from server.cli._parser import build_parser
+
+__all__ = ["CLIError", "build_parser", "format_table", "main", "parse_duration_ns"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``drover`` entry point; returns the exit status."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    handler: Handler = args.handler
+    return run_handler(handler, args)

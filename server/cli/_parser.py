@@ -1,0 +1,21 @@
+"""The whole ``drover`` argument parser: each command group adds its own commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from server.cli import agent, alloc, job, node, operator, system
+from server.cli import eval as eval_group
+
+__all__ = ["build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="drover", description="drover cluster scheduler", allow_abbrev=False
+    )
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The order here is the order ``drover -h`` lists the groups in.
+    for group in (agent, job, node, eval_group, alloc, system, operator):
+        group.register(top)
+    return parser

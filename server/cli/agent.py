@@ -1,0 +1,102 @@
+"""``drover agent``: run a dev, server or client agent in this process."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Final
+
+from server.cli._args import (
+    Subcommands,
+    add_command,
+    flag,
+    parse_meta,
+)
+from server.cli._errors import CLIError
+from server.config import load_client_config, load_dev_config, load_server_config
+
+__all__ = ["register"]
+
+
+def register(top: Subcommands) -> None:
+    p = add_command(top, "agent", _cmd_agent, "run a server, client or dev agent")
+    mode = p.add_mutually_exclusive_group(required=True)
+    for name in ("dev", "server", "client"):
+        mode.add_argument(f"-{name}", f"--{name}", dest="mode", action="store_const", const=name)
+    flag(p, "config", metavar="FILE", help="HCL (.hcl) or YAML (.yaml/.yml/.json) config file")
+    flag(p, "node-name")
+    flag(p, "data-dir")
+    flag(p, "bind")
+    flag(p, "grpc-port", type=int)
+    flag(p, "raft-port", type=int)
+    flag(p, "peers", help="other servers' raft addresses, comma-separated")
+    flag(p, "raft-key-file")
+    flag(p, "servers", help="servers' gRPC addresses, comma-separated")
+    flag(p, "datacenter")
+    flag(p, "node-class")
+    flag(p, "meta", action="append", metavar="KEY=VALUE", help="client node metadata (repeatable)")
+    flag(p, "num-workers", type=int)
+    flag(p, "min-heartbeat-ttl", metavar="DURATION", help="shortest client heartbeat TTL (10s)")
+    flag(p, "max-heartbeats-per-second", type=int, help="heartbeat rate the TTL scales to (50)")
+    flag(p, "heartbeat-grace", metavar="DURATION", help="extra wait before a node is marked down (10s)")
+    flag(p, "failover-heartbeat-ttl", metavar="DURATION", help="TTL every node gets from a new leader (5m)")
+    flag(p, "log-json", action="store_true", default=None)
+    flag(p, "log-level", choices=("debug", "info", "warning", "error"))
+
+
+_AGENT_KEYS: Final = {
+    "dev": ("grpc_port", "data_dir", "log_json", "log_level"),
+    "server": (
+        "node_name",
+        "data_dir",
+        "bind",
+        "grpc_port",
+        "raft_port",
+        "peers",
+        "raft_key_file",
+        "num_workers",
+        "min_heartbeat_ttl",
+        "max_heartbeats_per_second",
+        "heartbeat_grace",
+        "failover_heartbeat_ttl",
+        "log_json",
+        "log_level",
+    ),
+    "client": (
+        "node_name",
+        "data_dir",
+        "servers",
+        "datacenter",
+        "node_class",
+        "meta",
+        "log_json",
+        "log_level",
+    ),
+}
+_ALL_AGENT_KEYS: Final = frozenset(k for keys in _AGENT_KEYS.values() for k in keys)
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    mode: str = args.mode
+    flags: dict[str, object] = {}
+    for key in sorted(_ALL_AGENT_KEYS):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key not in _AGENT_KEYS[mode]:
+            raise CLIError(f"flag -{key.replace('_', '-')} does not apply to agent -{mode}")
+        flags[key] = parse_meta(value) if key == "meta" else value
+    # Imported here: the agents pull in raft and the drivers, which other commands never need.
+    rc: int
+    if mode == "dev":
+        from server.agent import run_dev  # type: ignore[import-not-found, unused-ignore]
+
+        rc = run_dev(load_dev_config(flags, args.config))
+    elif mode == "server":
+        from server.agent import run_server  # type: ignore[import-not-found, unused-ignore]
+
+        rc = run_server(load_server_config(flags, args.config))
+    else:
+        from client_agent.agent import run_client  # type: ignore[import-not-found, unused-ignore]
+
+        rc = run_client(load_client_config(flags, args.config))
+    return rc

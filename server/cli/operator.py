@@ -1,0 +1,311 @@
+"""``drover operator``: raft peers, snapshots, per-server state digests and invariant
+checks, and offline tools that read a stopped server's raft data."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Final
+
+from google.protobuf.message import DecodeError, Message
+
+from drover.v1 import api_pb2, raft_pb2
+from server.cli._args import (
+    Subcommands,
+    add_command,
+    add_group,
+    address,
+    conn_flags,
+    flag,
+    read_flags,
+)
+from server.cli._connect import connect
+from server.cli._errors import CLIError, fail
+from server.cli._format import (
+    print_json,
+    print_kv,
+    print_table,
+)
+from server.sdk import DroverClient, DroverError, parse_addresses
+
+__all__ = ["register"]
+
+_RAFT_OFFLINE_EPILOG: Final = """\
+Reads the raft journal and snapshot in DIR/raft of a STOPPED server, without contacting any
+server. While a server runs on DIR this refuses (the data dir is locked). Replaying uses the
+server's own FSM, so the state printed is the state the server had at that index.
+"""
+
+
+def register(top: Subcommands) -> None:
+    operator = add_group(top, "operator", "cluster operations")
+    raft = add_group(operator, "raft", "raft peers, and offline tools for a stopped server's raft data")
+    p = add_command(raft, "list-peers", _cmd_raft_peers, "list the raft peers")
+    read_flags(p)
+    p = add_command(
+        raft,
+        "logs",
+        _cmd_raft_logs,
+        "print a stopped server's raft log: one JSON object per entry",
+        _RAFT_OFFLINE_EPILOG,
+    )
+    flag(p, "data-dir", required=True, metavar="DIR", help="the server's data dir")
+    flag(p, "pretty", action="store_true", help="indent each object (several lines per entry)")
+    p = add_command(
+        raft,
+        "state",
+        _cmd_raft_state,
+        "print a stopped server's state at a raft index, every table as JSON",
+        _RAFT_OFFLINE_EPILOG,
+    )
+    flag(p, "data-dir", required=True, metavar="DIR", help="the server's data dir")
+    flag(
+        p,
+        "last-index",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay up to raft index N (default: the whole log; negative: N entries before the end)",
+    )
+    snapshot = add_group(operator, "snapshot", "save and restore the state")
+    p = add_command(snapshot, "save", _cmd_snapshot_save, "write the cluster state to FILE")
+    p.add_argument("file")
+    conn_flags(p)
+    flag(p, "stale", action="store_true")
+    p = add_command(snapshot, "restore", _cmd_snapshot_restore, "replace the cluster state with FILE")
+    p.add_argument("file")
+    conn_flags(p)
+    p = add_command(
+        snapshot, "inspect", _cmd_snapshot_inspect, "show the index, size and tables of a snapshot FILE"
+    )
+    p.add_argument("file", help="a `snapshot save` file, or a data dir's raft/snapshot.pb")
+    flag(p, "json", action="store_true")
+    p = add_command(operator, "state", _cmd_operator_state, "state digest of each addressed server")
+    conn_flags(p)
+    flag(p, "json", action="store_true")
+    p = add_command(
+        operator, "invariants", _cmd_operator_invariants, "check invariants 1 and 2 on each addressed server"
+    )
+    conn_flags(p)
+    flag(p, "json", action="store_true")
+
+
+def _cmd_raft_peers(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        resp = client.raft_peers(stale=args.stale)
+        if args.json:
+            print_json(resp)
+            return 0
+        rows = [
+            [
+                p.name,
+                p.raft_address,
+                p.grpc_address,
+                "leader" if p.leader else "follower",
+                str(p.voter).lower(),
+                str(p.connected).lower(),
+            ]
+            for p in resp.peers
+        ]
+        print_table(["Node", "Raft Address", "gRPC Address", "State", "Voter", "Connected"], rows)
+    return 0
+
+
+def _cmd_snapshot_save(args: argparse.Namespace) -> int:
+    path: str = args.file
+    with connect(args) as client:
+        resp = client.snapshot_save(stale=args.stale)
+    data = resp.snapshot.SerializeToString()
+    _write_file_atomically(path, data)
+    print(f"State file written to {path} (index {resp.snapshot.index}, {len(data)} bytes)")
+    return 0
+
+
+def _write_file_atomically(path: str, data: bytes) -> None:
+    """Write beside the target and rename, so a failed save never leaves a truncated file.
+
+    Only for regular files: renaming over a device or a FIFO (``/dev/stdout``) would replace
+    the device node itself, so those are written in place.
+    """
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _cmd_snapshot_restore(args: argparse.Namespace) -> int:
+    with open(args.file, "rb") as fh:
+        data = fh.read()
+    snapshot = raft_pb2.StateSnapshot()
+    try:
+        snapshot.ParseFromString(data)
+    except DecodeError as exc:
+        raise CLIError(f"{args.file}: not a drover snapshot ({exc})") from exc
+    with connect(args) as client:
+        resp = client.snapshot_restore(snapshot)
+    print(
+        f"Snapshot restored from {args.file} (snapshot index {snapshot.index}, raft index {resp.meta.index})"
+    )
+    return 0
+
+
+def _offline(fn: Callable[[], int]) -> int:
+    """Run an offline tool: its errors are one-line CLI errors; logs go to stderr."""
+    from server.logs import configure_logging
+    from server.raft_tools import OfflineError
+
+    configure_logging(level="error")
+    try:
+        return fn()
+    except OfflineError as exc:
+        raise CLIError(str(exc)) from exc
+
+
+def _cmd_raft_logs(args: argparse.Namespace) -> int:
+    import json
+
+    from server.raft_tools import log_entries, open_data_dir
+
+    def run() -> int:
+        with open_data_dir(args.data_dir) as data:
+            for entry in log_entries(data):
+                print(json.dumps(entry, indent=2 if args.pretty else None, sort_keys=False))
+        return 0
+
+    return _offline(run)
+
+
+def _cmd_raft_state(args: argparse.Namespace) -> int:
+    import json
+
+    from server.raft_tools import open_data_dir, state_json
+
+    def run() -> int:
+        with open_data_dir(args.data_dir) as data:
+            doc = state_json(data, args.last_index)
+        print(json.dumps(doc, indent=2))
+        return 0
+
+    return _offline(run)
+
+
+def _cmd_snapshot_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from server.raft_tools import inspect_snapshot
+
+    def run() -> int:
+        info = inspect_snapshot(args.file)
+        if args.json:
+            print(json.dumps(info, indent=2))
+            return 0
+        pairs = [("File", info["file"]), ("Format", info["format"]), ("Index", str(info["index"]))]
+        if "last_entry" in info:
+            pairs.append(
+                ("Raft Last Entry", f"index {info['last_entry']['index']}, term {info['last_entry']['term']}")
+            )
+        pairs.append(("Size", f"{info['size']} bytes"))
+        print_kv(pairs)
+        print()
+        tables = sorted(info["tables"], key=lambda t: (-t["size"], t["name"]))
+        rows = [[t["name"], str(t["count"]), str(t["size"])] for t in tables]
+        rows.append(["Total", str(sum(t["count"] for t in tables)), str(sum(t["size"] for t in tables))])
+        print_table(["Table", "Count", "Size"], rows)
+        return 0
+
+    return _offline(run)
+
+
+def _cmd_operator_state(args: argparse.Namespace) -> int:
+    """Ask each addressed server for its own digest (StateDigest is never forwarded)."""
+    addresses = parse_addresses(address(args))
+    if len(addresses) == 1:
+        with connect(args) as client:
+            resp = client.state_digest()
+        if args.json:
+            print_json(resp)
+        else:
+            print_kv(
+                [
+                    ("Server", resp.server),
+                    ("Leader", str(resp.leader).lower()),
+                    ("Term", str(resp.term)),
+                    ("Applied Index", str(resp.applied_index)),
+                    ("Commit Index", str(resp.commit_index)),
+                    ("Digest", resp.digest),
+                ]
+            )
+        return 0
+    answers: list[tuple[str, api_pb2.StateDigestResponse | DroverError]] = []
+    for addr in addresses:
+        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
+            try:
+                answers.append((addr, client.state_digest()))
+            except DroverError as exc:
+                answers.append((addr, exc))
+    failed = sum(isinstance(a, DroverError) for _, a in answers)
+    if args.json:
+        print_json(
+            [a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers]
+        )
+    else:
+        rows = [
+            [
+                addr,
+                a.server,
+                str(a.leader).lower(),
+                str(a.term),
+                str(a.applied_index),
+                str(a.commit_index),
+                a.digest,
+            ]
+            if isinstance(a, api_pb2.StateDigestResponse)
+            else [addr, "-", "-", "-", "-", "-", f"ERROR: {a}"]
+            for addr, a in answers
+        ]
+        print_table(["Address", "Server", "Leader", "Term", "Applied", "Commit", "Digest"], rows)
+    if failed:
+        return fail(f"{failed} of {len(addresses)} servers did not answer")
+    return 0
+
+
+def _cmd_operator_invariants(args: argparse.Namespace) -> int:
+    """Ask each addressed server to check its own state (Invariants is never forwarded);
+    exit 1 when any reports a violation or does not answer."""
+    answers: list[tuple[str, api_pb2.InvariantsResponse | DroverError]] = []
+    for addr in parse_addresses(address(args)):
+        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
+            try:
+                answers.append((addr, client.invariants()))
+            except DroverError as exc:
+                answers.append((addr, exc))
+    failed = sum(isinstance(a, DroverError) for _, a in answers)
+    violations = sum(len(a.violations) for _, a in answers if isinstance(a, api_pb2.InvariantsResponse))
+    if args.json:
+        print_json(
+            [a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers]
+        )
+    else:
+        for addr, a in answers:
+            if isinstance(a, DroverError):
+                print(f"{addr}: ERROR: {a}")
+                continue
+            verdict = f"{len(a.violations)} violation(s)" if a.violations else "no violations"
+            print(f"{a.server} ({addr}) at index {a.index}: {verdict}")
+            for violation in a.violations:
+                print(f"  {violation}")
+    if failed:
+        return fail(f"{failed} of {len(answers)} servers did not answer")
+    return 1 if violations else 0
