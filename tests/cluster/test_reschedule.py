@@ -1,0 +1,285 @@
+"""The failure loop, whole: a task exits non-zero on a real client, the client gives up per
+its restart policy and reports the alloc failed, the server writes an ``alloc-failure``
+evaluation with that report, the scheduler reschedules the alloc now or after the policy's
+delay (a delayed evaluation in raft, so a new leader keeps the appointment), and a new
+alloc runs, elsewhere when it can.
+
+Real server processes, real client agents running ``raw_exec`` tasks (``sh``), jobs
+registered with the ``drover`` CLI from HCL files. Delays are checked from the allocs'
+create times and their tasks' finish times, with a tolerance for scheduling and reporting
+latency (the lower bound is the policy's delay less the scheduler's 1 s reschedule window).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.cluster import LocalCluster, wait_for
+from drover.v1 import structs_pb2
+from server.sdk import DroverClient
+
+SECOND = 1_000_000_000
+# The scheduler reschedules a failure due within this window at once (scheduler/reconcile.py).
+WINDOW_NS = SECOND
+# Failure report, evaluation, plan and placement: generous on a loaded 2-core machine.
+LATENCY_NS = 12 * SECOND
+
+
+@pytest.fixture
+def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
+    """One server and client agents c1 and c2, real processes, always stopped afterwards."""
+    with LocalCluster(tmp_path / "cluster", servers=1, clients=2) as cluster:
+        cluster.wait_for_leader(60)
+        yield cluster
+
+
+def _job_file(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.hcl"
+    path.write_text(text)
+    return path
+
+
+def _service(job_id: str, script: str, reschedule: str, *, job_type: str = "service") -> str:
+    return f"""
+job "{job_id}" {{
+  type        = "{job_type}"
+  datacenters = ["dc1"]
+  group "g" {{
+    count = 1
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+    {reschedule}
+    task "t" {{
+      driver = "raw_exec"
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{script}"]
+      }}
+      resources {{
+        cpu    = 50
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _run(cluster: LocalCluster, path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server.cli", "job", "run", "-detach", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _ready_nodes(client: DroverClient, n: int) -> list[structs_pb2.Node] | None:
+    nodes = [node for node in client.list_nodes().nodes if node.status == "ready"]
+    return nodes if len(nodes) >= n else None
+
+
+def _allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:
+    """The job's allocs, full records, oldest first."""
+    listed = client.list_allocs(job_id=job_id).allocs
+    full = [client.get_alloc(a.id).alloc for a in listed]
+    return sorted(full, key=lambda a: (a.create_index, a.id))
+
+
+def _failed(client: DroverClient, job_id: str, n: int) -> list[structs_pb2.Allocation] | None:
+    allocs = _allocs(client, job_id)
+    failed = [a for a in allocs if a.client_status == "failed"]
+    return allocs if len(failed) >= n else None
+
+
+def _settled(client: DroverClient, job_id: str) -> bool:
+    """Every evaluation of the job is finished and none waits for a later time."""
+    evals = client.list_evals(job_id=job_id).evals
+    return bool(evals) and all(e.status in ("complete", "failed", "canceled") for e in evals)
+
+
+def _fail_time(alloc: structs_pb2.Allocation) -> int:
+    return max((ts.finished_at_ns for ts in alloc.task_states.values()), default=0) or alloc.modify_time_ns
+
+
+def _gaps(allocs: list[structs_pb2.Allocation]) -> list[int]:
+    """From each alloc's failure to its replacement's creation, along the chain."""
+    by_id = {a.id: a for a in allocs}
+    gaps = []
+    for a in allocs:
+        if a.previous_allocation:
+            gaps.append(a.create_time_ns - _fail_time(by_id[a.previous_allocation]))
+    return gaps
+
+
+def _check_chain(allocs: list[structs_pb2.Allocation]) -> None:
+    """Each replacement names the alloc it replaces and carries one more attempt."""
+    for earlier, later in itertools.pairwise(allocs):
+        assert later.previous_allocation == earlier.id
+        assert [e.prev_alloc_id for e in later.reschedule_events][-1] == earlier.id
+        assert len(later.reschedule_events) == len(earlier.reschedule_events) + 1
+
+
+def test_reschedule__attempts_within_interval_then_left_failed(
+    two_clients: LocalCluster, tmp_path: Path
+) -> None:
+    cluster = two_clients
+    policy = """reschedule {
+      attempts       = 2
+      interval       = "10m"
+      delay          = "2s"
+      delay_function = "constant"
+      unlimited      = false
+    }"""
+    with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
+        _run(cluster, _job_file(tmp_path, "crash", _service("crash", "exit 1", policy)))
+        allocs = wait_for(
+            lambda: _failed(client, "crash", 3), 90, 0.3, lambda: "3 failed allocs\n" + cluster.logs_tail()
+        )
+        assert allocs is not None
+        wait_for(lambda: _settled(client, "crash"), 60, 0.3, "the job's evaluations to settle")
+        allocs = _allocs(client, "crash")
+        assert len(allocs) == 3, [(a.id, a.client_status) for a in allocs]
+        assert all(a.client_status == "failed" for a in allocs)
+        _check_chain(allocs)
+        for gap in _gaps(allocs):
+            assert 2 * SECOND - WINDOW_NS <= gap <= 2 * SECOND + LATENCY_NS, gap
+        evals = client.list_evals(job_id="crash").evals
+        failure = [e for e in evals if e.triggered_by == "alloc-failure"]
+        # Two reported failures that still had an attempt left, each with the delayed
+        # follow-up its evaluation created; the third failure creates nothing.
+        assert len(failure) == 4, [(e.triggered_by, e.wait_until_ns) for e in evals]
+        delayed = [e for e in failure if e.wait_until_ns > 0]
+        assert len(delayed) == 2
+        for ev in delayed:
+            assert ev.previous_eval in {e.id for e in failure if e.wait_until_ns == 0}
+
+
+def test_reschedule__unlimited_goes_on_with_growing_delays(two_clients: LocalCluster, tmp_path: Path) -> None:
+    cluster = two_clients
+    policy = """reschedule {
+      unlimited      = true
+      delay          = "2s"
+      delay_function = "exponential"
+      max_delay      = "1m"
+    }"""
+    with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
+        _run(cluster, _job_file(tmp_path, "flappy", _service("flappy", "exit 3", policy)))
+        allocs = wait_for(
+            lambda: _failed(client, "flappy", 4), 120, 0.3, lambda: "4 failed allocs\n" + cluster.logs_tail()
+        )
+        assert allocs is not None
+        chain = [a for a in allocs if a.client_status == "failed"][:4]
+        _check_chain(chain)
+        gaps = _gaps(chain)
+        # 2 s, 4 s, 8 s: each at least the doubled delay, less the window.
+        for gap, delay in zip(gaps, (2, 4, 8), strict=True):
+            assert delay * SECOND - WINDOW_NS <= gap <= delay * SECOND + LATENCY_NS, (gaps, delay)
+        assert [e.delay_ns for e in chain[3].reschedule_events] == [2 * SECOND, 4 * SECOND, 8 * SECOND]
+
+
+def test_reschedule__fails_on_one_node_runs_on_the_other(two_clients: LocalCluster, tmp_path: Path) -> None:
+    """The task fails on whichever node it lands first (it records that node in a file) and
+    runs anywhere else: the replacement must avoid the previous node."""
+    cluster = two_clients
+    marker = tmp_path / "first-node"
+    script = (
+        f"first=$(cat {marker} 2>/dev/null); "
+        f'if [ -z \\"$first\\" ]; then echo $NOMAD_NODE_NAME > {marker}; exit 1; fi; '
+        f'[ \\"$first\\" = \\"$DROVER_NODE_NAME\\" ] && exit 1; exec sleep 600'
+    )
+    policy = """reschedule {
+      attempts       = 1
+      interval       = "1h"
+      delay          = "1s"
+      delay_function = "constant"
+      unlimited      = false
+    }"""
+    with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
+        _run(cluster, _job_file(tmp_path, "picky", _service("picky", script, policy)))
+
+        def moved_and_running() -> list[structs_pb2.Allocation] | None:
+            allocs = _allocs(client, "picky")
+            running = [a for a in allocs if a.client_status == "running"]
+            return allocs if running else None
+
+        allocs = wait_for(moved_and_running, 90, 0.3, lambda: "a running replacement\n" + cluster.logs_tail())
+        assert allocs is not None
+        first, second = allocs
+        assert first.client_status == "failed" and second.client_status == "running"
+        assert marker.read_text().strip() == first.node_name
+        assert second.node_id != first.node_id
+        assert second.previous_allocation == first.id
+
+
+def test_reschedule__batch_job_uses_the_batch_defaults(two_clients: LocalCluster, tmp_path: Path) -> None:
+    """No reschedule block on a batch job: one more attempt within 24 h, after 5 s."""
+    cluster = two_clients
+    with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
+        _run(cluster, _job_file(tmp_path, "report", _service("report", "exit 2", "", job_type="batch")))
+        allocs = wait_for(
+            lambda: _failed(client, "report", 2), 90, 0.3, lambda: "2 failed allocs\n" + cluster.logs_tail()
+        )
+        assert allocs is not None
+        wait_for(lambda: _settled(client, "report"), 60, 0.3, "the job's evaluations to settle")
+        allocs = _allocs(client, "report")
+        assert len(allocs) == 2 and all(a.client_status == "failed" for a in allocs)
+        _check_chain(allocs)
+        (gap,) = _gaps(allocs)
+        assert 5 * SECOND - WINDOW_NS <= gap <= 5 * SECOND + LATENCY_NS, gap
+        policy = client.get_job("report").job.groups[0].reschedule
+        assert (policy.attempts, policy.unlimited, policy.delay_function) == (1, False, "constant")
+
+
+def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None:
+    """The leader dies while the replacement waits for its delay: the next leader rebuilds
+    the delayed evaluation from the replicated state and reschedules on time."""
+    policy = """reschedule {
+      attempts       = 1
+      interval       = "1h"
+      delay          = "12s"
+      delay_function = "constant"
+      unlimited      = false
+    }"""
+    with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
+        cluster.wait_for_leader(60)
+        with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+            wait_for(lambda: _ready_nodes(client, 1), 60, 0.2, lambda: "1 node\n" + cluster.logs_tail())
+            _run(cluster, _job_file(tmp_path, "phoenix", _service("phoenix", "exit 1", policy)))
+
+            def delayed_eval() -> structs_pb2.Evaluation | None:
+                evals = client.list_evals(job_id="phoenix").evals
+                return next((e for e in evals if e.wait_until_ns > 0 and e.status == "pending"), None)
+
+            waiting = wait_for(delayed_eval, 60, 0.2, lambda: "a delayed eval\n" + cluster.logs_tail())
+            assert waiting is not None
+            (failed,) = _allocs(client, "phoenix")
+            assert failed.followup_eval_id == waiting.id
+            leader = cluster.leader_index()
+            cluster.kill(leader)
+            allocs = wait_for(
+                lambda: _failed(client, "phoenix", 2),
+                90,
+                0.3,
+                lambda: "the replacement\n" + cluster.logs_tail(),
+            )
+            assert allocs is not None
+            replacement = allocs[1]
+            assert replacement.previous_allocation == failed.id
+            assert replacement.create_time_ns >= waiting.wait_until_ns - WINDOW_NS
+            assert replacement.create_time_ns <= waiting.wait_until_ns + LATENCY_NS
