@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Final, TypeVar
+from dataclasses import dataclass
+from typing import Final, Generic, NoReturn, TypeVar
 
 import grpc
 
+from drover.v1 import structs_pb2
 from server.cli._args import address
 from server.cli._errors import CLIError
 from server.sdk import DroverClient, DroverError
 
-__all__ = ["UUID_LEN", "connect", "get_by_prefix", "no_unique_match"]
+__all__ = ["ALLOCS", "EVALS", "UUID_LEN", "RecordKind", "connect", "find", "no_unique_match"]
 
 # A reference this long is a whole ID, never a prefix.
 UUID_LEN: Final = 36
@@ -30,23 +32,47 @@ def connect(args: argparse.Namespace) -> DroverClient:
         raise CLIError(str(exc)) from exc
 
 
-def get_by_prefix(kind: str, ref: str, get: Callable[[str], T], list_ids: Callable[[], list[str]]) -> T:
-    """Get by exact ID, else by the only ID that starts with ``ref``."""
-    try:
-        return get(ref)
-    except DroverError as exc:
-        if exc.code != grpc.StatusCode.NOT_FOUND or len(ref) >= UUID_LEN:
-            raise
-        matches = [i for i in list_ids() if i.startswith(ref)]
-        if len(matches) != 1:
-            no_unique_match(kind, ref, matches, exc)
-        return get(matches[0])
-
-
-def no_unique_match(kind: str, ref: str, matches: list[str], exc: DroverError | None) -> None:
+def no_unique_match(kind: str, ref: str, matches: list[str], exc: DroverError | None) -> NoReturn:
+    """Raise why ``ref`` named no one record: several matches, or else the lookup's own
+    error (``exc``) when there is one, so a NOT_FOUND from the server reads as it did."""
     if len(matches) > 1:
         shown = ", ".join(sorted(matches)[:5]) + (", ..." if len(matches) > 5 else "")
         raise CLIError(f'prefix "{ref}" matched {len(matches)} {kind}s: {shown}')
     if exc is not None:
         raise exc
     raise CLIError(f'no {kind} matches "{ref}"')
+
+
+@dataclass(frozen=True)
+class RecordKind(Generic[T]):
+    """A kind of record :func:`find` looks up: its name in messages, how to get one by ID
+    and how to list every ID (``stale``: any server may answer from its own state)."""
+
+    name: str
+    get: Callable[[DroverClient, str, bool], T]
+    list_ids: Callable[[DroverClient, bool], list[str]]
+
+
+EVALS: Final[RecordKind[structs_pb2.Evaluation]] = RecordKind(
+    "evaluation",
+    lambda client, eval_id, stale: client.get_eval(eval_id, stale=stale).eval,
+    lambda client, stale: [e.id for e in client.list_evals(stale=stale).evals],
+)
+ALLOCS: Final[RecordKind[structs_pb2.Allocation]] = RecordKind(
+    "allocation",
+    lambda client, alloc_id, stale: client.get_alloc(alloc_id, stale=stale).alloc,
+    lambda client, stale: [a.id for a in client.list_allocs(stale=stale).allocs],
+)
+
+
+def find(client: DroverClient, kind: RecordKind[T], ref: str, *, stale: bool) -> T:
+    """The record with ID ``ref``, else the only one whose ID starts with ``ref``."""
+    try:
+        return kind.get(client, ref, stale)
+    except DroverError as exc:
+        if exc.code != grpc.StatusCode.NOT_FOUND or len(ref) >= UUID_LEN:
+            raise
+        matches = [i for i in kind.list_ids(client, stale) if i.startswith(ref)]
+        if len(matches) != 1:
+            no_unique_match(kind.name, ref, matches, exc)
+        return kind.get(client, matches[0], stale)

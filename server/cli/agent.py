@@ -5,12 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from server.cli._args import (
-    Subcommands,
-    add_command,
-    flag,
-    parse_meta,
-)
+from server.cli._args import Subcommands, add_command, flag, parse_meta
 from server.cli._errors import CLIError
 from server.config import load_client_config, load_dev_config, load_server_config
 

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import time
 
-from server.cli._args import (
-    Subcommands,
-    add_command,
-    add_group,
-    display_id,
-    read_flags,
-)
-from server.cli._connect import connect, get_by_prefix
-from server.cli._format import (
-    fmt_time,
-    print_json,
-    print_kv,
-    print_table,
-)
+from drover.v1 import structs_pb2
+from server.cli._args import Subcommands, add_command, add_group, display_id, read_flags
+from server.cli._connect import ALLOCS, connect, find
+from server.cli._format import fmt_duration, fmt_time, print_json, print_kv, print_table
+from server.cli._reschedule import attempts_text, eligibility_text
+from server.sdk import DroverClient, DroverError
 
 __all__ = ["register"]
 
@@ -31,12 +24,7 @@ def register(top: Subcommands) -> None:
 
 def _cmd_alloc_status(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        alloc = get_by_prefix(
-            "allocation",
-            args.alloc,
-            lambda i: client.get_alloc(i, stale=args.stale).alloc,
-            lambda: [a.id for a in client.list_allocs(stale=args.stale).allocs],
-        )
+        alloc = find(client, ALLOCS, args.alloc, stale=args.stale)
         if args.json:
             print_json(alloc)
             return 0
@@ -58,6 +46,7 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
                 ("Modified", fmt_time(alloc.modify_time_ns)),
                 ("Previous Allocation", alloc.previous_allocation or "<none>"),
                 ("Next Allocation", alloc.next_allocation or "<none>"),
+                *_reschedule_lines(client, alloc),
             ]
         )
         for name, state in sorted(alloc.task_states.items()):
@@ -68,8 +57,36 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
             )
             rows = [[fmt_time(e.time_ns), e.type, e.message] for e in state.events]
             print_table(["Time", "Type", "Description"], rows, empty="No events")
+        if alloc.reschedule_events:
+            print("\nReschedule Attempts")
+            rows = [
+                [
+                    fmt_time(e.reschedule_time_ns),
+                    display_id(e.prev_alloc_id, args),
+                    display_id(e.prev_node_id, args),
+                    fmt_duration(e.delay_ns),
+                ]
+                for e in alloc.reschedule_events
+            ]
+            print_table(["Time", "Previous Alloc", "Previous Node", "Delay"], rows)
         if alloc.state_history:
             print("\nClient Status History")
             rows = [[fmt_time(c.time_ns), c.field, c.value] for c in alloc.state_history]
             print_table(["Time", "Field", "Value"], rows)
     return 0
+
+
+def _reschedule_lines(client: DroverClient, alloc: structs_pb2.Allocation) -> list[tuple[str, str]]:
+    """Nomad's "Reschedule Attempts" and "Reschedule Eligibility" lines, where they apply."""
+    now = time.time_ns()
+    lines = []
+    if alloc.reschedule_events or alloc.client_status == "failed":
+        try:
+            job: structs_pb2.Job | None = client.get_job(alloc.job_id, namespace=alloc.namespace).job
+        except DroverError:
+            job = None  # purged: the attempts are still worth showing
+        lines.append(("Reschedule Attempts", attempts_text(alloc, job, now)))
+    when = eligibility_text(client, alloc, now)
+    if when is not None:
+        lines.append(("Reschedule Eligibility", when))
+    return lines

@@ -5,23 +5,9 @@ from __future__ import annotations
 import argparse
 
 from drover.v1 import structs_pb2
-from server.cli._args import (
-    Subcommands,
-    add_command,
-    add_group,
-    display_id,
-    flag,
-    is_verbose,
-    read_flags,
-)
-from server.cli._connect import connect, get_by_prefix
-from server.cli._format import (
-    fmt_time,
-    print_allocs_table,
-    print_json,
-    print_kv,
-    print_table,
-)
+from server.cli._args import Subcommands, add_command, add_group, display_id, flag, is_verbose, read_flags
+from server.cli._connect import EVALS, connect, find
+from server.cli._format import fmt_time, print_allocs_table, print_json, print_kv, print_table
 
 __all__ = ["register"]
 
@@ -52,22 +38,27 @@ def _cmd_eval_list(args: argparse.Namespace) -> int:
                 display_id(e.node_id, args),
                 e.status,
                 str(bool(e.failed_tg_allocs)).lower(),
+                fmt_time(e.wait_until_ns) if e.wait_until_ns else "-",
             ]
             for e in sorted(evals, key=lambda e: e.create_index, reverse=True)
         ]
-        headers = ["ID", "Priority", "Triggered By", "Job ID", "Node ID", "Status", "Placement Failures"]
+        headers = [
+            "ID",
+            "Priority",
+            "Triggered By",
+            "Job ID",
+            "Node ID",
+            "Status",
+            "Placement Failures",
+            "Wait Until",
+        ]
         print_table(headers, rows, empty="No evaluations")
     return 0
 
 
 def _cmd_eval_status(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        ev = get_by_prefix(
-            "evaluation",
-            args.eval,
-            lambda i: client.get_eval(i, stale=args.stale).eval,
-            lambda: [e.id for e in client.list_evals(stale=args.stale).evals],
-        )
+        ev = find(client, EVALS, args.eval, stale=args.stale)
         allocs: list[structs_pb2.Allocation] = []
         if ev.job_id:
             listing = client.list_allocs(job_id=ev.job_id, namespace=ev.namespace, stale=args.stale)

@@ -37,6 +37,7 @@ from server.cli._format import (
     print_table,
 )
 from server.cli._monitor import monitor_eval
+from server.cli._reschedule import awaiting_rows
 from server.codec import to_proto
 from server.sdk import DroverClient, DroverError
 
@@ -305,6 +306,10 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
                 ["Pending", "Running", "Dead"],
                 [[str(children.pending), str(children.running), str(children.dead)]],
             )
+        awaiting = awaiting_rows(client, allocs, time.time_ns(), short=not is_verbose(args))
+        if awaiting:
+            print("\nFailed Allocations Awaiting Reschedule")
+            print_table(["ID", "Name", "Node", "Reschedule"], awaiting)
         print("\nAllocations")
         print_allocs_table(allocs, is_verbose(args))
     return 0

@@ -45,9 +45,7 @@ def register(top: Subcommands) -> None:
     p = add_command(nodes, "drain", _cmd_node_drain, "start or stop draining a node")
     p.add_argument("node", help="node ID, unique ID prefix, or node name")
     write_flags(p)
-    toggle = p.add_mutually_exclusive_group(required=True)
-    toggle.add_argument("-enable", "--enable", dest="enable", action="store_const", const=True)
-    toggle.add_argument("-disable", "--disable", dest="enable", action="store_const", const=False)
+    _enable_or_disable(p)
     flag(p, "deadline", metavar="DURATION", help="drain deadline, e.g. 30m, 1h (default 1h)")
     flag(p, "no-deadline", action="store_true", help="no deadline: wait for allocs to migrate")
     flag(p, "force", action="store_true", help="stop all allocs at once")
@@ -56,6 +54,11 @@ def register(top: Subcommands) -> None:
     p = add_command(nodes, "eligibility", _cmd_node_eligibility, "toggle a node's scheduling eligibility")
     p.add_argument("node", help="node ID, unique ID prefix, or node name")
     write_flags(p)
+    _enable_or_disable(p)
+
+
+def _enable_or_disable(p: argparse.ArgumentParser) -> None:
+    """Exactly one of ``-enable`` / ``-disable``, read as ``args.enable``."""
     toggle = p.add_mutually_exclusive_group(required=True)
     toggle.add_argument("-enable", "--enable", dest="enable", action="store_const", const=True)
     toggle.add_argument("-disable", "--disable", dest="enable", action="store_const", const=False)

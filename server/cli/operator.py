@@ -6,31 +6,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
 from drover.v1 import api_pb2, raft_pb2
-from server.cli._args import (
-    Subcommands,
-    add_command,
-    add_group,
-    address,
-    conn_flags,
-    flag,
-    read_flags,
-)
+from server.cli._args import Subcommands, add_command, add_group, address, conn_flags, flag, read_flags
 from server.cli._connect import connect
 from server.cli._errors import CLIError, fail
-from server.cli._format import (
-    print_json,
-    print_kv,
-    print_table,
-)
+from server.cli._format import print_json, print_kv, print_table
 from server.sdk import DroverClient, DroverError, parse_addresses
 
 __all__ = ["register"]
+
+_Answer = TypeVar("_Answer", bound=Message)
 
 _RAFT_OFFLINE_EPILOG: Final = """\
 Reads the raft journal and snapshot in DIR/raft of a STOPPED server, without contacting any
@@ -248,18 +238,9 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
                 ]
             )
         return 0
-    answers: list[tuple[str, api_pb2.StateDigestResponse | DroverError]] = []
-    for addr in addresses:
-        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
-            try:
-                answers.append((addr, client.state_digest()))
-            except DroverError as exc:
-                answers.append((addr, exc))
-    failed = sum(isinstance(a, DroverError) for _, a in answers)
+    answers = _ask_each(addresses, args, lambda client: client.state_digest())
     if args.json:
-        print_json(
-            [a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers]
-        )
+        _print_answers_json(answers)
     else:
         rows = [
             [
@@ -276,27 +257,16 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
             for addr, a in answers
         ]
         print_table(["Address", "Server", "Leader", "Term", "Applied", "Commit", "Digest"], rows)
-    if failed:
-        return fail(f"{failed} of {len(addresses)} servers did not answer")
-    return 0
+    return _fail_unanswered(answers)
 
 
 def _cmd_operator_invariants(args: argparse.Namespace) -> int:
     """Ask each addressed server to check its own state (Invariants is never forwarded);
     exit 1 when any reports a violation or does not answer."""
-    answers: list[tuple[str, api_pb2.InvariantsResponse | DroverError]] = []
-    for addr in parse_addresses(address(args)):
-        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
-            try:
-                answers.append((addr, client.invariants()))
-            except DroverError as exc:
-                answers.append((addr, exc))
-    failed = sum(isinstance(a, DroverError) for _, a in answers)
+    answers = _ask_each(parse_addresses(address(args)), args, lambda client: client.invariants())
     violations = sum(len(a.violations) for _, a in answers if isinstance(a, api_pb2.InvariantsResponse))
     if args.json:
-        print_json(
-            [a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers]
-        )
+        _print_answers_json(answers)
     else:
         for addr, a in answers:
             if isinstance(a, DroverError):
@@ -306,6 +276,31 @@ def _cmd_operator_invariants(args: argparse.Namespace) -> int:
             print(f"{a.server} ({addr}) at index {a.index}: {verdict}")
             for violation in a.violations:
                 print(f"  {violation}")
+    return _fail_unanswered(answers) or (1 if violations else 0)
+
+
+def _ask_each(
+    addresses: Sequence[str], args: argparse.Namespace, ask: Callable[[DroverClient], _Answer]
+) -> list[tuple[str, _Answer | DroverError]]:
+    """Ask every server itself, in address order (these RPCs are never forwarded): one that
+    does not answer gets an error in its row instead of failing the whole command."""
+    answers: list[tuple[str, _Answer | DroverError]] = []
+    for addr in addresses:
+        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
+            try:
+                answers.append((addr, ask(client)))
+            except DroverError as exc:
+                answers.append((addr, exc))
+    return answers
+
+
+def _print_answers_json(answers: Sequence[tuple[str, Message | DroverError]]) -> None:
+    print_json([a if isinstance(a, Message) else {"address": addr, "error": str(a)} for addr, a in answers])
+
+
+def _fail_unanswered(answers: Sequence[tuple[str, Message | DroverError]]) -> int:
+    """Exit status 1 with an ``Error:`` line when any server did not answer, else 0."""
+    failed = sum(isinstance(a, DroverError) for _, a in answers)
     if failed:
         return fail(f"{failed} of {len(answers)} servers did not answer")
-    return 1 if violations else 0
+    return 0
