@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -74,15 +75,20 @@ job "{job_id}" {{
 """
 
 
-def _run(cluster: LocalCluster, path: Path) -> None:
+def _cli(cluster: LocalCluster, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "job", "run", "-detach", str(path)],
+        [sys.executable, "-m", "server.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
     )
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _run(cluster: LocalCluster, path: Path) -> None:
+    _cli(cluster, "job", "run", "-detach", str(path))
 
 
 def _ready_nodes(client: DroverClient, n: int) -> list[structs_pb2.Node] | None:
@@ -270,6 +276,18 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             assert waiting is not None
             (failed,) = _allocs(client, "phoenix")
             assert failed.followup_eval_id == waiting.id
+            # What an operator sees while the replacement waits for its delay.
+            alloc_status = _cli(cluster, "alloc", "status", failed.id)
+            assert re.search(r"Reschedule Attempts\s+0/1", alloc_status), alloc_status
+            assert re.search(r"Reschedule Eligibility\s+in \d+s \(", alloc_status), alloc_status
+            job_status = _cli(cluster, "job", "status", "phoenix")
+            assert "Failed Allocations Awaiting Reschedule" in job_status, job_status
+            assert re.search(rf"{failed.id[:8]}\s+phoenix\.g\[0\]\s+c1\s+in \d+s", job_status), job_status
+            eval_list = _cli(cluster, "eval", "list", "-job", "phoenix", "-verbose")
+            (line,) = [ln for ln in eval_list.splitlines() if ln.startswith(waiting.id)]
+            assert "pending" in line and re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", line.rstrip()), (
+                eval_list
+            )
             leader = cluster.leader_index()
             cluster.kill(leader)
             allocs = wait_for(
@@ -283,3 +301,5 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             assert replacement.previous_allocation == failed.id
             assert replacement.create_time_ns >= waiting.wait_until_ns - WINDOW_NS
             assert replacement.create_time_ns <= waiting.wait_until_ns + LATENCY_NS
+            # The replacement carries the attempt: its own status says so.
+            assert re.search(r"Reschedule Attempts\s+1/1", _cli(cluster, "alloc", "status", replacement.id))
