@@ -76,6 +76,9 @@ TRIGGER_FAILED_FOLLOW_UP: Final = "failed-eval-follow-up"
 TRIGGER_MAX_PLANS: Final = "max-plan-attempts"
 TRIGGER_RECONNECT: Final = "reconnect"
 
+SCHEDULER_ALGORITHM_BINPACK: Final = "binpack"
+SCHEDULER_ALGORITHM_SPREAD: Final = "spread"
+
 DEFAULT_NAMESPACE: Final = "default"
 DEFAULT_PRIORITY: Final = 50
 MIN_PRIORITY: Final = 1
@@ -179,7 +182,7 @@ class ParameterizedConfig:
 
 @dataclass(frozen=True, slots=True)
 class DisconnectStrategy:
-    """What happens to a group's allocs when their node stops heartbeating (seed 003)."""
+    """What happens to a group's allocs when their node stops heartbeating (docs/field-reports.md#field-report-3)."""
 
     lost_after_ns: int = 0
     reconcile: str = "best_score"
@@ -542,7 +545,7 @@ class PeriodicLaunch:
 class RejectionTrackerConfig:
     """On by default (Nomad's is off). The threshold is below the worker's bound on plan
     attempts without progress (10), so a node the applier keeps rejecting is taken out of
-    scheduling within the eval that hit it, and that eval ends (invariant 6)."""
+    scheduling within the eval that hit it, and that eval ends (docs/design.md#invariant-6)."""
 
     enabled: bool = True
     threshold: int = 5
@@ -551,7 +554,7 @@ class RejectionTrackerConfig:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    scheduler_algorithm: str = "binpack"
+    scheduler_algorithm: str = SCHEDULER_ALGORITHM_BINPACK
     rejection_tracker: RejectionTrackerConfig | None = None
     pause_eval_broker: bool = False
     create_index: int = 0

@@ -1,0 +1,629 @@
+"""Ranking: which node gets the next alloc of a group, as the plan stands.
+
+*Per (job, group) preparation.* Constraints, affinities, spread and distinct_property
+counters are compiled the first time a group is placed (``PreparedGroup``) and reused for
+every later alloc of the group. The property counters live in the plan's node views.
+
+*Candidate ring.* Like Nomad's stack, candidates are shuffled once (with the caller's
+``rng``) per (group, candidate list) and then visited as a ring (``CandidateRing``): each
+``select_node`` call continues where the previous one stopped and scores at most ``limit``
+nodes that fit. So a placement costs O(limit), not O(nodes), and consecutive replicas land
+on different nodes. The fit check and the view-only part of a node's score are cached
+against the view's version: between two visits a node has changed only if it won in between.
+
+*Dropped nodes.* A node that does not fit (or breaks distinct_hosts / distinct_property)
+cannot start fitting while the plan only grows, so it leaves the ring. It comes back when
+its own view loses an alloc (a stop, an in-place replacement); every node comes back when
+a distinct_property count drops. Pass the same candidate list object to every call of a
+pass: a different list starts a new ring.
+
+*Scores.* The formulas are in ``scheduler.rank``: binpack (or spread, per the scheduler
+config), job anti-affinity, affinities, spread blocks and the reschedule penalty, averaged
+over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scheduler import rank
+from scheduler.feasible import Feasibility, compile_feasibility, distinct_hosts_scope, distinct_properties
+from scheduler.fit import allocs_fit
+from scheduler.placement.views import NodeCaps, NodeView, NodeViews, PropertyCounter, view_fits
+from scheduler.ports import group_ports, pick_port_values, reuse_ports
+from scheduler.structs import (
+    SCHEDULER_ALGORITHM_SPREAD,
+    AllocatedPort,
+    AllocatedResources,
+    Allocation,
+    Job,
+    Node,
+    TaskGroup,
+)
+
+if TYPE_CHECKING:  # the caller's seeded Random; scheduler/ never imports random at run time
+    import random
+
+    from scheduler.interfaces import SchedulerContext, State
+    from scheduler.placement.plan import PlanBuilder
+
+__all__ = [
+    "CandidateRing",
+    "NodeChoice",
+    "PlacementStats",
+    "PreparedGroup",
+    "PreparedGroups",
+    "place_on_node",
+    "score_node",
+    "select_node",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChoice:
+    node: Node
+    # Resources for the new alloc: the group's cpu/memory/disk and its ports with every
+    # dynamic port assigned (static ports as requested).
+    resources: AllocatedResources
+    score: float = 0.0
+
+
+@dataclass(slots=True)
+class PlacementStats:
+    """Counters over a builder's life, for metrics, `job plan` output and tests."""
+
+    selections: int = 0  # select_node / place_on_node calls
+    nodes_evaluated: int = 0  # candidates looked at
+    nodes_filtered: int = 0  # rejected by constraints, distinct_hosts or distinct_property
+    nodes_exhausted: int = 0  # rejected for cpu, memory, disk, max allocs or ports
+    nodes_scored: int = 0  # fitting candidates ranked
+
+
+class CandidateRing:
+    """The shuffled candidate ring of one (group, candidate list); see the module docstring.
+
+    ``dead`` nodes are still in ``order`` but skipped; once they are more than half of it
+    they move to ``removed``. A node whose view lost an alloc (``NodeViews.freed``) comes
+    back: out of ``dead``, or from ``removed`` to the end of the ring. A change of a
+    distinct_property count (``NodeViews.epoch``) can free any node: the whole ring comes
+    back.
+    """
+
+    __slots__ = (
+        "base",
+        "candidates",
+        "dead",
+        "epoch",
+        "freed_seen",
+        "identity",
+        "index",
+        "limit",
+        "order",
+        "pos",
+        "removed",
+    )
+
+    def __init__(self, candidates: Sequence[Node], base: list[Node], epoch: int, freed_seen: int) -> None:
+        self.candidates = candidates
+        self.identity = tuple(map(id, candidates))
+        self.base = base
+        self.order = base
+        self.pos = 0
+        self.dead: set[str] = set()
+        self.removed: dict[str, Node] = {}
+        self.epoch = epoch
+        self.freed_seen = freed_seen
+        self.index: dict[str, int] | None = None
+        self.limit: tuple[int, int] = (-1, 0)  # (configured, limit), see select_node
+
+    def refresh(self, epoch: int, freed: list[str]) -> list[Node]:
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.freed_seen = len(freed)
+            if self.dead or self.order is not self.base:
+                current = self.order[self.pos] if self.order else None
+                if self.index is None:
+                    self.index = {n.id: i for i, n in enumerate(self.base)}
+                self.order = self.base
+                self.pos = self.index[current.id] if current is not None else 0
+                self.dead.clear()
+                self.removed.clear()
+            return self.order
+        if self.freed_seen < len(freed):
+            for node_id in freed[self.freed_seen :]:
+                if node_id in self.dead:
+                    self.dead.discard(node_id)
+                    continue
+                node = self.removed.pop(node_id, None)
+                if node is not None:  # (removed is only non-empty after a compaction copied order)
+                    self.order.append(node)
+            self.freed_seen = len(freed)
+        if self.dead and 2 * len(self.dead) > len(self.order):
+            kept: list[Node] = []
+            pos = 0
+            for i, node in enumerate(self.order):
+                if i == self.pos:
+                    pos = len(kept)
+                if node.id in self.dead:
+                    self.removed[node.id] = node
+                else:
+                    kept.append(node)
+            self.order = kept
+            self.pos = pos if pos < len(kept) else 0
+            self.dead.clear()
+        return self.order
+
+
+# Rings kept per group: a pass uses one candidate list, a retry or another pass another.
+_MAX_RINGS = 4
+
+# PreparedGroup.distinct_hosts: which allocs a node may not already hold.
+_DISTINCT_NONE, _DISTINCT_JOB, _DISTINCT_GROUP = 0, 1, 2
+
+
+class PreparedGroup:
+    """Everything about one (job, group) that placing its allocs needs, compiled once."""
+
+    __slots__ = (
+        "affinity",
+        "affinity_cache",
+        "cache",
+        "cpu",
+        "desired",
+        "disk",
+        "distinct",
+        "distinct_hosts",
+        "dynamic",
+        "feasibility",
+        "group",
+        "group_key",
+        "job",
+        "job_key",
+        "mem",
+        "plain",
+        "port_cache",
+        "port_specs",
+        "rings",
+        "spread_algorithm",
+        "spreads",
+        "static",
+        "static_values",
+        "wide",
+    )
+
+    def __init__(self, views: NodeViews, job: Job, group: TaskGroup, *, spread_algorithm: bool) -> None:
+        self.job = job
+        self.group = group
+        self.spread_algorithm = spread_algorithm
+        self.feasibility: Feasibility = compile_feasibility(job, group)
+        total = group.total_resources()
+        self.cpu, self.mem, self.disk = total.cpu_mhz, total.memory_mb, total.disk_mb
+        self.static, self.dynamic = group_ports(group)
+        self.static_values = tuple(p.value for p in self.static)
+        self.port_specs = (*self.static, *self.dynamic)
+        self.port_cache: dict[tuple[int, int], AllocatedPort] = {}
+        self.plain: AllocatedResources | None = None
+        if not self.static and not self.dynamic:
+            self.plain = AllocatedResources(cpu_mhz=self.cpu, memory_mb=self.mem, disk_mb=self.disk)
+        ns = job.namespace
+        self.job_key = (ns, job.id)
+        self.group_key = (ns, job.id, group.name)
+        self.desired = max(group.count, 1)
+        scope = distinct_hosts_scope(job, group)
+        self.distinct_hosts = (
+            _DISTINCT_JOB if scope == "job" else _DISTINCT_GROUP if scope == "group" else _DISTINCT_NONE
+        )
+        self.distinct: tuple[tuple[PropertyCounter, int], ...] = tuple(
+            (views.counter(ns, job.id, group.name if p.group_scoped else None, p.target), p.limit)
+            for p in distinct_properties(job, group)
+        )
+        for counter, _ in self.distinct:
+            counter.distinct = True
+        self.affinity = rank.compile_affinities(job.affinities + group.affinities)
+        self.affinity_cache: dict[str, float] = {}
+        spreads = [s for s in job.spreads + group.spreads if s.weight > 0]
+        weights = sum(s.weight for s in spreads)
+        self.spreads = tuple(
+            (views.counter(ns, job.id, group.name, s.attribute), s.weight / weights) for s in spreads
+        )
+        self.wide = self.affinity is not None or bool(self.spreads)
+        self.rings: list[CandidateRing] = []
+        # node ID -> (view, its version, score sum, component count, mean): see _scan.
+        self.cache: dict[str, tuple[NodeView, int, float, int, float]] = {}
+
+    def ring(
+        self, candidates: Sequence[Node], rng: random.Random, epoch: int, freed_seen: int
+    ) -> CandidateRing:
+        for ring in self.rings:
+            if ring.candidates is candidates:
+                return ring
+        identity = tuple(map(id, candidates))
+        for ring in self.rings:
+            if ring.identity == identity:  # the same nodes in the same order, another list
+                ring.candidates = candidates
+                return ring
+        base = list(candidates)
+        rng.shuffle(base)
+        ring = CandidateRing(candidates, base, epoch, freed_seen)
+        self.rings.insert(0, ring)
+        del self.rings[_MAX_RINGS:]
+        return ring
+
+    def hosts_ok(self, view: NodeView) -> bool:
+        if self.distinct_hosts == _DISTINCT_JOB:
+            return not view.jobs.get(self.job_key)
+        if self.distinct_hosts == _DISTINCT_GROUP:
+            return not view.groups.get(self.group_key)
+        return True
+
+    def props_ok(self, node: Node) -> bool:
+        for counter, limit in self.distinct:
+            value = counter.value_of(node)
+            if value is None or counter.counts.get(value, 0) >= limit:
+                return False
+        return True
+
+    def distinct_ok(self, view: NodeView, node: Node) -> bool:
+        return self.hosts_ok(view) and self.props_ok(node)
+
+    def resources_on(
+        self, node: Node, used: NodeView | set[int], rng: random.Random | None
+    ) -> AllocatedResources | None:
+        if self.plain is not None:
+            return self.plain
+        held = used.ports if isinstance(used, NodeView) else used
+        values = pick_port_values(node, self.static, self.dynamic, held, rng)
+        if values is None:
+            return None
+        # AllocatedPort values are immutable: share one per (label, port) across the plan.
+        made = self.port_cache
+        ports = []
+        for i, value in enumerate(values):
+            port = made.get((i, value))
+            if port is None:
+                spec = self.port_specs[i]
+                port = made[(i, value)] = AllocatedPort(label=spec.label, value=value, to=spec.to)
+            ports.append(port)
+        return AllocatedResources(cpu_mhz=self.cpu, memory_mb=self.mem, disk_mb=self.disk, ports=tuple(ports))
+
+    def affinity_of(self, node: Node) -> float:
+        assert self.affinity is not None
+        score = self.affinity_cache.get(node.id)
+        if score is None:
+            score = self.affinity_cache[node.id] = self.affinity(node)
+        return score
+
+    def spread_of(self, node: Node) -> float:
+        total = 0.0
+        for counter, weight in self.spreads:
+            bounds = counter.bounds()
+            if bounds is None:
+                continue
+            value = counter.value_of(node)
+            if value is None:
+                total -= weight
+                continue
+            count = counter.counts.get(value, 0)
+            total += weight * rank.spread_boost_between(count, min(bounds[0], count), max(bounds[1], count))
+        return total
+
+    def base_score(self, node: Node, view: NodeView, caps: NodeCaps) -> tuple[float, int]:
+        """(sum, count) of the components that depend only on the node's view: binpack,
+        job anti-affinity and affinities. Cacheable against ``view.version``."""
+        score = rank.binpack_score(
+            view.cpu + self.cpu, caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
+        )
+        parts = 1
+        collisions = view.groups.get(self.group_key, 0)
+        if collisions:
+            score += rank.anti_affinity_penalty(collisions, self.desired)
+            parts += 1
+        if self.affinity is not None:
+            affinity = self.affinity_of(node)
+            if affinity:
+                score += affinity
+                parts += 1
+        return score, parts
+
+    def score(self, node: Node, view: NodeView, caps: NodeCaps, penalized: bool) -> float:
+        score, parts = self.base_score(node, view, caps)
+        if penalized:
+            score += rank.RESCHEDULE_PENALTY
+            parts += 1
+        if self.spreads:
+            spread = self.spread_of(node)
+            if spread:
+                score += spread
+                parts += 1
+        return score / parts
+
+
+class PreparedGroups:
+    """The ``PreparedGroup`` of every (job, group) one plan places."""
+
+    __slots__ = ("_last", "_prepared", "_spread_algorithm", "_state", "_views")
+
+    def __init__(self, state: State, views: NodeViews) -> None:
+        self._state = state
+        self._views = views
+        self._prepared: dict[tuple[str, str, int, str], PreparedGroup] = {}
+        self._last: PreparedGroup | None = None
+        self._spread_algorithm: bool | None = None
+
+    def get(self, job: Job, group: TaskGroup) -> PreparedGroup:
+        last = self._last
+        if last is not None and last.group is group and last.job is job:
+            return last
+        key = (job.namespace, job.id, job.version, group.name)
+        prep = self._prepared.get(key)
+        if prep is None or not (
+            (prep.group is group and prep.job is job) or (prep.group == group and prep.job == job)
+        ):
+            if self._spread_algorithm is None:
+                algorithm = self._state.scheduler_config().scheduler_algorithm
+                self._spread_algorithm = algorithm == SCHEDULER_ALGORITHM_SPREAD
+            prep = PreparedGroup(self._views, job, group, spread_algorithm=self._spread_algorithm)
+            self._prepared[key] = prep
+        self._last = prep
+        return prep
+
+
+_Scored = tuple[float, Node, NodeView]
+
+
+def _scan(
+    builder: PlanBuilder,
+    prep: PreparedGroup,
+    ring: CandidateRing,
+    limit: int,
+    penalty_node_ids: frozenset[str],
+) -> _Scored | None:
+    """One pass of the limit iterator over the ring: the best of up to ``limit`` fitting nodes.
+
+    Hot path (called once per placement): the fit check and the view-only part of the score
+    are cached per node against the view's version. Between two visits of a node the ring
+    has moved on, and the node changed only if it won in between, so most visits hit.
+    """
+    views = builder.views
+    order = ring.refresh(views.epoch, views.freed)
+    n = len(order)
+    if n == 0:
+        return None
+    view_of = views.view
+    cache = prep.cache
+    dead = ring.dead
+    cpu, mem, disk, static = prep.cpu, prep.mem, prep.disk, prep.static_values
+    hosts, props, spreads = prep.distinct_hosts, prep.distinct, prep.spreads
+    # Without per-call components the cached final score is the score.
+    per_call = bool(props or spreads or penalty_node_ids)
+    max_skip = rank.MAX_SKIP
+    best_node: Node | None = None
+    best_view: NodeView | None = None
+    best_score = -math.inf
+    best_id = ""
+    fallback: _Scored | None = None  # the best of the skipped (negatively scored) nodes
+    skipped = counted = filtered = exhausted = 0
+    pos = ring.pos
+    seen = 0
+    while seen < n and counted < limit:
+        node = order[pos]
+        pos += 1
+        if pos == n:
+            pos = 0
+        seen += 1
+        node_id = node.id
+        if node_id in dead:
+            continue
+        entry = cache.get(node_id)
+        if entry is not None and entry[1] == entry[0].version:
+            view = entry[0]
+            score = entry[4]
+            if per_call:
+                score, parts = entry[2], entry[3]
+        else:
+            view = view_of(node_id)
+            if hosts and not prep.hosts_ok(view):
+                dead.add(node_id)
+                filtered += 1
+                continue
+            caps = views.caps(node)
+            if not view_fits(view, caps, cpu, mem, disk, static):
+                dead.add(node_id)
+                exhausted += 1
+                continue
+            score, parts = prep.base_score(node, view, caps)
+            cache[node_id] = (view, view.version, score, parts, score / parts)
+            if not per_call:
+                score /= parts
+        if per_call:
+            if props and not prep.props_ok(node):
+                dead.add(node_id)
+                filtered += 1
+                continue
+            if penalty_node_ids and node_id in penalty_node_ids:
+                score += rank.RESCHEDULE_PENALTY
+                parts += 1
+            if spreads:
+                spread = prep.spread_of(node)
+                if spread:
+                    score += spread
+                    parts += 1
+            score /= parts
+        if score < 0.0 and skipped < max_skip:
+            skipped += 1
+            if fallback is None or score > fallback[0] or (score == fallback[0] and node_id < fallback[1].id):
+                fallback = (score, node, view)
+            continue
+        counted += 1
+        if score > best_score or (score == best_score and node_id < best_id):
+            best_node, best_view, best_score, best_id = node, view, score, node_id
+    ring.pos = pos
+    stats = builder.stats
+    stats.nodes_evaluated += counted + skipped + filtered + exhausted
+    stats.nodes_filtered += filtered
+    stats.nodes_exhausted += exhausted
+    stats.nodes_scored += counted + skipped
+    # Skipped nodes only count when the ring ran out before ``limit`` good ones were found.
+    if (
+        fallback is not None
+        and counted < limit
+        and (
+            best_node is None
+            or fallback[0] > best_score
+            or (fallback[0] == best_score and fallback[1].id < best_id)
+        )
+    ):
+        return fallback
+    if best_node is None or best_view is None:
+        return None
+    return best_score, best_node, best_view
+
+
+def select_node(
+    builder: PlanBuilder,
+    job: Job,
+    group: TaskGroup,
+    candidates: Sequence[Node],
+    ctx: SchedulerContext,
+    rng: random.Random,
+    *,
+    penalty_node_ids: frozenset[str] = frozenset(),
+) -> NodeChoice | None:
+    """Pick the best node among ``candidates`` (already feasible) for one alloc of ``group``.
+
+    Shuffles candidates with ``rng``; visits at most ``ctx.candidate_limit`` nodes that fit
+    (0 = default: max(2, ceil(log2(len(candidates))))), skipping nodes where the alloc does not
+    fit (allocs_fit over builder.proposed_on(node) + the new alloc) or distinct_hosts would be
+    violated; scores binpack (or spread when the scheduler config says "spread"), weighted
+    affinities, spread blocks, job anti-affinity (penalise nodes already holding allocs of the
+    same job/group in the proposed view) and a penalty for ``penalty_node_ids`` (a rescheduled
+    alloc's previous node). Returns None when nothing fits.
+
+    The shuffle happens once per (group, candidate list) in a builder; later calls continue
+    around the same ring (Nomad's behaviour), so pass the same list object each time. When
+    affinities or spreads apply the limit is at least ``rank.WIDE_LIMIT``. Up to
+    ``rank.MAX_SKIP`` negatively scored nodes are passed over while others remain. The caller
+    places the returned choice before the next call, so the next placement sees it.
+    """
+    stats = builder.stats
+    stats.selections += 1
+    if not candidates:
+        return None
+    prep = builder.groups.get(job, group)
+    views = builder.views
+    ring = prep.ring(candidates, rng, views.epoch, len(views.freed))
+    configured, limit = ring.limit
+    if configured != ctx.candidate_limit:
+        limit = rank.candidate_limit(len(candidates), ctx.candidate_limit, wide=prep.wide)
+        ring.limit = (ctx.candidate_limit, limit)
+    while True:
+        picked = _scan(builder, prep, ring, limit, penalty_node_ids)
+        if picked is None:
+            return None
+        score, node, view = picked
+        resources = prep.resources_on(node, view, rng)
+        if resources is not None:
+            return NodeChoice(node=node, resources=resources, score=score)
+        ring.dead.add(node.id)  # its dynamic port range is exhausted: try the ring again
+        stats.nodes_exhausted += 1
+
+
+def place_on_node(
+    builder: PlanBuilder,
+    job: Job,
+    group: TaskGroup,
+    node: Node,
+    *,
+    replacing: Allocation | None = None,
+    rng: random.Random | None = None,
+    penalty_node_ids: frozenset[str] = frozenset(),
+) -> NodeChoice | None:
+    """Fit one alloc of ``group`` on this specific node (system jobs): constraints and fit
+    checked against builder.proposed_on(node); ports assigned. None when it does not fit.
+
+    Readiness and datacenters are the caller's business (``feasible_nodes`` checks them).
+    ``replacing`` is a proposed alloc the new one replaces in place (same ID): it is left
+    out of the fit and distinct checks and its ports are kept when the group still asks for
+    the same ones. Dynamic ports are the lowest free ones unless ``rng`` is given.
+    """
+    stats = builder.stats
+    stats.selections += 1
+    stats.nodes_evaluated += 1
+    prep = builder.groups.get(job, group)
+    if not prep.feasibility.constraints_ok(node):
+        stats.nodes_filtered += 1
+        return None
+    views = builder.views
+    view = views.view(node.id)
+    penalized = node.id in penalty_node_ids
+    if replacing is not None and replacing.id in view.allocs:
+        return _place_replacing(builder, prep, node, view, replacing, rng, penalized)
+    if not prep.distinct_ok(view, node):
+        stats.nodes_filtered += 1
+        return None
+    caps = views.caps(node)
+    if not view_fits(view, caps, prep.cpu, prep.mem, prep.disk, prep.static_values):
+        stats.nodes_exhausted += 1
+        return None
+    resources = prep.resources_on(node, view, rng)
+    if resources is None:
+        stats.nodes_exhausted += 1
+        return None
+    stats.nodes_scored += 1
+    return NodeChoice(node=node, resources=resources, score=prep.score(node, view, caps, penalized))
+
+
+def _place_replacing(
+    builder: PlanBuilder,
+    prep: PreparedGroup,
+    node: Node,
+    view: NodeView,
+    replacing: Allocation,
+    rng: random.Random | None,
+    penalized: bool,
+) -> NodeChoice | None:
+    """The in-place path: rare, so it recomputes exactly from the proposed allocs."""
+    stats = builder.stats
+    others = view.without(replacing.id)
+    distinct_ok = prep.hosts_ok(others)
+    for counter, limit in prep.distinct:
+        value = counter.value_of(node)
+        if value is None or counter.count(value, excluding=replacing.id) >= limit:
+            distinct_ok = False
+    if not distinct_ok:
+        stats.nodes_filtered += 1
+        return None
+    ports = reuse_ports(prep.group, replacing.resources)
+    if ports is not None:
+        resources = AllocatedResources(cpu_mhz=prep.cpu, memory_mb=prep.mem, disk_mb=prep.disk, ports=ports)
+    else:
+        maybe = prep.resources_on(node, others, rng)
+        if maybe is None:
+            stats.nodes_exhausted += 1
+            return None
+        resources = maybe
+    new = Allocation(id=replacing.id, node_id=node.id, resources=resources)
+    if not allocs_fit(node, [*others.allocs.values(), new]).fits:
+        stats.nodes_exhausted += 1
+        return None
+    stats.nodes_scored += 1
+    score = prep.score(node, others, builder.views.caps(node), penalized)
+    return NodeChoice(node=node, resources=resources, score=score)
+
+
+def score_node(
+    builder: PlanBuilder,
+    job: Job,
+    group: TaskGroup,
+    node: Node,
+    *,
+    penalty_node_ids: frozenset[str] = frozenset(),
+) -> float:
+    """The rank ``select_node`` would give ``node`` for one more alloc of ``group`` as the
+    plan stands (fit not checked): e.g. to keep the better-ranked of two allocs."""
+    prep = builder.groups.get(job, group)
+    views = builder.views
+    return prep.score(node, views.view(node.id), views.caps(node), node.id in penalty_node_ids)
