@@ -278,8 +278,8 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             assert failed.followup_eval_id == waiting.id
             # What an operator sees while the replacement waits for its delay.
             alloc_status = _cli(cluster, "alloc", "status", failed.id)
-            assert re.search(r"Reschedule Attempts\s+0/1", alloc_status), alloc_status
-            assert re.search(r"Reschedule Eligibility\s+in \d+s \(", alloc_status), alloc_status
+            assert re.search(r"Reschedule Attempts\s+=\s+0/1", alloc_status), alloc_status
+            assert re.search(r"Reschedule Eligibility\s+=\s+in \d+s \(", alloc_status), alloc_status
             job_status = _cli(cluster, "job", "status", "phoenix")
             assert "Failed Allocations Awaiting Reschedule" in job_status, job_status
             assert re.search(rf"{failed.id[:8]}\s+phoenix\.g\[0\]\s+c1\s+in \d+s", job_status), job_status
@@ -302,4 +302,4 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             assert replacement.create_time_ns >= waiting.wait_until_ns - WINDOW_NS
             assert replacement.create_time_ns <= waiting.wait_until_ns + LATENCY_NS
             # The replacement carries the attempt: its own status says so.
-            assert re.search(r"Reschedule Attempts\s+1/1", _cli(cluster, "alloc", "status", replacement.id))
+            assert re.search(r"Reschedule Attempts\s+=\s+1/1", _cli(cluster, "alloc", "status", replacement.id))
