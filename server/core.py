@@ -18,7 +18,6 @@ import structlog
 
 from drover.v1 import raft_pb2
 from scheduler.structs import ServerMember
-from server._raft import RaftNode, RaftTuning
 from server.clock import Clock, IdSource, SystemClock, UuidIds
 from server.codec import to_proto
 from server.config import ServerConfig
@@ -27,6 +26,7 @@ from server.endpoints import Endpoints
 from server.fsm import FSM, encode_entry
 from server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from server.leader import LeaderServices
+from server.raft import RaftNode, RaftTuning
 from server.state_store import StateStore
 
 log = structlog.get_logger("drover.server")

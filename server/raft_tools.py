@@ -22,7 +22,9 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
 from drover.v1 import raft_pb2
-from server._raft import (
+from server.datadir import DataDirBusyError, DataDirLock
+from server.fsm import APPLIERS, FSM, ApplyResult
+from server.raft.journal import (
     JOURNAL_FILE,
     RECORD_COMMAND,
     SNAPSHOT_FILE,
@@ -31,8 +33,6 @@ from server._raft import (
     read_journal,
     read_snapshot_file,
 )
-from server.datadir import DataDirBusyError, DataDirLock
-from server.fsm import APPLIERS, FSM, ApplyResult
 from server.snapshot import from_snapshot, to_snapshot
 from server.state_store import StateStore, Tables
 

@@ -3,7 +3,7 @@
 Measured in one run on the same machine, one after the other:
 
 1. ``grpc_noop``: a no-op unary gRPC call (what a Python gRPC server can answer at all);
-2. ``pysyncobj_bare``: bare pysyncobj tuned like server/_raft.py (what raft can commit);
+2. ``pysyncobj_bare``: bare pysyncobj tuned like server/raft/tuning.py (what raft can commit);
 3. ``drover_register``: Jobs.Register on a 3-server cluster, through the leader at several
    concurrencies and once through a follower;
 4. ``drover_write_path_us``: the CPU cost of drover's own code per write, stage by stage,

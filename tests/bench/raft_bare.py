@@ -1,4 +1,4 @@
-"""Ceiling B: bare pysyncobj, three processes on loopback, tuned exactly like server/_raft.py.
+"""Ceiling B: bare pysyncobj, three processes on loopback, tuned exactly like server/raft/tuning.py.
 
 Each node is ``python -m tests.bench.raft_bare --self ADDR --peers A,B --dir D``. It writes
 its raft status to ``D/<addr>.status.json`` every 50 ms. The parent waits for one ready
@@ -25,7 +25,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
 
 from deploy.cluster import pick_free_ports
-from server._raft import RaftTuning, tuned_conf
+from server.raft.tuning import RaftTuning, tuned_conf
 from tests.bench._procs import (
     Child,
     children_stopped_on_exit,
@@ -44,7 +44,7 @@ GO_FILE: Final = "go.json"
 
 
 def make_conf(tuning: RaftTuning, data_dir: Path) -> SyncObjConf:
-    """The SyncObjConf of server/_raft.py's RaftNode, minus drover's snapshot hooks."""
+    """The SyncObjConf of server.raft.RaftNode, minus drover's snapshot hooks."""
     return tuned_conf(
         tuning, journal_file=str(data_dir / "journal.bin"), full_dump_file=str(data_dir / "dump.bin")
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from drover.v1 import raft_pb2
 from scheduler.structs import JobChildrenSummary
-from server._raft import RECORD_COMMAND
+from server.raft.journal import RECORD_COMMAND
 from server.raft_tools import open_data_dir, replay
 from server.snapshot import state_digest
 from tests.fixtures import mock

@@ -7,6 +7,8 @@
     and snapshot code it calls) never reads a clock or draws randomness: IDs and timestamps
     travel inside the entry. ``StateStore`` methods may use ``time.monotonic`` to wait,
     because waiting is not applying.
+(c) pysyncobj sits behind one adapter: of our product code, only the modules of
+    ``server/raft/`` import it (the package docstring says why it is a package).
 
 Both walk the AST, so a rule broken through an alias (``import time as t``,
 ``from uuid import uuid4``) is still found; self-tests below prove the walkers catch what
@@ -236,6 +238,48 @@ def test_purity__state_store_allowance__covers_only_monotonic_waits() -> None:
 
     assert inside, "expected StateStore.wait_for to read time.monotonic"
     assert {f.what for f in inside} <= {"calls time.monotonic()"}
+
+
+# ---------------------------------------------------------------------------------------
+# (c) the pysyncobj adapter
+
+PRODUCT_PACKAGES = ("server", "scheduler", "client_agent")
+# Every module that may import pysyncobj. A new one is a decision: add it here, and keep
+# private pysyncobj names in server/raft/patches.py (tests/unit/test_raft_patches.py).
+PYSYNCOBJ_ADAPTER = frozenset(
+    {
+        "server/raft/journal.py",
+        "server/raft/node.py",
+        "server/raft/patches.py",
+        "server/raft/snapshot_writer.py",
+        "server/raft/tuning.py",
+    }
+)
+
+
+def _pysyncobj_importers() -> set[str]:
+    importers = set()
+    for package in PRODUCT_PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if forbidden_imports(path.read_text(), _rel(path), frozenset({"pysyncobj"})):
+                importers.add(_rel(path))
+    return importers
+
+
+def test_purity__pysyncobj__imported_only_by_the_raft_adapter() -> None:
+    importers = _pysyncobj_importers()
+
+    assert importers == PYSYNCOBJ_ADAPTER, (
+        "pysyncobj must be imported only inside server/raft/ (and every module listed there "
+        f"must still need it): outside {sorted(importers - PYSYNCOBJ_ADAPTER)}, "
+        f"listed but not importing {sorted(PYSYNCOBJ_ADAPTER - importers)}"
+    )
+
+
+def test_purity__pysyncobj__walker_finds_an_import_outside_the_adapter() -> None:
+    assert forbidden_imports(
+        "from pysyncobj.config import FAIL_REASON", "server/x.py", frozenset({"pysyncobj"})
+    )
 
 
 # ---------------------------------------------------------------------------------------

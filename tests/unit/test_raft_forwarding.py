@@ -6,8 +6,8 @@ import pysyncobj.pickle as sync_pickle
 from pysyncobj.syncobj import _COMMAND_TYPE
 
 from drover.v1 import raft_pb2
-from server._raft import _forwardable
 from server.fsm import encode_entry
+from server.raft.patches import forwardable
 
 
 def _forwarded(entry_type: int, payload: object) -> bytes:
@@ -19,15 +19,15 @@ def _forwarded(entry_type: int, payload: object) -> bytes:
 def test_forwarded__member_announcement__accepted() -> None:
     member = raft_pb2.ServerMemberEntry()
     member.member.name = "s2"
-    assert _forwardable(_forwarded(raft_pb2.ENTRY_TYPE_SERVER_MEMBER, member))
+    assert forwardable(_forwarded(raft_pb2.ENTRY_TYPE_SERVER_MEMBER, member))
 
 
 def test_forwarded__plan_from_a_deposed_leader__refused() -> None:
     plan = raft_pb2.ApplyPlanResultsEntry(eval_id="e1")
     plan.allocs_upserted.add(id="a1")
-    assert not _forwardable(_forwarded(raft_pb2.ENTRY_TYPE_APPLY_PLAN_RESULTS, plan))
+    assert not forwardable(_forwarded(raft_pb2.ENTRY_TYPE_APPLY_PLAN_RESULTS, plan))
 
 
 def test_forwarded__garbage__refused_and_pysyncobj_own_commands_left_alone() -> None:
-    assert not _forwardable(bytes([_COMMAND_TYPE.REGULAR]) + b"not a pickle")
-    assert _forwardable(bytes([_COMMAND_TYPE.NO_OP]))
+    assert not forwardable(bytes([_COMMAND_TYPE.REGULAR]) + b"not a pickle")
+    assert forwardable(bytes([_COMMAND_TYPE.NO_OP]))

@@ -1,0 +1,160 @@
+"""One raft member: pysyncobj's ``SyncObj`` with drover's one replicated method.
+
+Everything a server does with raft goes through ``RaftNode``: ``propose`` (wait for the
+commit), ``propose_async`` (the plan applier's pipeline), and the status reads. It wires
+the tuned configuration (tuning.py), the snapshot writer (snapshot_writer.py) and the
+patches (patches.py, where every private pysyncobj name lives) together.
+
+The transport unpickles whatever a peer sends: a non-loopback raft bind requires a cluster
+key (``password``), enforced by ``server.core``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+from pysyncobj import SyncObj, replicated
+from pysyncobj.config import FAIL_REASON
+
+from server.errors import CommitTimeoutError, NoLeaderError, NotLeaderError, RaftError
+from server.fsm import FSM, ApplyResult
+from server.raft import patches
+from server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
+from server.raft.snapshot_writer import SnapshotWriter
+from server.raft.tuning import RaftTuning, tuned_conf
+
+__all__ = ["RaftNode"]
+
+
+class RaftNode(SyncObj):  # type: ignore[misc]
+    """One raft member whose only replicated method applies a drover ``LogEntry``."""
+
+    def __init__(
+        self,
+        self_address: str,
+        peers: list[str],
+        fsm: FSM,
+        data_dir: str,
+        *,
+        password: str | None = None,
+        tuning: RaftTuning | None = None,
+        on_state_changed: Callable[[bool], None] | None = None,
+    ) -> None:
+        patches.check_version()
+        tuning = tuning or RaftTuning()
+        os.makedirs(data_dir, exist_ok=True)
+        self._fsm = fsm
+        self._on_state_changed = on_state_changed
+        dump_file = os.path.join(data_dir, SNAPSHOT_FILE)
+        self._writer = SnapshotWriter(dump_file, fsm)
+        conf = tuned_conf(
+            tuning,
+            journal_file=os.path.join(data_dir, JOURNAL_FILE),
+            full_dump_file=dump_file,
+            serializer=self._writer.serialize,
+            deserializer=self._writer.deserialize,
+            serializeChecker=self._writer.check,
+            password=password,
+            onStateChanged=self._state_changed,
+        )
+        super().__init__(self_address, peers, conf)
+        self._writer.attach(self.log_end_index)
+        patches.install(self, tuning)
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_entry(self, data: bytes) -> ApplyResult:
+        # Entries are contiguous: the one being applied is the one after the last applied.
+        return self._fsm.apply(data, self.raftLastApplied + 1)
+
+    # -- proposing ---------------------------------------------------------------------
+    def propose(self, data: bytes, timeout: float) -> ApplyResult:
+        """Append ``data`` to the log on this leader and wait until it is applied here."""
+        if not self._isLeader():
+            raise NotLeaderError(self.leader_address())
+        done = threading.Event()
+        box: list[Any] = [None, None]
+
+        def on_result(result: Any, error: int) -> None:
+            box[0], box[1] = result, error
+            done.set()
+
+        self.apply_entry(data, callback=on_result)
+        if not done.wait(timeout):
+            raise CommitTimeoutError(f"not committed within {timeout:.1f}s; the write may still apply")
+        result, error = box
+        if error == FAIL_REASON.SUCCESS:
+            assert isinstance(result, ApplyResult)
+            return result
+        if error in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED):
+            raise NoLeaderError(f"leadership changed before commit ({_FAIL_NAMES.get(error, error)})")
+        if error == FAIL_REASON.QUEUE_FULL:
+            raise NoLeaderError("raft queue full, retry")
+        raise RaftError(f"raft refused the write ({_FAIL_NAMES.get(error, error)})")
+
+    def propose_async(self, data: bytes, on_done: Callable[[ApplyResult | None, str], None]) -> None:
+        """Append ``data`` without waiting; ``on_done(result, error)`` runs on raft's thread."""
+        if not self._isLeader():
+            on_done(None, "not the leader")
+            return
+
+        def on_result(result: Any, error: int) -> None:
+            if error == FAIL_REASON.SUCCESS:
+                on_done(result, "")
+            else:
+                on_done(None, str(_FAIL_NAMES.get(error, error)))
+
+        self.apply_entry(data, callback=on_result)
+
+    # -- status ------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return bool(self._isLeader())
+
+    def leader_ready(self) -> bool:
+        """Leader, and every entry of earlier terms is applied here (our no-op committed)."""
+        if not self._isLeader():
+            return False
+        noop = patches.noop_index(self)
+        return noop is not None and self.raftLastApplied >= noop
+
+    def leader_address(self) -> str | None:
+        leader = self._getLeader()
+        return None if leader is None else str(leader.id)
+
+    def self_address(self) -> str:
+        return str(self.selfNode.id)
+
+    def peers(self) -> list[tuple[str, bool]]:
+        """(raft address, connected) for every other member."""
+        return [(str(n.id), bool(self.isNodeConnected(n))) for n in sorted(self.otherNodes, key=str)]
+
+    def term(self) -> int:
+        return int(self.raftCurrentTerm)
+
+    def commit_index(self) -> int:
+        return int(self.raftCommitIndex)
+
+    def applied_index(self) -> int:
+        return int(self.raftLastApplied)
+
+    def log_end_index(self) -> int:
+        return patches.log_end_index(self)
+
+    def _state_changed(self, old: int, new: int) -> None:
+        if self._on_state_changed is not None:
+            self._on_state_changed(new == 2)
+
+    def close(self) -> None:
+        self.destroy()
+        thread = patches.tick_thread(self)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+
+_FAIL_NAMES: Final = {
+    value: name
+    for name, value in vars(FAIL_REASON).items()
+    if not name.startswith("_") and isinstance(value, int)
+}

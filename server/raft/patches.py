@@ -1,0 +1,272 @@
+"""Every change drover makes to pysyncobj's behaviour, and every private name it touches.
+
+pysyncobj 0.3.17 is pinned: the names below are private to that release, so ``RaftNode``
+refuses any other (``check_version``), and a new release must be re-checked against the
+defects in docs/design.md ("Defects found") before it is allowed in. Nothing outside this
+module names a private attribute of ``SyncObj`` (tests/unit/test_raft_patches.py checks
+that, and that this table names exactly the private names the code below uses).
+
+Patches, installed by ``install`` right after ``SyncObj.__init__``:
+
+| patch | why | private names |
+|---|---|---|
+| refuse forwarded commands (``forwardable``) | a deposed leader's queue can still hold a plan its applier checked; appended by the new leader it would bypass that leader's plan applier, so only member announcements are accepted | ``_SyncObj__onMessageReceived`` (wrapped), ``_SyncObj__transport`` (send the refusal) |
+| append entries by Raft's rule (``_take_append_entries``, server/raft/append.py) | a follower truncates on every stale append, re-applying entries and briefly losing acknowledged ones; with compaction this emptied logs for good | ``_SyncObj__raftCurrentTerm``, ``_SyncObj__raftLog``, ``_SyncObj__raftCommitIndex``, ``_SyncObj__raftLastApplied`` (read), ``_SyncObj__deleteEntriesFrom`` (called, and shadowed on the instance for one call), ``_SyncObj__transport`` (send the retry hint) |
+| keep the leader's next index (``_install_message_hook``) | late acks set a follower's next index behind what is in flight, so the leader re-sends entries the follower holds | ``_SyncObj__raftNextIndex`` |
+| elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
+
+Reads, which change nothing:
+
+| read | why | private names |
+|---|---|---|
+| ``noop_index`` | a leader serves reads only once its no-op of this term is applied | ``_SyncObj__noopIDx`` |
+| ``log_end_index`` | the snapshot writer's guard: never compact past the log's end | ``_SyncObj__getCurrentLogIndex`` |
+| ``tick_thread`` | ``RaftNode.close`` joins the tick thread | ``_SyncObj__thread`` |
+| pysyncobj's command types (server/raft/journal.py) | the journal and forwarded commands start with a type byte | ``_COMMAND_TYPE`` (from ``pysyncobj.syncobj``) |
+
+``_isLeader`` and ``_getLeader`` are not listed: they are single-underscore methods with
+docstrings, pysyncobj's own way to ask who leads, and not name-mangled.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+from pysyncobj import SyncObj
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
+from pysyncobj.syncobj import _COMMAND_TYPE
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+from drover.v1 import raft_pb2
+from server.raft.append import plan_append
+from server.raft.journal import command_bytes
+from server.raft.tuning import RaftTuning
+
+__all__ = [
+    "SUPPORTED_PYSYNCOBJ",
+    "check_version",
+    "forwardable",
+    "install",
+    "leader_lost_delay",
+    "log_end_index",
+    "noop_index",
+    "tick_thread",
+]
+
+log = structlog.get_logger("drover.raft")
+
+# The private attributes we read are those of this release; another release must be
+# re-checked against the defects in docs/design.md before it is allowed in.
+SUPPORTED_PYSYNCOBJ: Final = "0.3.17"
+
+
+def check_version() -> None:
+    if PYSYNCOBJ_VERSION != SUPPORTED_PYSYNCOBJ:
+        raise RuntimeError(
+            f"pysyncobj {PYSYNCOBJ_VERSION} is not the audited {SUPPORTED_PYSYNCOBJ}: see server/raft/patches.py"
+        )
+
+
+def install(raft: SyncObj, tuning: RaftTuning) -> None:
+    """Every patch in the table above, on a node whose ``SyncObj.__init__`` has run."""
+    _install_message_hook(raft)
+    _install_leader_lost_election(raft, tuning)
+
+
+# ---------------------------------------------------------------------------------------
+# Reads
+
+
+def noop_index(raft: SyncObj) -> int | None:
+    """The index of this leader's no-op for its term (None before it is appended)."""
+    noop: int | None = raft._SyncObj__noopIDx
+    return noop
+
+
+def log_end_index(raft: SyncObj) -> int:
+    return int(raft._SyncObj__getCurrentLogIndex())
+
+
+def tick_thread(raft: SyncObj) -> Any:
+    """pysyncobj's auto-tick thread (None once destroyed or before it starts)."""
+    return raft._SyncObj__thread
+
+
+# ---------------------------------------------------------------------------------------
+# Message hook: forwarded commands, append entries, next index
+
+
+def _install_message_hook(raft: SyncObj) -> None:
+    """Route pysyncobj's incoming messages through the three message patches.
+
+    Keep the leader's nextIndex for a follower from moving backwards on a late ack:
+    pysyncobj advances nextIndex optimistically as it sends, but on each successful ack
+    sets it to the acked position, which is behind what is already in flight. It then
+    re-sends entries the follower has, and the follower (defect in server/raft/append.py)
+    truncates and re-appends its log, applied entries included: wasted work, and the race
+    that can empty a log during compaction. nextIndex is only a hint in Raft (a follower
+    that lacks entries answers with reset=True, which still sets it exactly), so keeping
+    the larger value is safe.
+    """
+    transport = raft._SyncObj__transport
+    original = raft._SyncObj__onMessageReceived
+    next_index: dict[Any, int] = raft._SyncObj__raftNextIndex
+
+    def _on_message(peer: Any, message: Any) -> None:
+        kind = message.get("type")
+        if kind == "apply_command" and not forwardable(message.get("command", b"")):
+            # Only member announcements are forwarded through raft. Anything else comes
+            # from a deposed leader's queue (e.g. a plan its applier checked while it
+            # led): appending it here would bypass this leader's plan applier.
+            request_id = message.get("request_id")
+            if request_id is not None:
+                transport.send(
+                    peer,
+                    {
+                        "type": "apply_command_response",
+                        "request_id": request_id,
+                        "error": FAIL_REASON.NOT_LEADER,
+                    },
+                )
+            log.warning("raft.forwarded_command_refused", peer=str(peer))
+            return
+        if kind == "append_entries":
+            _take_append_entries(raft, original, peer, message)
+            return
+        if kind != "next_node_idx" or message.get("reset") or not message.get("success"):
+            original(peer, message)
+            return
+        before = next_index.get(peer)
+        original(peer, message)
+        after = next_index.get(peer)
+        if before is not None and after is not None and after < before:
+            next_index[peer] = before
+
+    transport.setOnMessageReceivedCallback(_on_message)
+
+
+def forwardable(command: bytes) -> bool:
+    """Whether a command forwarded by a follower may be appended: member announcements only."""
+    if not command or command[0] != _COMMAND_TYPE.REGULAR:
+        return True  # pysyncobj's own commands (no-ops, membership) are not ours to judge
+    try:
+        entry = raft_pb2.LogEntry.FromString(command_bytes(command[1:]))
+    except Exception:
+        return False
+    return entry.type == raft_pb2.ENTRY_TYPE_SERVER_MEMBER
+
+
+def _take_append_entries(
+    raft: SyncObj, original: Callable[[Any, Any], None], peer: Any, message: Any
+) -> None:
+    """Follow Raft's AppendEntries receiver rule around pysyncobj's handler (see
+    server/raft/append.py): never delete entries that match the leader's, never let a
+    stale message lift the commit index over entries it did not carry."""
+    if (
+        message.get("term", -1) < raft._SyncObj__raftCurrentTerm
+        or "prevLogIdx" not in message
+        or "transmission" in message
+    ):
+        original(peer, message)
+        return
+    raft_log = raft._SyncObj__raftLog
+    first_index = int(raft_log[0][1])
+    last_index = int(raft_log[-1][1])
+
+    def term_at(index: int) -> int:
+        return int(raft_log[index - first_index][2])
+
+    plan = plan_append(
+        prev_index=int(message["prevLogIdx"]),
+        prev_term=int(message["prevLogTerm"]),
+        entries=message.get("entries") or [],
+        first_index=first_index,
+        last_index=last_index,
+        term_at=term_at,
+        applied_floor=max(raft._SyncObj__raftCommitIndex, raft._SyncObj__raftLastApplied),
+    )
+    if plan.delete_from is not None:
+        log.info(
+            "raft.conflicting_tail_dropped",
+            peer=str(peer),
+            from_index=plan.delete_from,
+            last_index=last_index,
+            retry_from=plan.hint,
+        )
+        raft._SyncObj__deleteEntriesFrom(plan.delete_from)
+    rewritten = dict(message)
+    rewritten["prevLogIdx"] = plan.prev_index
+    rewritten["prevLogTerm"] = plan.prev_term
+    rewritten["entries"] = list(plan.entries)
+    rewritten["commit_index"] = min(int(message["commit_index"]), plan.commit_limit)
+    if plan.keep_tail:
+        # pysyncobj deletes whatever follows prevLogIdx; here all of it may be entries
+        # this follower acknowledged. Suppress that one call (instance attribute shadows
+        # the name-mangled method for the duration of this synchronous handler).
+        raft._SyncObj__deleteEntriesFrom = _keep_log
+        try:
+            original(peer, rewritten)
+        finally:
+            del raft._SyncObj__deleteEntriesFrom
+    else:
+        original(peer, rewritten)
+    if plan.hint is not None:
+        raft._SyncObj__transport.send(
+            peer, {"type": "next_node_idx", "next_node_idx": plan.hint, "reset": True, "success": False}
+        )
+
+
+def _keep_log(_from_index: int) -> None:
+    """Stands in for pysyncobj's log truncation when the message's tail must be kept."""
+
+
+# ---------------------------------------------------------------------------------------
+# Leader-lost election
+
+
+def _install_leader_lost_election(raft: SyncObj, tuning: RaftTuning) -> None:
+    """Call an election soon after the leader's connection closes.
+
+    pysyncobj notices a dead leader only when its election timeout (1-2 s, kept long
+    so a busy machine does not flap) runs out. A SIGKILLed or crashed leader's kernel
+    closes its sockets at once, so the followers can know within milliseconds. A leader
+    that is in fact alive reconnects and its next append_entries puts the deadline back
+    to the full timeout before it fires.
+    """
+    transport = raft._SyncObj__transport
+    original = raft._SyncObj__onNodeDisconnected
+    rng = random.Random()
+    members = [str(raft._SyncObj__selfNode), *(str(n) for n in raft._SyncObj__otherNodes)]
+    me = str(raft._SyncObj__selfNode)
+
+    def on_disconnected(peer: Any) -> None:
+        original(peer)
+        if raft._isLeader() or peer != raft._SyncObj__raftLeader:
+            return
+        now = pysyncobj_monotonic()
+        delay = leader_lost_delay(me, members, str(peer), tuning, rng.random())
+        deadline = now + delay
+        if deadline < raft._SyncObj__raftElectionDeadline:
+            raft._SyncObj__raftElectionDeadline = deadline
+            log.info("raft.leader_connection_lost", leader=str(peer), election_in_s=round(delay, 3))
+
+    transport.setOnNodeDisconnectedCallback(on_disconnected)
+
+
+def leader_lost_delay(me: str, members: list[str], lost_leader: str, tuning: RaftTuning, u: float) -> float:
+    """How long this follower waits before its election after the leader's socket closed.
+
+    All followers see the close at the same moment; random short deadlines within a few
+    hundred ms still collide on a loaded machine (two candidates split the vote, and the
+    retry costs a full 1-2 s timeout). So the survivors go in address order, one
+    ``leader_lost_step_s`` apart: the first usually wins before the second starts, and the
+    second runs only if the first is down too or its log is behind (refused votes do not
+    reset the others' deadlines). ``u`` in [0, 1) adds a little jitter.
+    """
+    survivors = sorted(m for m in members if m != lost_leader)
+    rank = survivors.index(me) if me in survivors else len(survivors)
+    return tuning.leader_lost_first_s + rank * tuning.leader_lost_step_s + u * tuning.leader_lost_jitter_s
