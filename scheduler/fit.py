@@ -1,7 +1,8 @@
 """Does a set of allocs fit on a node? One answer for the scheduler and the plan applier.
 
 Both sides call ``allocs_fit`` so that, on the same state, they cannot disagree: a
-disagreement is what turned Nomad's "plan for node rejected" into a loop (seed 000). What
+disagreement is what turned Nomad's "plan for node rejected" into a loop
+(docs/field-reports.md#field-report-1). What
 counts: CPU, memory and disk against the node's capacity minus its reservation, the node's
 ``max_allocs``, and ports: node-reserved ports and every alloc's static and dynamic ports are
 exclusive on the node.

@@ -162,7 +162,8 @@ def _untainted_outsiders(
 def _reconnect_score(builder: PlanBuilder, state: State, job: Job, group: TaskGroup) -> ScoreFn:
     """How ``select_node`` ranks an alloc's node for the group, as the state stands (before
     this plan changes anything): the reconnect picker keeps the better-ranked of an original
-    and its replacement (seed 003). Allocs do not record their placement-time score, so this
+    and its replacement (docs/field-reports.md#field-report-3). Allocs do not record their
+    placement-time score, so this
     is today's rank of each node, each holding its own copy."""
 
     def score(alloc: Allocation) -> float | None:
@@ -252,7 +253,8 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
             builder.place(
                 replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
             )
-        # Disconnecting: unknown, still desired to run (it may come back, seed 003).
+        # Disconnecting: unknown, still desired to run (it may come back,
+        # docs/field-reports.md#field-report-3).
         for alloc in result.disconnecting:
             builder.update_status(alloc, description=DESC_UNKNOWN, client_status=ALLOC_CLIENT_UNKNOWN)
         # The follow-up eval recorded, so no later pass makes another for the same failure.

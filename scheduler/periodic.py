@@ -423,7 +423,8 @@ def launch_ns_from_id(child_id: str) -> int | None:
 def _fresh(parent: Job, child_id: str, now_ns: int) -> Job:
     """A new job made from ``parent``: nothing about the parent's life carries over.
 
-    Seed 002: a child that inherited the parent's "running" status skewed the parent's
+    docs/field-reports.md#field-report-2: a child that inherited the parent's "running"
+    status skewed the parent's
     children counts forever. Status, version and indexes start from zero here, and the
     FSM ignores a submitted status for a new job anyway.
     """

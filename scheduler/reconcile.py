@@ -19,7 +19,8 @@ The steps, in order:
    disconnecting, unknown, migrate, reconnecting or untainted.
 2. A stopped job stops every live alloc and places nothing.
 3. Reconnects: an alloc that is back on a healthy node while a replacement of it also runs
-   keeps exactly one of the two (``RECONNECT_PICKERS``; ties keep the original, seed 003).
+   keeps exactly one of the two (``RECONNECT_PICKERS``; ties keep the original,
+   docs/field-reports.md#field-report-3).
 4. Slots: every alloc that still speaks for a slot becomes a *holder*. Some holders stay
    (untainted, done, a failed alloc that may not or not yet be rescheduled), some must move
    (lost, migrating, failed-and-rescheduled-now, disconnected-and-replaced). With more holders
@@ -477,7 +478,8 @@ CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
         DISCONNECTING,
         lambda f: f.node_disconnected and f.status == ALLOC_CLIENT_RUNNING,
         "Running as far as we know on a node that missed heartbeats: mark it unknown and keep "
-        "it, it may come back (seed 003); replace it if disconnect.replace allows.",
+        "it, it may come back (docs/field-reports.md#field-report-3); replace it if "
+        "disconnect.replace allows.",
     ),
     Rule(
         UNKNOWN,

@@ -182,7 +182,8 @@ class ParameterizedConfig:
 
 @dataclass(frozen=True, slots=True)
 class DisconnectStrategy:
-    """What happens to a group's allocs when their node stops heartbeating (docs/field-reports.md#field-report-3)."""
+    """What happens to a group's allocs when their node stops heartbeating
+    (docs/field-reports.md#field-report-3)."""
 
     lost_after_ns: int = 0
     reconcile: str = "best_score"

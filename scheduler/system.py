@@ -210,7 +210,7 @@ def build_plan(
         if t.alloc is not None and not t.alloc.terminal():
             builder.stop(t.alloc, t.reason)
     for t in diff.disconnecting:
-        # Unknown, still desired to run: its node may come back (seed 003).
+        # Unknown, still desired to run: its node may come back (docs/field-reports.md#field-report-3).
         builder.update_status(_existing(t), description=DESC_UNKNOWN, client_status=ALLOC_CLIENT_UNKNOWN)
 
     failed: dict[str, list[str]] = defaultdict(list)

@@ -16,9 +16,10 @@ The steps, in order:
    sysbatch, as "this name already ran here".
 2. ``CLASSIFICATION_RULES`` (first match wins) puts every live alloc in one bucket.
 3. Duplicates: at most one live alloc per (node, name) may stay desired-running, so at most
-   ``count`` per (job, group, node) (design.md invariant 1). The survivor is chosen by
+   ``count`` per (job, group, node) (docs/design.md#invariant-1). The survivor is chosen by
    ``KEEP_RULES``; the others are stopped ("alloc duplicated on node"). Nomad never did this
-   (seed 000, PR #16097 closed unmerged): its duplicates were both updated and both re-placed,
+   (docs/field-reports.md#field-report-1, PR #16097 closed unmerged): its duplicates were both
+   updated and both re-placed,
    and the plan applier rejected the node forever over their shared static port.
 4. Placements: a required name with no kept alloc on a ready node is placed. A stopped
    duplicate is never re-placed, because its name still has the survivor.
@@ -28,7 +29,7 @@ The steps, in order:
    in-place updates are free, and stopping a duplicate is free beside a kept running alloc
    (it is charged, but never held back, when it stops the node's only running alloc). Nomad
    decided destructive vs in-place *after* the limit and counted a duplicate's stop as an
-   update, so one node could eat the whole budget (seed 000, tgross's last comment). Held
+   update, so one node could eat the whole budget (docs/field-reports.md#field-report-1). Held
    back updates go to ``deferred``; the scheduler schedules a follow-up eval for them.
 """
 
@@ -307,7 +308,8 @@ CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
         DISCONNECTING,
         lambda f: f.where == AT_DISCONNECTED and f.alloc.client_status == ALLOC_CLIENT_RUNNING,
         DESC_UNKNOWN,
-        "The node missed heartbeats but may come back: mark the alloc unknown, keep it (seed 003).",
+        "The node missed heartbeats but may come back: mark the alloc unknown, keep it "
+        "(docs/field-reports.md#field-report-3).",
     ),
     Rule(
         IGNORE,

@@ -337,7 +337,7 @@ def _group_errors(group: TaskGroup, job_type: str, path: str) -> Iterator[FieldE
         yield FieldError(f"{path}.count", f"must be >= 0, got {group.count}")
     elif group.count > 1 and job_type == JOB_TYPE_SYSTEM:
         # A system job runs one alloc per eligible node; the node set is the count. Sysbatch
-        # runs `count` per node (seed 000), so it may ask for more than one.
+        # runs `count` per node (docs/field-reports.md#field-report-1), so it may ask for more than one.
         yield FieldError(f"{path}.count", f"count > 1 is not allowed for a {job_type} job")
     if group.ephemeral_disk_mb < 0:
         yield FieldError(f"{path}.ephemeral_disk_mb", f"must be >= 0, got {group.ephemeral_disk_mb}")
