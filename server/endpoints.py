@@ -1,7 +1,7 @@
 """The leader's write operations: check the request, decide IDs and times, propose one entry.
 
 Each function validates completely before proposing, so bad input changes nothing; the
-entry carries everything the FSM needs (design.md, "FSM determinism"). The servicers in
+entry carries everything the FSM needs (docs/design.md, "FSM determinism"). The servicers in
 server/api/ only convert messages and call one function here.
 """
 

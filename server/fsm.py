@@ -1,6 +1,6 @@
 """The finite state machine: one raft log entry in, the next state out.
 
-Rules (design.md, "FSM determinism"): ``apply`` depends only on the entry and the state
+Rules (docs/design.md, "FSM determinism"): ``apply`` depends only on the entry and the state
 before it. No clock, no randomness, no I/O here: IDs, timestamps and evaluations were
 decided by the leader and travel inside the entry. tests/unit/test_purity.py greps this
 module for the calls that would break that.
@@ -200,7 +200,7 @@ def apply_job_register(txn: Txn, entry: raft_pb2.JobRegisterEntry, index: int) -
         changed = not _spec_equal(old, job) or old.stop != job.stop
         job = _updated_job(
             job,
-            # The status is the store's, never the submitter's (seed 002).
+            # The status is the store's, never the submitter's (docs/field-reports.md#field-report-2).
             status=old.status,
             version=old.version + 1 if changed else old.version,
             stable=old.stable and not changed,

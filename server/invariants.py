@@ -1,4 +1,4 @@
-"""The live invariant checker: design.md's state invariants as one pure function over ``Tables``.
+"""The live invariant checker: docs/design.md's state invariants as one pure function over ``Tables``.
 
 ``check_invariants(tables)`` returns every violation it finds in one frozen state; an
 empty list means the state is sound. It reads nothing but its argument (no clock, no I/O),
@@ -7,9 +7,9 @@ server, over its own state), the chaos checker (over a saved snapshot) and unit 
 
 What one state can tell:
 
-* invariant 1 -- at most ``count`` live, desired-running allocs per (system or sysbatch
+* docs/design.md#invariant-1 -- at most ``count`` live, desired-running allocs per (system or sysbatch
   job, group, node);
-* invariant 2 -- every job summary counter equals a recount from the allocs (queued
+* docs/design.md#invariant-2 -- every job summary counter equals a recount from the allocs (queued
   excluded: it comes from evals) and the children counts equal a recount of the child
   jobs; no counter is negative; every job has a summary and every summary a job.
 
@@ -68,7 +68,8 @@ class Violation:
 
 
 def check_invariants(tables: Tables) -> list[Violation]:
-    """Every violation of invariants 1 and 2 in ``tables``, in a stable order."""
+    """Every system/sysbatch group with more than ``count`` live allocs on a node, and every job
+    summary that differs from a recount or is negative, in a stable order."""
     return [*_system_allocs(tables), *_summaries(tables)]
 
 

@@ -45,7 +45,8 @@ log = structlog.get_logger("drover.leader")
 # problem does not spin.
 FAILED_FOLLOW_UP_DELAY_NS: Final = 60_000_000_000
 TICK_S: Final = 0.05
-# The leader checks invariants 1 and 2 over its state this often (server/invariants.py).
+# The leader checks its state this often for system allocs over count and job summaries that
+# differ from a recount (docs/design.md#invariant-1 and #invariant-2, server/invariants.py).
 INVARIANT_CHECK_S: Final = 30.0
 INVARIANT_LOG_LIMIT: Final = 20
 INVARIANT_VIOLATIONS = Gauge(

@@ -17,7 +17,7 @@ point. For each plan (highest priority first) it:
 4. counts rejections per node (``RejectionTracker``, on by default): a node rejected more
    than ``threshold`` times within ``window`` is marked ineligible **in the same raft
    entry**, with a node event, a WARN log and a metric, so a persistent disagreement ends
-   instead of looping (seed 000, invariant 6).
+   instead of looping (docs/field-reports.md#field-report-1, docs/design.md#invariant-6).
 
 At most one plan is in raft at a time: N+1 is evaluated while N commits, and proposed after.
 """

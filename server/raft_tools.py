@@ -1,4 +1,4 @@
-"""Offline operator tools on a stopped server's data dir (the seed 002 debugging session).
+"""Offline operator tools on a stopped server's data dir (as used in docs/field-reports.md#field-report-2).
 
 * ``raft logs``: every raft log entry as one JSON object (index, term, type, decoded body);
 * ``raft state``: the state at any raft index: the snapshot if it is not past that index,

@@ -119,7 +119,8 @@ def state_digest(tables: Tables) -> str:
 
 
 def recount_summaries(tables: Tables) -> dict[tuple[str, str], dict[str, structs_pb2.TaskGroupSummary]]:
-    """Summaries recomputed from the allocs alone (queued excluded): invariant 2's oracle."""
+    """Summaries recomputed from the allocs alone (queued excluded): the oracle of
+    docs/design.md#invariant-2 (every summary counter equals a recount)."""
     out: dict[tuple[str, str], dict[str, structs_pb2.TaskGroupSummary]] = {}
     bucket = {
         "pending": "starting",

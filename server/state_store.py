@@ -529,7 +529,8 @@ class Txn:
         return JobChildrenSummary(**counts)
 
     def _children_delta(self, namespace: str, parent_id: str, old: str | None, new: str | None) -> None:
-        """Move one child between the parent's pending/running/dead counts (seed 002)."""
+        """Move one child between the parent's pending/running/dead counts
+        (docs/field-reports.md#field-report-2)."""
         if old == new:
             return
         key = (namespace, parent_id)
@@ -737,7 +738,8 @@ class Txn:
         """Nomad's getJobStatus, from counters instead of a scan of the job's allocs.
 
         The status is always derived here from state, never taken from the submitted job:
-        a child registered with a stale "running" status (seed 002) cannot skew counts.
+        a child registered with a stale "running" status (docs/field-reports.md#field-report-2)
+        cannot skew counts.
         """
         if job.type == JOB_TYPE_SYSTEM or job.is_template():
             return JOB_STATUS_DEAD if job.stop else JOB_STATUS_RUNNING
