@@ -76,7 +76,11 @@ def register(top: Subcommands) -> None:
     conn_flags(p)
     flag(p, "json", action="store_true")
     p = add_command(
-        operator, "invariants", _cmd_operator_invariants, "check invariants 1 and 2 on each addressed server"
+        operator,
+        "invariants",
+        _cmd_operator_invariants,
+        "check each addressed server's own state: system allocs per node within count, "
+        "job summaries equal to a recount",
     )
     conn_flags(p)
     flag(p, "json", action="store_true")
@@ -260,6 +264,17 @@ def _cmd_operator_state(args: argparse.Namespace) -> int:
     return _fail_unanswered(answers)
 
 
+# What every server checks over its own state (server/invariants.py), named as its violations
+# are; docs/design.md#invariant-1 and #invariant-2 state them.
+_INVARIANTS_CHECKED: Final = (
+    "Each server checks its own state (docs/design.md, invariants 1 and 2):\n"
+    "  system-allocs-per-node: at most count live, desired-running allocs per system or sysbatch"
+    " job, group and node\n"
+    "  job-summaries: every job summary counter equals a recount of its allocs and child jobs,"
+    " and none is negative"
+)
+
+
 def _cmd_operator_invariants(args: argparse.Namespace) -> int:
     """Ask each addressed server to check its own state (Invariants is never forwarded);
     exit 1 when any reports a violation or does not answer."""
@@ -268,6 +283,7 @@ def _cmd_operator_invariants(args: argparse.Namespace) -> int:
     if args.json:
         _print_answers_json(answers)
     else:
+        print(_INVARIANTS_CHECKED)
         for addr, a in answers:
             if isinstance(a, DroverError):
                 print(f"{addr}: ERROR: {a}")
