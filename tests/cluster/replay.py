@@ -1,4 +1,5 @@
-"""Invariant 2 at every raft index of a stopped cluster, with the offline state tool's replay.
+"""Summaries equal a recount (docs/design.md#invariant-2) at every raft index of a stopped cluster,
+with the offline state tool's replay.
 
 ``check_every_index`` reads each server's data dir the way `drover operator raft state`
 does (snapshot, then journal through a fresh FSM) and checks, after every entry:

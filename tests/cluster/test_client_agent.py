@@ -2,7 +2,7 @@
 
 It must register with its fingerprint, run the allocs the scheduler places on it (mock
 driver), report them ``running``, and, when the agent process is restarted, come back to
-the same allocs without restarting them (design invariant 5, seed 003).
+the same allocs without restarting them (docs/design.md#invariant-5, docs/field-reports.md#field-report-3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Disconnected clients, with real processes and really cut connections (issue 5, seed 003).
+"""Disconnected clients, with real processes and really cut connections
+(docs/field-reports.md#field-report-3).
 
 Three real server processes run with short heartbeat settings (``SERVER_ARGS``). Every
 client agent is a real ``drover agent -client`` process whose ``-servers`` are its own

@@ -1,4 +1,4 @@
-"""Seed 002 on a real 3-server cluster with a real client agent (mock driver).
+"""docs/field-reports.md#field-report-2 on a real 3-server cluster with a real client agent (mock driver).
 
 A periodic batch job launches every second (7-field cron: seconds first, year last); each
 child runs 2 s on the client. The leader is SIGKILLed three times while it runs (restarted
@@ -148,7 +148,7 @@ def test_seed_002__periodic_every_second__three_leader_kills__children_exact_at_
         assert all(0 <= lag < SECOND_NS for lag in lags), [lag / SECOND_NS for lag in lags]
     gaps = [b - a for a, b in itertools.pairwise(launched) if b - a > SECOND_NS]
     print(
-        f"seed 002: {len(launched)} launches, {len(gaps)} gaps (max {max(gaps, default=0) // SECOND_NS} s),"
+        f"periodic children: {len(launched)} launches, {len(gaps)} gaps (max {max(gaps, default=0) // SECOND_NS} s),"
         f" {reports[0].indexes} indexes checked per server, {running_s:.0f} s of running"
     )
 

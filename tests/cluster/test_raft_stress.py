@@ -1,4 +1,4 @@
-"""Raft under stress: 100,000 writes in bursts on 3 real servers (design.md, pysyncobj defects).
+"""Raft under stress: 100,000 writes in bursts on 3 real servers (docs/design.md, pysyncobj defects).
 
 Every replica must reach the same applied index and state digest after every burst, and no
 server may log an exception loop (pysyncobj's "failed _onTick" / IndexError after a follower's

@@ -1,4 +1,5 @@
-"""Seed 000 on a real 3-server cluster: overlapping live system allocs are reconciled in one
+"""docs/field-reports.md#field-report-1 on a real 3-server cluster: overlapping live system allocs are
+reconciled in one
 eval without a "plan for node rejected" loop, and a persistent scheduler/applier
 disagreement ends with the node marked ineligible.
 

@@ -359,7 +359,7 @@ def test_state__corrupt_alloc_record__set_aside(tmp_path: Path) -> None:
 # --- package boundaries -----------------------------------------------------------------------------
 
 PACKAGE = Path(__file__).resolve().parents[2] / "client_agent"
-# design.md: client_agent imports drover.v1 (generated protobuf) and third-party libraries only.
+# docs/design.md: client_agent imports drover.v1 (generated protobuf) and third-party libraries only.
 ALLOWED_TOP_LEVEL = {"client_agent", "drover", "google", "grpc", "psutil", "structlog"}
 
 

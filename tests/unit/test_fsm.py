@@ -1,7 +1,7 @@
 """The FSM, one entry type at a time: what each raft log entry does to the state.
 
 Every test drives ``FSM.apply`` with the bytes a leader would propose (tests/fixtures/mock.py)
-through ``Log``, which applies at increasing indexes and checks invariant 2 (design.md:
+through ``Log``, which applies at increasing indexes and checks docs/design.md#invariant-2 (
 every job summary counter equals a recount from allocs and children, none negative) after
 every entry, whatever the test is about.
 """
@@ -52,7 +52,8 @@ ET = raft_pb2.EntryType
 
 
 class Log:
-    """A fresh FSM fed entries at increasing raft indexes; checks invariant 2 after each."""
+    """A fresh FSM fed entries at increasing raft indexes; checks after each that every job
+    summary equals a recount (docs/design.md#invariant-2)."""
 
     def __init__(self) -> None:
         self.store = StateStore()
@@ -68,7 +69,7 @@ class Log:
         else:
             assert not result.error, f"entry at {self.index} refused: {result.error}"
         problems = mock.summary_problems(self.snap.tables)
-        assert not problems, f"invariant 2 broken at index {self.index}:\n" + "\n".join(problems)
+        assert not problems, f"summaries differ from a recount at index {self.index}:\n" + "\n".join(problems)
         return result
 
     @property
@@ -255,7 +256,7 @@ def test_fsm__job_registered__status_by_type(log: Log, factory: object, status: 
 
 
 # ---------------------------------------------------------------------------------------
-# Periodic children (seed 002)
+# Periodic children (docs/field-reports.md#field-report-2)
 
 
 def launch_child(log: Log, parent: Job, launch_ns: int, status: str) -> Job:
@@ -280,7 +281,7 @@ def test_fsm__periodic_child_submitted_running__stored_pending_and_counted_pendi
     parent = registered(log, mock.periodic_job(), with_eval=False)
 
     # After a leader change the dispatcher derives children from a parent whose status is
-    # "running": the child arrives claiming "running" (seed 002).
+    # "running": the child arrives claiming "running" (docs/field-reports.md#field-report-2).
     child = launch_child(log, parent, mock.NOW, status=JOB_STATUS_RUNNING)
 
     assert log.job(child).status == JOB_STATUS_PENDING

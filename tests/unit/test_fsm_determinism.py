@@ -1,4 +1,4 @@
-"""Random raft logs: the FSM is deterministic, restorable, and keeps invariant 2 at every index.
+"""Random raft logs: the FSM is deterministic, restorable, and summaries equal a recount at every index.
 
 The logs are "valid-ish": every entry is one a leader could propose, but in any order and
 over a small, fixed ID space (3 jobs, 3 nodes, 6 allocs, 4 evals), with the odd corrupt
@@ -129,7 +129,7 @@ def _evals_desc(evs: Sequence[Evaluation]) -> str:
 
 def _register(name: str, count: int, priority: int, status: str, stop: bool, with_eval: bool) -> Entry:
     job = JOBS[name]
-    # ``status`` is what a (new) leader claims for the job: seed 002.
+    # ``status`` is what a (new) leader claims for the job: docs/field-reports.md#field-report-2.
     job = replace(
         job, groups=(replace(job.groups[0], count=count),), priority=priority, status=status, stop=stop
     )
@@ -385,7 +385,7 @@ def replay(entry_list: Sequence[Entry], store: StateStore | None = None, first_i
 
 def invariant_2(tables: Tables, at: str) -> None:
     problems = mock.summary_problems(tables, children=True)
-    assert not problems, f"invariant 2 broken after {at}:\n" + "\n".join(problems)
+    assert not problems, f"summaries differ from a recount after {at}:\n" + "\n".join(problems)
 
 
 # ---------------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def test_fsm__restored_mid_log_then_rest_applied__same_state_as_full_replay(
     log: list[Entry], data: Any
 ) -> None:
     # A follower that installs a snapshot at index k and applies the rest must end where a
-    # server that replayed the whole log ends (invariant 3).
+    # server that replayed the whole log ends (docs/design.md#invariant-3).
     cut = data.draw(st.integers(0, len(log)), label="cut")
     full = replay(log).snapshot().tables
     prefix = replay(log[:cut]).snapshot().tables

@@ -7,7 +7,7 @@ run ``compute_generic``, commit the plan the way the leader does (the plan appli
 the next pass. Bucket counts come from the result's annotations (what ``drover job plan``
 shows) through ``Expect``. The properties at the end: the fixed point, never more than
 count live allocs per group, a stopped job places nothing, and the applier never rejects a
-node of a plan (seed 000's "plan for node rejected" loop).
+node of a plan (the "plan for node rejected" loop of docs/field-reports.md#field-report-1).
 """
 
 from __future__ import annotations

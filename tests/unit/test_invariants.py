@@ -1,4 +1,5 @@
-"""server/invariants.py: the live checker finds exactly the broken invariants 1 and 2.
+"""server/invariants.py: the live checker finds exactly the system groups over count on a node and
+the job summaries that differ from a recount (docs/design.md#invariant-1, #invariant-2).
 
 States are built through the FSM (the way raft builds them) and then broken the only way a
 bug could break them: by writing a table directly with ``Txn``, as a faulty apply would.

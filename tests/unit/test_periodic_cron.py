@@ -242,7 +242,7 @@ def test_cron_error__names_the_problem(spec: str, message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Derived children start fresh (seed 002)
+# Derived children start fresh (docs/field-reports.md#field-report-2)
 
 
 def test_derive_periodic_child__nothing_of_the_parents_life_carries_over() -> None:

@@ -3,7 +3,7 @@
 A ``Cluster`` here is one real StateStore + FSM fed by a proposer that applies each entry at
 the next raft index, like a committed log; "servers" are dispatchers sharing it, so a leader
 change is: disable one dispatcher, enable another (it rebuilds from state). Time is a
-``FakeClock`` the test moves; nothing sleeps. Invariant 2 (summaries equal a recount, none
+``FakeClock`` the test moves; nothing sleeps. docs/design.md#invariant-2 (summaries equal a recount, none
 negative) is checked after every entry.
 """
 
@@ -82,7 +82,7 @@ class Cluster:
         self.index += 1
         result = self.fsm.apply(data, self.index)
         problems = mock.summary_problems(self.snap.tables)
-        assert not problems, f"invariant 2 broken at index {self.index}:\n" + "\n".join(problems)
+        assert not problems, f"summaries differ from a recount at index {self.index}:\n" + "\n".join(problems)
         return result
 
     def apply(self, data: bytes) -> ApplyResult:
@@ -295,7 +295,8 @@ def test_leader_down_across_two_slots__exactly_one_catch_up_launch(cluster: Clus
 
 
 def test_leader_change__parent_status_running__children_still_start_pending(cluster: Cluster) -> None:
-    """Seed 002: the new leader's parent copy says "running"; children must not inherit it."""
+    """docs/field-reports.md#field-report-2: the new leader's parent copy says "running"; children
+    must not inherit it."""
     parent = cluster.register(cron_job())
     assert parent.status == JOB_STATUS_RUNNING
     old = cluster.server()

@@ -1,4 +1,4 @@
-"""Import and call rules that keep the core pure and the FSM deterministic (design.md).
+"""Import and call rules that keep the core pure and the FSM deterministic (docs/design.md).
 
 (a) scheduler/ is the functional core: no gRPC, raft, threads, clock, randomness, IDs,
     sockets, processes or OS access, and nothing of ours outside scheduler/. Imports under

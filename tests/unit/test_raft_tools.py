@@ -91,7 +91,8 @@ def test_raft_logs__one_json_object_per_entry_with_decoded_body(data_dir: Path) 
     child = entries[3]["body"]
     assert child["job"]["id"] == CHILD.id
     assert child["job"]["parent_id"] == "cron"
-    assert child["job"]["status"] == ""  # what the leader sent, visible as in seed 002
+    # What the leader sent, visible as in docs/field-reports.md#field-report-2.
+    assert child["job"]["status"] == ""
     assert child["eval"]["id"] == "eval-c"
 
 

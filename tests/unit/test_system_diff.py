@@ -624,7 +624,8 @@ def test_diff__duplicate_survivor(allocs: list[Allocation], winner: str) -> None
 
 
 def test_diff__duplicates_holding_the_same_static_port__one_survives() -> None:
-    # Seed 000: two live allocs on one node both hold 9100; the applier would reject any
+    # docs/field-reports.md#field-report-1: two live allocs on one node both hold 9100; the applier
+    # would reject any
     # plan that keeps both. Exactly one survives and the name is not placed again.
     network = NetworkResource(reserved_ports=(Port(label="metrics", value=9100, to=9100),))
     job = with_group(mock.system_job(), network=network)
@@ -646,7 +647,8 @@ def rolling(job: Job, max_parallel: int, stagger_s: int = 30) -> Job:
 
 
 def test_diff__seed_000__destructive_and_newer_inplace_on_one_node() -> None:
-    """Seed 000, tgross: max_parallel 1; node A holds an alloc needing a destructive update
+    """docs/field-reports.md#field-report-1 (the max_parallel doubt): max_parallel 1; node A holds an
+    alloc needing a destructive update
     and a newer one needing only an in-place update; node B needs a destructive update.
     One pass: A keeps the newer alloc (in-place), stops the older duplicate for free, and
     exactly one destructive update happens (B's)."""

@@ -4,8 +4,8 @@ Situations are cluster histories: build a state with the Harness (the real state
 run ``compute_system``, commit the plan the way a healthy applier would, and look at the
 next pass. Bucket counts come from the result's annotations (what ``drover job plan``
 shows) through the same ``Expect`` as the diff tests. The properties at the end hold the
-scheduler to design.md invariant 1 and to the fixed point that keeps it out of the
-"plan for node rejected" loop (seed 000).
+scheduler to docs/design.md#invariant-1 and to the fixed point that keeps it out of the
+"plan for node rejected" loop (docs/field-reports.md#field-report-1).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def stops(result: SchedulerResult) -> dict[str, tuple[str, str, str]]:
 
 
 def live_by_slot(h: Harness, job: Job) -> Counter[tuple[str, str]]:
-    """(group, node) -> live desired-running allocs of the job: invariant 1's measure."""
+    """(group, node) -> live desired-running allocs of the job: docs/design.md#invariant-1's measure."""
     return Counter(
         (a.task_group, a.node_id)
         for a in h.snapshot().allocs_by_job(job.namespace, job.id)
@@ -340,7 +340,7 @@ def test_system__stagger__follow_up_eval_for_the_rest() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Duplicates and exclusive ports (seed 000)
+# Duplicates and exclusive ports (docs/field-reports.md#field-report-1)
 
 
 def test_system__duplicates_on_static_port__one_survives_nothing_replaced() -> None:
@@ -531,7 +531,8 @@ def test_sysbatch__destructive_change_reruns_finished_allocs() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Properties: invariant 1 and the fixed point, over random clusters
+# Properties: at most count live allocs per node (docs/design.md#invariant-1) and the fixed point,
+# over random clusters
 
 V_OLD, V_MID, V_CUR = 0, 1, 2  # V_OLD -> V_MID destructive, V_MID -> V_CUR in place
 
