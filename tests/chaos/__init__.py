@@ -11,7 +11,7 @@
   client connection cuts) and runs it against a ``deploy.cluster.LocalCluster``,
   recording a timeline;
 * ``checker.py`` runs after the nemesis stops and the cluster settles, and decides each
-  invariant of ``../shared/design.md`` pass or fail;
+  invariant of ``docs/design.md`` (its "Invariants" section) pass or fail;
 * ``report.py`` writes ``bench-results/chaos-<UTC>.json`` (and a PNG timeline when
   matplotlib is installed);
 * ``run.py`` ties them together: ``python -m tests.chaos.run --servers 3 --minutes 2 --seed 7``.

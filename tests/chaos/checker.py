@@ -1,4 +1,4 @@
-"""The chaos checker: each design.md invariant, decided pass or fail from what a run left.
+"""The chaos checker: each invariant of docs/design.md, decided pass or fail from what a run left.
 
 Inputs: the ``History`` of every request, the settled cluster's state (a snapshot from the
 leader and one from every server), the servers' logs, their data dirs (replayed offline
@@ -6,7 +6,8 @@ with server/raft_tools.py once they are stopped), and what the live checker
 (``Operator.Invariants``) said during the run. Each check returns a ``CheckResult`` with
 the first problems it found; none raises on a failed invariant.
 
-How "acknowledged" is judged (invariant 4): operations on one key are sequential, so the
+How "acknowledged" is judged (invariant 4, every acknowledged write is present after any
+number of leader kills: docs/design.md#invariant-4): operations on one key are sequential, so the
 last acknowledged one says what the key must look like at the end, unless an ``info``
 operation (outcome unknown) landed later, which is allowed whenever it was invoked: a
 write stuck in a paused server can be applied long after its caller gave up. So the final
@@ -58,7 +59,7 @@ CLIENT_DEFECT: Final = re.compile(
 @dataclass
 class CheckResult:
     name: str
-    invariant: str  # design.md's number, or "" for a supporting check
+    invariant: str  # the number of docs/design.md#invariant-N, or "" for a supporting check
     description: str
     passed: bool
     details: list[str] = field(default_factory=list)
@@ -94,7 +95,7 @@ def _candidates(ops: list[Op]) -> tuple[Op | None, list[Op]]:
 
 
 # ---------------------------------------------------------------------------------------
-# Invariant 4: every acknowledged write is present
+# Invariant 4: every acknowledged write is present (docs/design.md#invariant-4)
 
 
 def _job_matches(job: Job | None, op: Op) -> bool:
@@ -269,7 +270,8 @@ def check_realtime_order(history: History) -> CheckResult:
 
 
 # ---------------------------------------------------------------------------------------
-# Invariants 1, 2 and 3 over the settled state
+# Over the settled state: at most count live allocs per system job, group and node (1), job
+# summaries equal a recount (2), equal digests at equal indexes (3); docs/design.md#invariants
 
 
 def check_converged(
@@ -366,7 +368,8 @@ def check_evals(tables: Tables, now_ns: int | None = None) -> CheckResult:
 
 
 # ---------------------------------------------------------------------------------------
-# Invariant 6 and the raft defects, from the logs
+# From the logs: plan rejections per node bounded (docs/design.md#invariant-6), and no raft
+# defect logged
 
 
 def _ts(text: str) -> float:
@@ -445,7 +448,8 @@ def replay_data_dir(
     server: str, data_dir: Path, problems: list[str], *, check_every_index: bool
 ) -> ReplayFigures:
     """Replay one stopped server's log with the raft state tool; with ``check_every_index``
-    check invariants 1 and 2 after every entry."""
+    check after every entry that no system job has more than count live allocs per group and
+    node, and that every job summary equals a recount (invariants 1 and 2, docs/design.md)."""
     figures = ReplayFigures(server)
     last: Tables | None = None
     # One line per distinct violation: the first and last index it was seen at.
@@ -517,7 +521,8 @@ def _log_mismatches(reports: Sequence[ReplayFigures], upto: int | None) -> list[
 def check_replay(
     data_dirs: Mapping[str, Path], converged: tuple[str, int] | None, *, full_on: Sequence[str]
 ) -> CheckResult:
-    """Invariants 1 and 2 after every raft index (replayed on the servers in ``full_on``),
+    """Invariants 1 and 2 (allocs per system node, summaries equal a recount; docs/design.md)
+    after every raft index (replayed on the servers in ``full_on``),
     the journals equal entry by entry, and each log replayed to its end giving the digest
     the live servers agreed on."""
     problems: list[str] = []
@@ -537,7 +542,8 @@ def check_replay(
         "replay_every_index",
         "1,2,3",
         "each stopped server's log replayed with the raft state tool (from its last raft snapshot "
-        "on): invariants 1 and 2 hold after every entry, the journals hold the same entries, and "
+        "on): after every entry no system job has more than count live allocs per group and node "
+        "and every job summary equals a recount, the journals hold the same entries, and "
         "the replayed end state equals the live digest",
         problems,
         servers={
@@ -569,6 +575,7 @@ def check_live(samples: Sequence[Mapping[str, Any]], unavailable: str = "") -> C
 
 # ---------------------------------------------------------------------------------------
 # Invariant 5: allocs kept across a client reconnect keep their IDs and processes
+# (docs/design.md#invariant-5)
 
 
 def _ended_deliberately(history: History, job_id: str, t0: float, t1: float) -> Op | None:

@@ -1,7 +1,8 @@
 """Real client agents in a chaos run, each behind its own proxies, and what became of their tasks.
 
 Why real agents: the workload's simulated clients only say what a client would report.
-Invariant 5 (allocs kept across a client reconnect keep their IDs and processes) is about
+Invariant 5 (docs/design.md#invariant-5: allocs kept across a client reconnect keep their
+IDs and processes) is about
 what an agent does with its tasks when it loses the servers and finds them again, which
 only a real agent running real processes can show.
 

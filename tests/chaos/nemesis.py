@@ -19,7 +19,8 @@ Faults (every other one is a leader SIGKILL, so a run of M minutes has a known s
   one client agent is cut at its proxies until the servers have marked its node
   disconnected and its alloc unknown, for ``hold_s`` more, then healed; the fault ends
   once the agent is back and its alloc runs again. The client's tasks are observed before
-  the cut and after the reconnect (a ``Window`` for invariant 5). The second fault of a
+  the cut and after the reconnect (a ``Window`` for the check that kept allocs keep their
+  IDs and processes, docs/design.md#invariant-5). The second fault of a
   schedule is always one, so even a short run has a reconnect to check.
 
 Never more than ``(servers - 1) // 2`` servers are down, paused or cut off at once: each

@@ -67,7 +67,8 @@ class ChaosConfig:
     partitions: bool = True
     # Real client agents behind proxies, cut by the nemesis (0: simulated clients only).
     clients: int = 2
-    # Invariants 1 and 2 after every replayed entry on this many servers (the rest sampled).
+    # Invariants 1 and 2 (allocs per system node, summaries equal a recount; docs/design.md)
+    # after every replayed entry on this many servers (the rest sampled).
     full_replay_servers: int = 1
     workload: dict[str, Any] = field(default_factory=dict)
 

@@ -3,7 +3,8 @@
 * ``test_chaos__short_fixed_seed``: 3 servers and 2 real client agents, one minute of
   faults on the quick schedule (leader SIGKILLs every other fault, one client cut, and
   follower kills, pauses, restarts or a partition), then the full checker. Every invariant
-  must pass, invariant 5 over at least one real reconnect; the failover figures are
+  must pass, and allocs kept across a reconnect must keep their IDs and processes
+  (docs/design.md#invariant-5) over at least one real reconnect; the failover figures are
   reported, not asserted (a loaded CI machine must not fail the suite on timing). Its
   report goes to the test's tmp dir, not ``bench-results/``.
 * ``test_chaos__long`` (``-m chaos``): ``DROVER_CHAOS_SERVERS`` servers (5),

@@ -7,7 +7,8 @@ reproducible; their interleaving with the nemesis is not):
   and walks them through register, in-place update (meta), destructive update (task
   config), scale (service and batch), stop and purge;
 * **templates**: a periodic and a parameterized parent, then forced launches and dispatches
-  (their children are batch jobs the simulated clients complete: seed 002's counts);
+  (their children are batch jobs the simulated clients complete: the children counts of
+  docs/field-reports.md#field-report-2);
 * **nodes**: registers the simulated nodes (tests/cluster/nodes.py) and a probe node,
   heartbeats them all, and drains and undrains one node at a time;
 * **clients**: stand in for client agents: read the allocs and report, per node, pending ->
