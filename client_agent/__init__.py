@@ -16,6 +16,6 @@ Layout (one concept per module; only ``rpc`` talks gRPC):
 - ``agent``: the shell that wires it all: ``ClientAgent``, ``run_client``,
   ``start_embedded_client``.
 
-This package imports only ``drover.v1`` (generated protobuf) and third-party libraries,
-never ``server`` or ``scheduler``.
+This package imports only ``drover.v1`` (generated protobuf), ``common`` (what every drover
+process shares) and third-party libraries, never ``server`` or ``scheduler``.
 """

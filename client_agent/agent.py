@@ -39,7 +39,6 @@ from types import FrameType
 
 import structlog
 
-from client_agent._logging import configure_logging
 from client_agent.allocdiff import LocalAlloc, ServerAlloc, diff_allocs
 from client_agent.clock import Clock, SystemClock
 from client_agent.config import AgentTuning, ClientSettings, EmbeddedSettings
@@ -58,6 +57,7 @@ from client_agent.runner import AllocRunner, job_key
 from client_agent.state import NodeIdentity, StateDB
 from client_agent.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
 from client_agent.taskstate import AllocStatus
+from common.logs import configure_logging
 from drover.v1 import api_pb2, structs_pb2
 
 __all__ = ["AgentTuning", "ClientAgent", "ClientSettings", "run_client", "start_embedded_client"]

@@ -12,9 +12,9 @@ from types import FrameType
 
 import structlog
 
+from common.logs import configure_logging
 from server.config import DevConfig, ServerConfig
 from server.core import ServerCore, StartupError
-from server.logs import configure_logging
 
 log = structlog.get_logger("drover.agent")
 

@@ -157,7 +157,7 @@ def _cmd_snapshot_restore(args: argparse.Namespace) -> int:
 
 def _offline(fn: Callable[[], int]) -> int:
     """Run an offline tool: its errors are one-line CLI errors; logs go to stderr."""
-    from server.logs import configure_logging
+    from common.logs import configure_logging
     from server.raft_tools import OfflineError
 
     configure_logging(level="error")

@@ -360,7 +360,8 @@ def test_state__corrupt_alloc_record__set_aside(tmp_path: Path) -> None:
 
 PACKAGE = Path(__file__).resolve().parents[2] / "client_agent"
 # docs/design.md: client_agent imports drover.v1 (generated protobuf) and third-party libraries only.
-ALLOWED_TOP_LEVEL = {"client_agent", "drover", "google", "grpc", "psutil", "structlog"}
+# ``common`` is what every drover process shares (it imports none of them).
+ALLOWED_TOP_LEVEL = {"client_agent", "common", "drover", "google", "grpc", "psutil", "structlog"}
 
 
 def _modules() -> list[Path]:

@@ -1,4 +1,8 @@
-"""structlog setup for the client agent process (the same shape as the server's)."""
+"""structlog setup: JSON lines in production, key=value in dev; stdlib logs go through it.
+
+Every drover process (server agent, client agent, dev agent, CLI) calls ``configure_logging``
+once at start, so a line looks the same whichever process wrote it.
+"""
 
 from __future__ import annotations
 

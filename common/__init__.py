@@ -1,0 +1,10 @@
+"""What every drover process shares: the server, the client agent, the CLI and the SDK.
+
+Layout:
+
+- ``logs``: the structlog setup (JSON lines in production, key=value in dev).
+
+Its own package because the client agent may not import ``server`` (nor ``scheduler``):
+this package imports only the standard library and third-party libraries, so each of them
+may import it (tests/unit/test_common.py). Nomad keeps the same kind of code in ``helper/``.
+"""
