@@ -40,6 +40,7 @@ from scheduler.structs import (
 )
 from server.clock import Clock, IdSource
 from server.codec import from_proto, to_proto
+from server.drainer import drain_complete
 from server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from server.fsm import ApplyResult, apply_job_register, dispatched_twin, encode_entry
 from server.heartbeat import HeartbeatTimers
@@ -430,6 +431,30 @@ class Endpoints:
             to_proto(ev, entry.evals.add())
         return self._propose(ET.ENTRY_TYPE_NODE_UPDATE_DRAIN, entry), [e.id for e in evals]
 
+    def complete_drain(self, node_id: str) -> bool:
+        """End ``node_id``'s drain if nothing it must move is still live (server/drainer.py);
+        the node stays ineligible. False: not draining, or not done yet."""
+        snap = self._store.snapshot()
+        node = snap.node(node_id)
+        if node is None or node.drain_strategy is None:
+            return False
+        allocs = snap.allocs_by_node(node_id)
+        job_types = {(a.namespace, a.job_id): _job_type(snap, a.namespace, a.job_id) for a in allocs}
+        if not drain_complete(node, allocs, job_types):
+            return False
+        now = self._clock.now_ns()
+        entry = raft_pb2.NodeUpdateDrainEntry(
+            node_id=node_id,
+            mark_eligible=False,
+            updated_at_ns=now,
+            completes_drain_started_at_ns=node.drain_strategy.started_at_ns,
+        )
+        entry.event.message = "Node drain complete"
+        entry.event.subsystem = "Drain"
+        entry.event.timestamp_ns = now
+        self._propose(ET.ENTRY_TYPE_NODE_UPDATE_DRAIN, entry)
+        return True
+
     def update_eligibility(self, node_id: str, eligibility: str) -> tuple[ApplyResult, list[str]]:
         validate.validate_eligibility(eligibility, "eligibility")
         snap, node = self._node(node_id)
@@ -535,6 +560,11 @@ class Endpoints:
 
 
 _CLIENT_STATUSES: Final = ("pending", "running", "complete", "failed", "lost", "unknown")
+
+
+def _job_type(snap: Snapshot, namespace: str, job_id: str) -> str:
+    job = snap.job(namespace, job_id)
+    return job.type if job is not None else ""
 
 
 def _transition_needs_evals(old: str, new: str) -> bool:

@@ -317,6 +317,11 @@ def apply_node_update_status(txn: Txn, entry: raft_pb2.NodeUpdateStatusEntry, in
 
 def apply_node_update_drain(txn: Txn, entry: raft_pb2.NodeUpdateDrainEntry, index: int) -> Any:
     node = _require_node(txn, entry.node_id)
+    if entry.completes_drain_started_at_ns and (
+        node.drain_strategy is None
+        or node.drain_strategy.started_at_ns != entry.completes_drain_started_at_ns
+    ):
+        raise EntryRejected("the drain this entry completes is no longer the node's")
     if entry.HasField("drain_strategy"):
         strategy = from_proto(entry.drain_strategy, DrainStrategy)
         node = replace(node, drain_strategy=strategy, scheduling_eligibility=NODE_INELIGIBLE)

@@ -27,9 +27,11 @@ from scheduler.structs import (
     NODE_STATUS_DOWN,
     TRIGGER_FAILED_FOLLOW_UP,
     Evaluation,
+    follow_up_eval,
 )
 from server.blocked import BlockedEvals
 from server.broker import EvalBroker
+from server.errors import ConflictError, NotFoundError
 from server.invariants import INVARIANTS, check_invariants
 from server.periodic import PeriodicDispatcher
 from server.plan_apply import PlanApplier, PlanQueue
@@ -44,6 +46,8 @@ log = structlog.get_logger("drover.leader")
 # A failed eval's follow-up waits this long (Nomad: about a minute), so a persistent
 # problem does not spin.
 FAILED_FOLLOW_UP_DELAY_NS: Final = 60_000_000_000
+# How often the drainer looks for drains with nothing left to move.
+DRAIN_CHECK_S: Final = 0.5
 TICK_S: Final = 0.05
 # The leader checks its state this often for system allocs over count and job summaries that
 # differ from a recount (docs/design.md#invariant-1 and #invariant-2, server/invariants.py).
@@ -172,6 +176,7 @@ class LeaderServices:
             (self._tick_broker, "broker-ticker"),
             (self._reap_heartbeats, "heartbeat-reaper"),
             (self._check_invariants, "invariant-checker"),
+            (self._complete_drains, "drainer"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -293,6 +298,24 @@ class LeaderServices:
                     continue
                 log.warning("leader.heartbeat_missed", node_id=node_id, status=status)
 
+    def _complete_drains(self) -> None:
+        """End each drain that has nothing left to move (server/drainer.py), as Nomad's
+        drainer marks a node's drain complete."""
+        while not self._stop_services.wait(DRAIN_CHECK_S):
+            draining = [n.id for n in self.core.store.snapshot().nodes() if n.drain_strategy is not None]
+            for node_id in draining:
+                if not self.still_leader():
+                    return
+                try:
+                    if self.core.endpoints.complete_drain(node_id):
+                        log.info("leader.drain_complete", node_id=node_id)
+                except (ConflictError, NotFoundError) as exc:
+                    # An operator's change raced ours and the FSM refused the entry, or the
+                    # node is gone: looked at again on the next pass.
+                    log.info("leader.drain_complete_refused", node_id=node_id, reason=str(exc))
+                except Exception:
+                    log.exception("leader.drain_complete_failed", node_id=node_id)
+
     def _check_invariants(self) -> None:
         """Every INVARIANT_CHECK_S, check the state; violations are logged at ERROR and
         counted in the ``drover_invariant_violations`` gauge."""
@@ -334,16 +357,8 @@ class LeaderServices:
                 for c in cancelable
             ]
             for ev in failed:
-                follow_up = replace(
-                    ev,
-                    id=self.core.ids.new(),
-                    status=EVAL_STATUS_PENDING,
-                    status_description="",
-                    triggered_by=TRIGGER_FAILED_FOLLOW_UP,
-                    previous_eval=ev.id,
-                    wait_until_ns=now + FAILED_FOLLOW_UP_DELAY_NS,
-                    create_time_ns=now,
-                    modify_time_ns=now,
+                follow_up = follow_up_eval(
+                    ev, self.core.ids.new(), TRIGGER_FAILED_FOLLOW_UP, now, wait_until_ns=now + FAILED_FOLLOW_UP_DELAY_NS
                 )
                 updates.append(
                     replace(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Final
 
 from drover.v1 import structs_pb2
@@ -17,6 +18,7 @@ from server.cli._args import (
     write_flags,
 )
 from server.cli._connect import UUID_LEN, connect, no_unique_match
+from server.cli._drain import follow_drain
 from server.cli._errors import CLIError
 from server.cli._format import (
     fmt_duration,
@@ -51,6 +53,8 @@ def register(top: Subcommands) -> None:
     flag(p, "force", action="store_true", help="stop all allocs at once")
     flag(p, "ignore-system", action="store_true", help="leave system job allocs running")
     flag(p, "keep-ineligible", action="store_true", help="with -disable: keep the node ineligible")
+    flag(p, "detach", action="store_true", help="return once the drain is set; do not follow it")
+    flag(p, "yes", action="store_true", help="do not ask for confirmation (asked only on a terminal)")
     p = add_command(nodes, "eligibility", _cmd_node_eligibility, "toggle a node's scheduling eligibility")
     p.add_argument("node", help="node ID, unique ID prefix, or node name")
     write_flags(p)
@@ -165,6 +169,7 @@ def _cmd_node_drain(args: argparse.Namespace) -> int:
                 ("-no-deadline", args.no_deadline),
                 ("-force", args.force),
                 ("-ignore-system", args.ignore_system),
+                ("-detach", args.detach),
             )
             if on
         ]
@@ -172,6 +177,9 @@ def _cmd_node_drain(args: argparse.Namespace) -> int:
             raise CLIError(f"{', '.join(unused)} only appl{'ies' if len(unused) == 1 else 'y'} with -enable")
     with connect(args) as client:
         node_id = _resolve_node(client, args.node, False)
+        if not _confirmed(args, node_id):
+            print("Cancelled: the node is unchanged")
+            return 1
         if strategy is not None:
             resp = client.update_drain(node_id, strategy)
         else:
@@ -190,7 +198,24 @@ def _cmd_node_drain(args: argparse.Namespace) -> int:
             )
         if resp.eval_ids:
             print(f"Evaluations created: {', '.join(display_id(e, args) for e in resp.eval_ids)}")
+        if strategy is not None and not args.detach:
+            return follow_drain(client, args, node_id)
     return 0
+
+
+def _confirmed(args: argparse.Namespace, node_id: str) -> bool:
+    """Nomad's "Are you sure?" before a drain changes, asked only of a person at a terminal:
+    scripts (no terminal on stdin) and ``-yes`` go ahead."""
+    if args.yes or not sys.stdin.isatty():
+        return True
+    what = "enable" if args.enable else "disable"
+    try:
+        answer = input(
+            f'Are you sure you want to {what} drain mode for node "{display_id(node_id, args)}"? [y/N] '
+        )
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _drain_deadline(deadline_ns: int) -> str:

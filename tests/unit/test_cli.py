@@ -1064,10 +1064,13 @@ def test_node_drain__enable_and_disable(
 ) -> None:
     state, addr = fake
     state.nodes[NODE_ID] = node_fixture()
-    code, out, err = run(capsys, "node", "drain", "-enable", "-deadline", "30m", "-address", addr, "client-1")
+    # -detach: this fake server never completes a drain (tests/cluster/test_drain.py follows one).
+    code, out, err = run(
+        capsys, "node", "drain", "-enable", "-detach", "-deadline", "30m", "-address", addr, "client-1"
+    )
     assert (code, err) == (0, [])
     assert out.startswith(f'Node "{NODE_ID[:8]}" drain strategy set (deadline 30m)')
-    code, _, _ = run(capsys, "node", "drain", "-enable", "-force", "-address", addr, NODE_ID)
+    code, _, _ = run(capsys, "node", "drain", "-enable", "-detach", "-force", "-address", addr, NODE_ID)
     assert code == 0
     code, out, _ = run(capsys, "node", "drain", "-disable", "-address", addr, NODE_ID[:6])
     assert code == 0
@@ -1089,8 +1092,15 @@ def test_node_drain__enable_and_disable(
         ),
         (["-disable", "-deadline", "1h"], "Error: -deadline only applies with -enable"),
         (["-enable", "-keep-ineligible"], "Error: -keep-ineligible only applies with -disable"),
+        (["-disable", "-detach"], "Error: -detach only applies with -enable"),
     ],
-    ids=["force-and-no-deadline", "zero-deadline", "deadline-with-disable", "keep-ineligible-with-enable"],
+    ids=[
+        "force-and-no-deadline",
+        "zero-deadline",
+        "deadline-with-disable",
+        "keep-ineligible-with-enable",
+        "detach-with-disable",
+    ],
 )
 def test_node_drain__conflicting_flags(
     fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str], argv: list[str], message: str

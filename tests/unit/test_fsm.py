@@ -509,6 +509,34 @@ def test_fsm__node_drain_disabled__eligibility_as_asked(
     assert stored.scheduling_eligibility == eligibility
 
 
+@pytest.mark.parametrize(
+    ("current", "completes", "refused"),
+    [
+        (DrainStrategy(started_at_ns=mock.NOW), mock.NOW, False),
+        (DrainStrategy(started_at_ns=mock.NOW + 1), mock.NOW, True),  # a newer drain replaced it
+        (None, mock.NOW, True),  # the operator disabled it meanwhile
+    ],
+    ids=["same-drain", "newer-drain", "disabled"],
+)
+def test_fsm__drain_completion__only_for_the_drain_it_completes(
+    log: Log, current: DrainStrategy | None, completes: int, refused: bool
+) -> None:
+    node = mock.node()
+    log.apply(mock.register_node_entry(node))
+    if current is not None:
+        log.apply(mock.drain_entry(node.id, current))
+    before = state_digest(log.snap.tables)
+
+    log.apply(mock.drain_entry(node.id, None, completes_drain_started_at_ns=completes), refused=refused)
+
+    stored = log.snap.node(node.id)
+    assert stored is not None
+    if refused:
+        assert state_digest(log.snap.tables) == before
+    else:
+        assert stored.drain_strategy is None and stored.scheduling_eligibility == NODE_INELIGIBLE
+
+
 def test_fsm__node_marked_eligible_while_draining__refused_and_unchanged(log: Log) -> None:
     node = mock.node()
     log.apply(mock.register_node_entry(node))

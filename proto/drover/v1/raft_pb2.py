@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from drover.v1 import structs_pb2 as drover_dot_v1_dot_structs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64rover/v1/raft.proto\x12\tdrover.v1\x1a\x17\x64rover/v1/structs.proto\"?\n\x08LogEntry\x12\"\n\x04type\x18\x01 \x01(\x0e\x32\x14.drover.v1.EntryType\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x7f\n\x10JobRegisterEntry\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.drover.v1.Job\x12#\n\x04\x65val\x18\x02 \x01(\x0b\x32\x15.drover.v1.Evaluation\x12)\n\x06launch\x18\x03 \x01(\x0b\x32\x19.drover.v1.PeriodicLaunch\"\x83\x01\n\x12JobDeregisterEntry\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05purge\x18\x03 \x01(\x08\x12#\n\x04\x65val\x18\x04 \x01(\x0b\x32\x15.drover.v1.Evaluation\x12\x16\n\x0esubmit_time_ns\x18\x05 \x01(\x03\"X\n\x11NodeRegisterEntry\x12\x1d\n\x04node\x18\x01 \x01(\x0b\x32\x0f.drover.v1.Node\x12$\n\x05\x65vals\x18\x02 \x03(\x0b\x32\x15.drover.v1.Evaluation\"M\n\x13NodeDeregisterEntry\x12\x10\n\x08node_ids\x18\x01 \x03(\t\x12$\n\x05\x65vals\x18\x02 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\x9a\x01\n\x15NodeUpdateStatusEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x15\n\rupdated_at_ns\x18\x03 \x01(\x03\x12#\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x14.drover.v1.NodeEvent\x12$\n\x05\x65vals\x18\x05 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\xd2\x01\n\x14NodeUpdateDrainEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\x0e\x64rain_strategy\x18\x02 \x01(\x0b\x32\x18.drover.v1.DrainStrategy\x12\x15\n\rmark_eligible\x18\x03 \x01(\x08\x12\x15\n\rupdated_at_ns\x18\x04 \x01(\x03\x12#\n\x05\x65vent\x18\x05 \x01(\x0b\x32\x14.drover.v1.NodeEvent\x12$\n\x05\x65vals\x18\x06 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\xa4\x01\n\x1aNodeUpdateEligibilityEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65ligibility\x18\x02 \x01(\t\x12\x15\n\rupdated_at_ns\x18\x03 \x01(\x03\x12#\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x14.drover.v1.NodeEvent\x12$\n\x05\x65vals\x18\x05 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\x8d\x01\n\x16\x41llocClientUpdateEntry\x12%\n\x06\x61llocs\x18\x01 \x03(\x0b\x32\x15.drover.v1.Allocation\x12$\n\x05\x65vals\x18\x02 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12\x15\n\rupdated_at_ns\x18\x03 \x01(\x03\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"7\n\x0f\x45valUpdateEntry\x12$\n\x05\x65vals\x18\x01 \x03(\x0b\x32\x15.drover.v1.Evaluation\"6\n\x0f\x45valDeleteEntry\x12\x10\n\x08\x65val_ids\x18\x01 \x03(\t\x12\x11\n\talloc_ids\x18\x02 \x03(\t\"\x83\x01\n\tAllocStop\x12\x10\n\x08\x61lloc_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65sired_status\x18\x02 \x01(\t\x12\x1b\n\x13\x64\x65sired_description\x18\x03 \x01(\t\x12\x15\n\rclient_status\x18\x04 \x01(\t\x12\x18\n\x10\x66ollowup_eval_id\x18\x05 \x01(\t\"F\n\x0eNodeIneligible\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x14.drover.v1.NodeEvent\"\xf8\x01\n\x15\x41pplyPlanResultsEntry\x12\x0f\n\x07\x65val_id\x18\x01 \x01(\t\x12.\n\x0f\x61llocs_upserted\x18\x02 \x03(\x0b\x32\x15.drover.v1.Allocation\x12,\n\x0e\x61llocs_stopped\x18\x03 \x03(\x0b\x32\x14.drover.v1.AllocStop\x12$\n\x05\x65vals\x18\x04 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12\x33\n\x10nodes_ineligible\x18\x05 \x03(\x0b\x32\x19.drover.v1.NodeIneligible\x12\x15\n\rupdated_at_ns\x18\x06 \x01(\x03\"B\n\x14SchedulerConfigEntry\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.drover.v1.SchedulerConfig\"@\n\x13PeriodicLaunchEntry\x12)\n\x06launch\x18\x01 \x01(\x0b\x32\x19.drover.v1.PeriodicLaunch\"<\n\x11ServerMemberEntry\x12\'\n\x06member\x18\x01 \x01(\x0b\x32\x17.drover.v1.ServerMember\"\x19\n\x17ReconcileSummariesEntry\"B\n\x14SnapshotRestoreEntry\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x18.drover.v1.StateSnapshot\"\x85\x04\n\rStateSnapshot\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x1e\n\x05nodes\x18\x02 \x03(\x0b\x32\x0f.drover.v1.Node\x12\x1c\n\x04jobs\x18\x03 \x03(\x0b\x32\x0e.drover.v1.Job\x12$\n\x0cjob_versions\x18\x04 \x03(\x0b\x32\x0e.drover.v1.Job\x12$\n\x05\x65vals\x18\x05 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12%\n\x06\x61llocs\x18\x06 \x03(\x0b\x32\x15.drover.v1.Allocation\x12,\n\rjob_summaries\x18\x07 \x03(\x0b\x32\x15.drover.v1.JobSummary\x12\x34\n\x11periodic_launches\x18\x08 \x03(\x0b\x32\x19.drover.v1.PeriodicLaunch\x12\x34\n\x10scheduler_config\x18\t \x01(\x0b\x32\x1a.drover.v1.SchedulerConfig\x12(\n\x07servers\x18\n \x03(\x0b\x32\x17.drover.v1.ServerMember\x12=\n\x0btable_index\x18\x0b \x03(\x0b\x32(.drover.v1.StateSnapshot.TableIndexEntry\x1a\x31\n\x0fTableIndexEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"<\n\x0cRaftEntryRef\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\"\xa6\x01\n\x10RaftSnapshotFile\x12\'\n\x05state\x18\x01 \x01(\x0b\x32\x18.drover.v1.StateSnapshot\x12+\n\nlast_entry\x18\x02 \x01(\x0b\x32\x17.drover.v1.RaftEntryRef\x12+\n\nprev_entry\x18\x03 \x01(\x0b\x32\x17.drover.v1.RaftEntryRef\x12\x0f\n\x07\x63luster\x18\x04 \x03(\t*\xd2\x04\n\tEntryType\x12\x1a\n\x16\x45NTRY_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45NTRY_TYPE_JOB_REGISTER\x10\x01\x12\x1d\n\x19\x45NTRY_TYPE_JOB_DEREGISTER\x10\x02\x12\x1c\n\x18\x45NTRY_TYPE_NODE_REGISTER\x10\x03\x12\x1e\n\x1a\x45NTRY_TYPE_NODE_DEREGISTER\x10\x04\x12!\n\x1d\x45NTRY_TYPE_NODE_UPDATE_STATUS\x10\x05\x12 \n\x1c\x45NTRY_TYPE_NODE_UPDATE_DRAIN\x10\x06\x12&\n\"ENTRY_TYPE_NODE_UPDATE_ELIGIBILITY\x10\x07\x12\"\n\x1e\x45NTRY_TYPE_ALLOC_CLIENT_UPDATE\x10\x08\x12\x1a\n\x16\x45NTRY_TYPE_EVAL_UPDATE\x10\t\x12\x1a\n\x16\x45NTRY_TYPE_EVAL_DELETE\x10\n\x12!\n\x1d\x45NTRY_TYPE_APPLY_PLAN_RESULTS\x10\x0b\x12\x1f\n\x1b\x45NTRY_TYPE_SCHEDULER_CONFIG\x10\x0c\x12\x1e\n\x1a\x45NTRY_TYPE_PERIODIC_LAUNCH\x10\r\x12\x1c\n\x18\x45NTRY_TYPE_SERVER_MEMBER\x10\x0e\x12\x1f\n\x1b\x45NTRY_TYPE_SNAPSHOT_RESTORE\x10\x0f\x12\"\n\x1e\x45NTRY_TYPE_RECONCILE_SUMMARIES\x10\x10\x12\x1f\n\x1a\x45NTRY_TYPE_IGNORABLE_FLOAT\x10\xe8\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64rover/v1/raft.proto\x12\tdrover.v1\x1a\x17\x64rover/v1/structs.proto\"?\n\x08LogEntry\x12\"\n\x04type\x18\x01 \x01(\x0e\x32\x14.drover.v1.EntryType\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x7f\n\x10JobRegisterEntry\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.drover.v1.Job\x12#\n\x04\x65val\x18\x02 \x01(\x0b\x32\x15.drover.v1.Evaluation\x12)\n\x06launch\x18\x03 \x01(\x0b\x32\x19.drover.v1.PeriodicLaunch\"\x83\x01\n\x12JobDeregisterEntry\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05purge\x18\x03 \x01(\x08\x12#\n\x04\x65val\x18\x04 \x01(\x0b\x32\x15.drover.v1.Evaluation\x12\x16\n\x0esubmit_time_ns\x18\x05 \x01(\x03\"X\n\x11NodeRegisterEntry\x12\x1d\n\x04node\x18\x01 \x01(\x0b\x32\x0f.drover.v1.Node\x12$\n\x05\x65vals\x18\x02 \x03(\x0b\x32\x15.drover.v1.Evaluation\"M\n\x13NodeDeregisterEntry\x12\x10\n\x08node_ids\x18\x01 \x03(\t\x12$\n\x05\x65vals\x18\x02 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\x9a\x01\n\x15NodeUpdateStatusEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x15\n\rupdated_at_ns\x18\x03 \x01(\x03\x12#\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x14.drover.v1.NodeEvent\x12$\n\x05\x65vals\x18\x05 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\xf9\x01\n\x14NodeUpdateDrainEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\x0e\x64rain_strategy\x18\x02 \x01(\x0b\x32\x18.drover.v1.DrainStrategy\x12\x15\n\rmark_eligible\x18\x03 \x01(\x08\x12\x15\n\rupdated_at_ns\x18\x04 \x01(\x03\x12#\n\x05\x65vent\x18\x05 \x01(\x0b\x32\x14.drover.v1.NodeEvent\x12$\n\x05\x65vals\x18\x06 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12%\n\x1d\x63ompletes_drain_started_at_ns\x18\x07 \x01(\x03\"\xa4\x01\n\x1aNodeUpdateEligibilityEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65ligibility\x18\x02 \x01(\t\x12\x15\n\rupdated_at_ns\x18\x03 \x01(\x03\x12#\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x14.drover.v1.NodeEvent\x12$\n\x05\x65vals\x18\x05 \x03(\x0b\x32\x15.drover.v1.Evaluation\"\x8d\x01\n\x16\x41llocClientUpdateEntry\x12%\n\x06\x61llocs\x18\x01 \x03(\x0b\x32\x15.drover.v1.Allocation\x12$\n\x05\x65vals\x18\x02 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12\x15\n\rupdated_at_ns\x18\x03 \x01(\x03\x12\x0f\n\x07node_id\x18\x04 \x01(\t\"7\n\x0f\x45valUpdateEntry\x12$\n\x05\x65vals\x18\x01 \x03(\x0b\x32\x15.drover.v1.Evaluation\"6\n\x0f\x45valDeleteEntry\x12\x10\n\x08\x65val_ids\x18\x01 \x03(\t\x12\x11\n\talloc_ids\x18\x02 \x03(\t\"\x83\x01\n\tAllocStop\x12\x10\n\x08\x61lloc_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65sired_status\x18\x02 \x01(\t\x12\x1b\n\x13\x64\x65sired_description\x18\x03 \x01(\t\x12\x15\n\rclient_status\x18\x04 \x01(\t\x12\x18\n\x10\x66ollowup_eval_id\x18\x05 \x01(\t\"F\n\x0eNodeIneligible\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x14.drover.v1.NodeEvent\"\xf8\x01\n\x15\x41pplyPlanResultsEntry\x12\x0f\n\x07\x65val_id\x18\x01 \x01(\t\x12.\n\x0f\x61llocs_upserted\x18\x02 \x03(\x0b\x32\x15.drover.v1.Allocation\x12,\n\x0e\x61llocs_stopped\x18\x03 \x03(\x0b\x32\x14.drover.v1.AllocStop\x12$\n\x05\x65vals\x18\x04 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12\x33\n\x10nodes_ineligible\x18\x05 \x03(\x0b\x32\x19.drover.v1.NodeIneligible\x12\x15\n\rupdated_at_ns\x18\x06 \x01(\x03\"B\n\x14SchedulerConfigEntry\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.drover.v1.SchedulerConfig\"@\n\x13PeriodicLaunchEntry\x12)\n\x06launch\x18\x01 \x01(\x0b\x32\x19.drover.v1.PeriodicLaunch\"<\n\x11ServerMemberEntry\x12\'\n\x06member\x18\x01 \x01(\x0b\x32\x17.drover.v1.ServerMember\"\x19\n\x17ReconcileSummariesEntry\"B\n\x14SnapshotRestoreEntry\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x18.drover.v1.StateSnapshot\"\x85\x04\n\rStateSnapshot\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x1e\n\x05nodes\x18\x02 \x03(\x0b\x32\x0f.drover.v1.Node\x12\x1c\n\x04jobs\x18\x03 \x03(\x0b\x32\x0e.drover.v1.Job\x12$\n\x0cjob_versions\x18\x04 \x03(\x0b\x32\x0e.drover.v1.Job\x12$\n\x05\x65vals\x18\x05 \x03(\x0b\x32\x15.drover.v1.Evaluation\x12%\n\x06\x61llocs\x18\x06 \x03(\x0b\x32\x15.drover.v1.Allocation\x12,\n\rjob_summaries\x18\x07 \x03(\x0b\x32\x15.drover.v1.JobSummary\x12\x34\n\x11periodic_launches\x18\x08 \x03(\x0b\x32\x19.drover.v1.PeriodicLaunch\x12\x34\n\x10scheduler_config\x18\t \x01(\x0b\x32\x1a.drover.v1.SchedulerConfig\x12(\n\x07servers\x18\n \x03(\x0b\x32\x17.drover.v1.ServerMember\x12=\n\x0btable_index\x18\x0b \x03(\x0b\x32(.drover.v1.StateSnapshot.TableIndexEntry\x1a\x31\n\x0fTableIndexEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"<\n\x0cRaftEntryRef\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\"\xa6\x01\n\x10RaftSnapshotFile\x12\'\n\x05state\x18\x01 \x01(\x0b\x32\x18.drover.v1.StateSnapshot\x12+\n\nlast_entry\x18\x02 \x01(\x0b\x32\x17.drover.v1.RaftEntryRef\x12+\n\nprev_entry\x18\x03 \x01(\x0b\x32\x17.drover.v1.RaftEntryRef\x12\x0f\n\x07\x63luster\x18\x04 \x03(\t*\xd2\x04\n\tEntryType\x12\x1a\n\x16\x45NTRY_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45NTRY_TYPE_JOB_REGISTER\x10\x01\x12\x1d\n\x19\x45NTRY_TYPE_JOB_DEREGISTER\x10\x02\x12\x1c\n\x18\x45NTRY_TYPE_NODE_REGISTER\x10\x03\x12\x1e\n\x1a\x45NTRY_TYPE_NODE_DEREGISTER\x10\x04\x12!\n\x1d\x45NTRY_TYPE_NODE_UPDATE_STATUS\x10\x05\x12 \n\x1c\x45NTRY_TYPE_NODE_UPDATE_DRAIN\x10\x06\x12&\n\"ENTRY_TYPE_NODE_UPDATE_ELIGIBILITY\x10\x07\x12\"\n\x1e\x45NTRY_TYPE_ALLOC_CLIENT_UPDATE\x10\x08\x12\x1a\n\x16\x45NTRY_TYPE_EVAL_UPDATE\x10\t\x12\x1a\n\x16\x45NTRY_TYPE_EVAL_DELETE\x10\n\x12!\n\x1d\x45NTRY_TYPE_APPLY_PLAN_RESULTS\x10\x0b\x12\x1f\n\x1b\x45NTRY_TYPE_SCHEDULER_CONFIG\x10\x0c\x12\x1e\n\x1a\x45NTRY_TYPE_PERIODIC_LAUNCH\x10\r\x12\x1c\n\x18\x45NTRY_TYPE_SERVER_MEMBER\x10\x0e\x12\x1f\n\x1b\x45NTRY_TYPE_SNAPSHOT_RESTORE\x10\x0f\x12\"\n\x1e\x45NTRY_TYPE_RECONCILE_SUMMARIES\x10\x10\x12\x1f\n\x1a\x45NTRY_TYPE_IGNORABLE_FLOAT\x10\xe8\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STATESNAPSHOT_TABLEINDEXENTRY']._loaded_options = None
   _globals['_STATESNAPSHOT_TABLEINDEXENTRY']._serialized_options = b'8\001'
-  _globals['_ENTRYTYPE']._serialized_start=2851
-  _globals['_ENTRYTYPE']._serialized_end=3445
+  _globals['_ENTRYTYPE']._serialized_start=2890
+  _globals['_ENTRYTYPE']._serialized_end=3484
   _globals['_LOGENTRY']._serialized_start=60
   _globals['_LOGENTRY']._serialized_end=123
   _globals['_JOBREGISTERENTRY']._serialized_start=125
@@ -49,37 +49,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODEUPDATESTATUSENTRY']._serialized_start=558
   _globals['_NODEUPDATESTATUSENTRY']._serialized_end=712
   _globals['_NODEUPDATEDRAINENTRY']._serialized_start=715
-  _globals['_NODEUPDATEDRAINENTRY']._serialized_end=925
-  _globals['_NODEUPDATEELIGIBILITYENTRY']._serialized_start=928
-  _globals['_NODEUPDATEELIGIBILITYENTRY']._serialized_end=1092
-  _globals['_ALLOCCLIENTUPDATEENTRY']._serialized_start=1095
-  _globals['_ALLOCCLIENTUPDATEENTRY']._serialized_end=1236
-  _globals['_EVALUPDATEENTRY']._serialized_start=1238
-  _globals['_EVALUPDATEENTRY']._serialized_end=1293
-  _globals['_EVALDELETEENTRY']._serialized_start=1295
-  _globals['_EVALDELETEENTRY']._serialized_end=1349
-  _globals['_ALLOCSTOP']._serialized_start=1352
-  _globals['_ALLOCSTOP']._serialized_end=1483
-  _globals['_NODEINELIGIBLE']._serialized_start=1485
-  _globals['_NODEINELIGIBLE']._serialized_end=1555
-  _globals['_APPLYPLANRESULTSENTRY']._serialized_start=1558
-  _globals['_APPLYPLANRESULTSENTRY']._serialized_end=1806
-  _globals['_SCHEDULERCONFIGENTRY']._serialized_start=1808
-  _globals['_SCHEDULERCONFIGENTRY']._serialized_end=1874
-  _globals['_PERIODICLAUNCHENTRY']._serialized_start=1876
-  _globals['_PERIODICLAUNCHENTRY']._serialized_end=1940
-  _globals['_SERVERMEMBERENTRY']._serialized_start=1942
-  _globals['_SERVERMEMBERENTRY']._serialized_end=2002
-  _globals['_RECONCILESUMMARIESENTRY']._serialized_start=2004
-  _globals['_RECONCILESUMMARIESENTRY']._serialized_end=2029
-  _globals['_SNAPSHOTRESTOREENTRY']._serialized_start=2031
-  _globals['_SNAPSHOTRESTOREENTRY']._serialized_end=2097
-  _globals['_STATESNAPSHOT']._serialized_start=2100
-  _globals['_STATESNAPSHOT']._serialized_end=2617
-  _globals['_STATESNAPSHOT_TABLEINDEXENTRY']._serialized_start=2568
-  _globals['_STATESNAPSHOT_TABLEINDEXENTRY']._serialized_end=2617
-  _globals['_RAFTENTRYREF']._serialized_start=2619
-  _globals['_RAFTENTRYREF']._serialized_end=2679
-  _globals['_RAFTSNAPSHOTFILE']._serialized_start=2682
-  _globals['_RAFTSNAPSHOTFILE']._serialized_end=2848
+  _globals['_NODEUPDATEDRAINENTRY']._serialized_end=964
+  _globals['_NODEUPDATEELIGIBILITYENTRY']._serialized_start=967
+  _globals['_NODEUPDATEELIGIBILITYENTRY']._serialized_end=1131
+  _globals['_ALLOCCLIENTUPDATEENTRY']._serialized_start=1134
+  _globals['_ALLOCCLIENTUPDATEENTRY']._serialized_end=1275
+  _globals['_EVALUPDATEENTRY']._serialized_start=1277
+  _globals['_EVALUPDATEENTRY']._serialized_end=1332
+  _globals['_EVALDELETEENTRY']._serialized_start=1334
+  _globals['_EVALDELETEENTRY']._serialized_end=1388
+  _globals['_ALLOCSTOP']._serialized_start=1391
+  _globals['_ALLOCSTOP']._serialized_end=1522
+  _globals['_NODEINELIGIBLE']._serialized_start=1524
+  _globals['_NODEINELIGIBLE']._serialized_end=1594
+  _globals['_APPLYPLANRESULTSENTRY']._serialized_start=1597
+  _globals['_APPLYPLANRESULTSENTRY']._serialized_end=1845
+  _globals['_SCHEDULERCONFIGENTRY']._serialized_start=1847
+  _globals['_SCHEDULERCONFIGENTRY']._serialized_end=1913
+  _globals['_PERIODICLAUNCHENTRY']._serialized_start=1915
+  _globals['_PERIODICLAUNCHENTRY']._serialized_end=1979
+  _globals['_SERVERMEMBERENTRY']._serialized_start=1981
+  _globals['_SERVERMEMBERENTRY']._serialized_end=2041
+  _globals['_RECONCILESUMMARIESENTRY']._serialized_start=2043
+  _globals['_RECONCILESUMMARIESENTRY']._serialized_end=2068
+  _globals['_SNAPSHOTRESTOREENTRY']._serialized_start=2070
+  _globals['_SNAPSHOTRESTOREENTRY']._serialized_end=2136
+  _globals['_STATESNAPSHOT']._serialized_start=2139
+  _globals['_STATESNAPSHOT']._serialized_end=2656
+  _globals['_STATESNAPSHOT_TABLEINDEXENTRY']._serialized_start=2607
+  _globals['_STATESNAPSHOT_TABLEINDEXENTRY']._serialized_end=2656
+  _globals['_RAFTENTRYREF']._serialized_start=2658
+  _globals['_RAFTENTRYREF']._serialized_end=2718
+  _globals['_RAFTSNAPSHOTFILE']._serialized_start=2721
+  _globals['_RAFTSNAPSHOTFILE']._serialized_end=2887
 # @@protoc_insertion_point(module_scope)

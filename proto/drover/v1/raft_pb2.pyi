@@ -260,9 +260,15 @@ class NodeUpdateDrainEntry(_message.Message):
     UPDATED_AT_NS_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
     EVALS_FIELD_NUMBER: _builtins.int
+    COMPLETES_DRAIN_STARTED_AT_NS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     mark_eligible: _builtins.bool
     updated_at_ns: _builtins.int
+    completes_drain_started_at_ns: _builtins.int
+    """Set by the leader's drainer when every alloc has left: the drain it completes, by its
+    start time. The FSM refuses the entry unless that drain is still the node's, so a
+    completion racing an operator's new drain (or a disable) changes nothing.
+    """
     @_builtins.property
     def drain_strategy(self) -> _structs_pb2.DrainStrategy:
         """Unset: drain off."""
@@ -280,10 +286,11 @@ class NodeUpdateDrainEntry(_message.Message):
         updated_at_ns: _builtins.int = ...,
         event: _structs_pb2.NodeEvent | None = ...,
         evals: _abc.Iterable[_structs_pb2.Evaluation] | None = ...,
+        completes_drain_started_at_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["drain_strategy", b"drain_strategy", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_strategy", b"drain_strategy", "evals", b"evals", "event", b"event", "mark_eligible", b"mark_eligible", "node_id", b"node_id", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completes_drain_started_at_ns", b"completes_drain_started_at_ns", "drain_strategy", b"drain_strategy", "evals", b"evals", "event", b"event", "mark_eligible", b"mark_eligible", "node_id", b"node_id", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
