@@ -33,17 +33,6 @@ def node_capacity(node: Node) -> tuple[int, int, int]:
     )
 
 
-def used_ports(allocs: Iterable[Allocation]) -> dict[int, str]:
-    """Port -> the alloc ID holding it, over live allocs."""
-    ports: dict[int, str] = {}
-    for alloc in allocs:
-        if alloc.terminal() or alloc.resources is None:
-            continue
-        for port in alloc.resources.ports:
-            ports[port.value] = alloc.id
-    return ports
-
-
 def allocs_fit(node: Node, allocs: Iterable[Allocation]) -> FitResult:
     """Whether the live allocs in ``allocs`` (the node's whole proposed set) fit on ``node``."""
     cpu_cap, mem_cap, disk_cap = node_capacity(node)

@@ -67,14 +67,11 @@ TRIGGER_JOB_REGISTER: Final = "job-register"
 TRIGGER_JOB_DEREGISTER: Final = "job-deregister"
 TRIGGER_NODE_UPDATE: Final = "node-update"
 TRIGGER_NODE_DRAIN: Final = "node-drain"
-TRIGGER_ALLOC_STOP: Final = "alloc-stop"
 TRIGGER_RETRY_FAILED_ALLOC: Final = "alloc-failure"
 TRIGGER_PERIODIC_JOB: Final = "periodic-job"
 TRIGGER_ROLLING_UPDATE: Final = "rolling-update"
 TRIGGER_QUEUED_ALLOCS: Final = "queued-allocs"
 TRIGGER_FAILED_FOLLOW_UP: Final = "failed-eval-follow-up"
-TRIGGER_MAX_PLANS: Final = "max-plan-attempts"
-TRIGGER_RECONNECT: Final = "reconnect"
 
 SCHEDULER_ALGORITHM_BINPACK: Final = "binpack"
 SCHEDULER_ALGORITHM_SPREAD: Final = "spread"
@@ -505,6 +502,39 @@ def job_eval(eval_id: str, job: Job, triggered_by: str, now_ns: int, node_id: st
     )
 
 
+def follow_up_eval(
+    ev: Evaluation,
+    eval_id: str,
+    triggered_by: str,
+    now_ns: int,
+    *,
+    job: Job | None = None,
+    status: str = EVAL_STATUS_PENDING,
+    wait_until_ns: int = 0,
+) -> Evaluation:
+    """The evaluation that carries on ``ev``'s work later (Nomad's NextRollingEval,
+    CreateBlockedEval and CreateFailedFollowUpEval): a blocked eval for what did not fit, a
+    rolling or reschedule eval due at ``wait_until_ns``, a retry of a failed eval. It runs
+    at ``ev``'s priority, as the work it continues would have, and ``previous_eval`` points
+    back so an operator can follow the chain. ``job`` is the job as the scheduler read it,
+    whose modify index says which version the follow-up is for; the leader, which has no
+    job at hand, passes none and the eval's own fields stand."""
+    return Evaluation(
+        id=eval_id,
+        namespace=ev.namespace,
+        priority=ev.priority,
+        type=job.type if job is not None else ev.type,
+        triggered_by=triggered_by,
+        job_id=ev.job_id,
+        job_modify_index=job.job_modify_index if job is not None else ev.job_modify_index,
+        status=status,
+        wait_until_ns=wait_until_ns,
+        previous_eval=ev.id,
+        create_time_ns=now_ns,
+        modify_time_ns=now_ns,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TaskGroupSummary:
     queued: int = 0
@@ -606,6 +636,3 @@ class PlanResult:
     rejected_nodes: tuple[str, ...] = ()
     refresh_index: int = 0
     alloc_index: int = 0
-
-    def fully_committed(self, plan: Plan) -> bool:
-        return not self.rejected_nodes and set(self.node_allocation) == set(plan.node_allocation)

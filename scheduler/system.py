@@ -38,7 +38,6 @@ from scheduler.structs import (
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_COMPLETE,
     EVAL_STATUS_FAILED,
-    EVAL_STATUS_PENDING,
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
     TRIGGER_QUEUED_ALLOCS,
@@ -48,6 +47,7 @@ from scheduler.structs import (
     Job,
     Node,
     Plan,
+    follow_up_eval,
 )
 from scheduler.system_diff import (
     DESC_UNKNOWN,
@@ -156,14 +156,17 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
     created: list[Evaluation] = []
     blocked_id = next_id = ""
     if failed_tg and job is not None:
-        blocked = _follow_up(ev, job, ctx, status=EVAL_STATUS_BLOCKED, triggered_by=TRIGGER_QUEUED_ALLOCS)
+        blocked = follow_up_eval(
+            ev, ctx.new_id(), TRIGGER_QUEUED_ALLOCS, ctx.now_ns, job=job, status=EVAL_STATUS_BLOCKED
+        )
         blocked = replace(blocked, queued_allocations=queued, failed_tg_allocs=failed_tg)
         created.append(blocked)
         blocked_id = blocked.id
     if diff.deferred and job is not None:
         wait = min(stagger_ns(job, g) for g in job.groups if any(t.group == g.name for t in diff.deferred))
-        rolling = _follow_up(ev, job, ctx, status=EVAL_STATUS_PENDING, triggered_by=TRIGGER_ROLLING_UPDATE)
-        rolling = replace(rolling, wait_until_ns=ctx.now_ns + wait)
+        rolling = follow_up_eval(
+            ev, ctx.new_id(), TRIGGER_ROLLING_UPDATE, ctx.now_ns, job=job, wait_until_ns=ctx.now_ns + wait
+        )
         created.append(rolling)
         next_id = rolling.id
 
@@ -246,24 +249,6 @@ def _existing(t: AllocTuple) -> Allocation:
     if t.alloc is None:  # pragma: no cover - only place tuples lack an alloc
         raise AssertionError(f"bucket entry {t.name} on {t.node_id} has no alloc")
     return t.alloc
-
-
-def _follow_up(
-    ev: Evaluation, job: Job, ctx: SchedulerContext, *, status: str, triggered_by: str
-) -> Evaluation:
-    return Evaluation(
-        id=ctx.new_id(),
-        namespace=job.namespace,
-        priority=ev.priority,
-        type=job.type,
-        triggered_by=triggered_by,
-        job_id=job.id,
-        job_modify_index=job.job_modify_index,
-        status=status,
-        previous_eval=ev.id,
-        create_time_ns=ctx.now_ns,
-        modify_time_ns=ctx.now_ns,
-    )
 
 
 def _failed_message(node_ids: Iterable[str]) -> str:
