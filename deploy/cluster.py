@@ -17,11 +17,13 @@ Two ways in:
       python deploy/cluster.py start [--servers 3] [--clients 0] [--dir .cluster]
       python deploy/cluster.py status [--dir .cluster]
       python deploy/cluster.py stop [--dir .cluster]
+      python deploy/cluster.py kill-leader [--dir .cluster]
 
   ``start`` begins a fresh cluster (it clears the data dirs and logs a previous one left
   in ``<dir>``), leaves the agents running in the background, records them in
   ``<dir>/cluster.json`` and returns once a leader is elected; ``stop`` ends exactly the
-  processes recorded there.
+  processes recorded there; ``kill-leader`` SIGKILLs whichever recorded server leads now
+  (the README tour's failover step, with no leader name to look up first).
 
 Every agent is a real ``python -m server.cli agent ...`` process in its own session (so a
 Ctrl-C in the launching terminal does not reach it, and a test can SIGKILL one alone), with
@@ -72,6 +74,7 @@ __all__ = [
     "pick_free_ports",
     "process_cmdline",
     "query_state_digest",
+    "recorded_leader",
     "server_argv",
     "stop_recorded",
     "wait_for",
@@ -1008,6 +1011,52 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+def recorded_leader(
+    record: ClusterRecord,
+    ask: Callable[[str], api_pb2.StateDigestResponse | None] = query_state_digest,
+) -> ProcessRecord | None:
+    """The one live recorded server that says it leads, or None if none or several do.
+
+    Several can claim it for a moment (pysyncobj may briefly report two leaders); killing
+    one of them then would not be the failover the caller asked for.
+    """
+    leaders = []
+    for server in record.servers:
+        if not _is_recorded_agent(server):
+            continue
+        answer = ask(server.grpc_address)
+        if answer is not None and answer.leader:
+            leaders.append(server)
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def _cmd_kill_leader(args: argparse.Namespace) -> int:
+    state_path = Path(args.dir).resolve() / STATE_FILE
+    if not state_path.exists():
+        print(f"no cluster recorded in {state_path}", file=sys.stderr)
+        return 1
+    record = ClusterRecord.load(state_path)
+    try:
+        leader = wait_for(lambda: recorded_leader(record), args.timeout, message="exactly one leader")
+    except TimeoutError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    # Checked again right before the signal, as ``stop`` does: a reused pid is never hit.
+    if not _is_recorded_agent(leader):
+        print(
+            f"{leader.name} (pid {leader.pid}) is no longer the recorded agent; left alone", file=sys.stderr
+        )
+        return 1
+    _send(leader.pid, signal.SIGKILL)
+    try:
+        wait_for(lambda: not _is_recorded_agent(leader), STOP_TIMEOUT, message=f"{leader.name} to exit")
+    except TimeoutError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(f"killed {leader.name} (pid {leader.pid}), the leader")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cluster.py", description="A local multi-process drover cluster.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1021,11 +1070,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT, help="seconds before SIGKILL")
     status = sub.add_parser("status", help="show the recorded agents and what the servers say")
     status.add_argument("--dir", default=".cluster")
+    kill_leader = sub.add_parser("kill-leader", help="SIGKILL the recorded server that leads now")
+    kill_leader.add_argument("--dir", default=".cluster")
+    kill_leader.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for one leader")
     args = parser.parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "start": _cmd_start,
         "stop": _cmd_stop,
         "status": _cmd_status,
+        "kill-leader": _cmd_kill_leader,
     }
     return handlers[args.command](args)
 
