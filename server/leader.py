@@ -358,7 +358,11 @@ class LeaderServices:
             ]
             for ev in failed:
                 follow_up = follow_up_eval(
-                    ev, self.core.ids.new(), TRIGGER_FAILED_FOLLOW_UP, now, wait_until_ns=now + FAILED_FOLLOW_UP_DELAY_NS
+                    ev,
+                    self.core.ids.new(),
+                    TRIGGER_FAILED_FOLLOW_UP,
+                    now,
+                    wait_until_ns=now + FAILED_FOLLOW_UP_DELAY_NS,
                 )
                 updates.append(
                     replace(
