@@ -16,6 +16,7 @@ from typing import Final
 import grpc
 import structlog
 
+from common.duration import parse_duration
 from drover.v1 import raft_pb2
 from scheduler.structs import ServerMember
 from server.clock import Clock, IdSource, SystemClock, UuidIds
@@ -81,8 +82,6 @@ def read_raft_key(cfg: ServerConfig) -> str | None:
 
 
 def heartbeat_config(cfg: ServerConfig) -> HeartbeatConfig:
-    from server.jobspec import parse_duration
-
     def ns(text: str, key: str) -> int:
         try:
             return parse_duration(text)

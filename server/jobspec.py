@@ -31,7 +31,6 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from typing import Any, Final, TypeVar
 
 import hcl2
@@ -39,6 +38,7 @@ from google.protobuf import json_format
 from hcl2.rules.base import AttributeRule, BlockRule
 from lark.exceptions import LarkError, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from common.duration import parse_duration
 from drover.v1 import structs_pb2
 from scheduler.structs import (
     JOB_TYPE_SERVICE,
@@ -205,44 +205,6 @@ def _quote(label: str) -> str:
 
 def _place(where: str) -> str:
     return where or "top level"
-
-
-# ---------------------------------------------------------------------------------------
-# Durations
-
-_DURATION_PART: Final = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNITS: Final = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "μs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-
-
-def parse_duration(text: str) -> int:
-    """Go-style duration (``"1h30m"``, ``"250ms"``, ``"1.5s"``) to nanoseconds; ValueError if not one."""
-    s = text.strip()
-    sign = 1
-    if s[:1] in ("+", "-"):
-        sign = -1 if s[0] == "-" else 1
-        s = s[1:]
-    if s == "0":
-        return 0
-    total = Fraction(0)
-    pos = 0
-    while pos < len(s):
-        match = _DURATION_PART.match(s, pos)
-        if match is None:
-            break
-        total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if not s or pos != len(s):
-        raise ValueError(f"invalid duration {json.dumps(text)}")
-    return sign * int(total)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,24 +1,16 @@
-"""Go-style durations ("250ms", "30s", "1h30m") or plain numbers of seconds, to nanoseconds."""
+"""A driver config's durations: Go durations ("250ms", "30s", "1h30m") or numbers of seconds.
+
+The syntax and its rounding are common.duration's (Go's ``time.ParseDuration``); what is
+added here is the driver's policy: a bare number means seconds, and a negative duration
+is refused with an error naming the config key.
+"""
 
 from __future__ import annotations
 
-import re
-from typing import Final
-
 from client_agent.errors import DriverConfigError
+from common.duration import parse_duration
 
 __all__ = ["parse_duration_ns"]
-
-_UNITS: Final = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
 def parse_duration_ns(value: object, key: str) -> int:
@@ -31,14 +23,12 @@ def parse_duration_ns(value: object, key: str) -> int:
         return int(value * 1_000_000_000)
     if not isinstance(value, str):
         raise DriverConfigError(f"{key}: expected a duration like '30s', got {value!r}")
-    text = value.strip()
-    if text in ("0", ""):
-        return 0
-    pos, total = 0, 0.0
-    while pos < len(text):
-        m = _PART.match(text, pos)
-        if m is None:
-            raise DriverConfigError(f"{key}: invalid duration {value!r} (use e.g. '250ms', '30s', '1h30m')")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    return int(total)
+    try:
+        ns = parse_duration(value)
+    except ValueError:
+        raise DriverConfigError(
+            f"{key}: invalid duration {value!r} (use e.g. '250ms', '30s', '1h30m')"
+        ) from None
+    if ns < 0:
+        raise DriverConfigError(f"{key}: must not be negative, got {value!r}")
+    return ns

@@ -7,7 +7,6 @@ Nothing here talks to a server; everything takes plain values or protobuf messag
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
@@ -15,6 +14,7 @@ from typing import Final
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from common.duration import parse_duration
 from drover.v1 import structs_pb2
 from server.cli._errors import CLIError
 
@@ -118,33 +118,12 @@ def fmt_time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_DURATION_UNITS: Final = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
 def parse_duration_ns(text: str) -> int:
-    """A Go-style duration ("1h30m", "90s", "-1s") in nanoseconds."""
-    sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
-    if body == "0":
-        return 0
-    pos, total = 0, 0.0
-    while pos < len(body):
-        m = _DURATION_PART.match(body, pos)
-        if m is None:
-            raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)')
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    if not body:
-        raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)')
-    return sign * round(total)
+    """A Go duration ("1h30m", "90s", "-1s") in nanoseconds (common.duration's rules)."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise CLIError(f'invalid duration "{text}" (examples: 30s, 10m, 1h30m)') from None
 
 
 def fmt_duration(ns: int) -> str:
