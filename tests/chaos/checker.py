@@ -59,7 +59,7 @@ CLIENT_DEFECT: Final = re.compile(
 @dataclass
 class CheckResult:
     name: str
-    invariant: str  # the number of docs/design.md#invariant-N, or "" for a supporting check
+    invariant: str  # its number in docs/design.md ("Invariants"), or "" for a supporting check
     description: str
     passed: bool
     details: list[str] = field(default_factory=list)
