@@ -129,7 +129,31 @@ def _proto_json(text: str) -> Job:
 # HCL
 
 
+# A heredoc's opening: ``<<EOT`` or ``<<-EOT`` ending its line.
+_HEREDOC_OPEN: Final = re.compile(r"<<-?([A-Za-z_][A-Za-z0-9_]*)[ \t]*$")
+
+
+def _trim_heredoc_ends(text: str) -> str:
+    """Drop trailing blanks after each heredoc's closing marker. Nomad's HCL parser accepts
+    ``EOT   `` as the end of ``<<EOT``; python-hcl2's grammar does not, and Nomad's own
+    example files have such lines. Only the closing line changes: a heredoc's body is kept
+    byte for byte."""
+    lines = text.split("\n")
+    marker = ""
+    for i, line in enumerate(lines):
+        if marker:
+            if line.strip() == marker:
+                lines[i] = line.rstrip()
+                marker = ""
+            continue
+        opened = _HEREDOC_OPEN.search(line)
+        if opened:
+            marker = opened.group(1)
+    return "\n".join(lines)
+
+
 def _load_hcl(text: str) -> Mapping[str, Any]:
+    text = _trim_heredoc_ends(text)
     try:
         tree = hcl2.parses(text)
     except UnexpectedInput as exc:
@@ -386,6 +410,13 @@ _JOB_KEYS: Final = frozenset(
 
 
 def _job(job_id: str, body: _Body) -> Job:
+    for name, _ in body.labelled("task"):
+        # Nomad's HCL1 parser wrapped such a task in a group of its name; its HCL2 parser,
+        # which drover follows, refuses it. Say how to fix the file instead of "unknown key".
+        raise JobspecError(
+            f"{body.where}: task {_quote(name)} must be inside a group: wrap it in "
+            f"group {_quote(name)} {{ task {_quote(name)} {{ ... }} }}"
+        )
     body.check_keys(_JOB_KEYS)
     job_type = body.get_str("type", JOB_TYPE_SERVICE)
     update_body = body.block("update")

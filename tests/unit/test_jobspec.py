@@ -700,3 +700,47 @@ def test_parsed_jobs__are_already_canonical(job: Job) -> None:
     text = json_format.MessageToJson(to_proto(once, structs_pb2.Job()))
     reparsed = parse(text)
     assert canonicalize_job(reparsed) == reparsed
+
+
+# ---------------------------------------------------------------------------------------
+# Forms seen in Nomad's own job files
+
+_HEREDOC_JOB = """job "x" {
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sh"
+        args = ["-c", <<EOT
+echo "one"%s
+echo two
+EOT%s
+        ]
+      }
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("after_marker", ["", "   ", "\t", " \t "], ids=["none", "spaces", "tab", "mixed"])
+def test_heredoc__closing_marker_may_have_trailing_blanks(after_marker: str) -> None:
+    job = parse_jobspec(_HEREDOC_JOB % ("   ", after_marker))
+    args = json.loads(job.groups[0].tasks[0].config_json)["args"]
+    # The body is kept as written, blanks at its own line ends included.
+    assert args[1].startswith('echo "one"   \necho two')
+
+
+def test_heredoc__marker_text_inside_the_body_does_not_end_it() -> None:
+    text = _HEREDOC_JOB.replace("echo two", "echo EOT is a word") % ("", "")
+    args = json.loads(parse_jobspec(text).groups[0].tasks[0].config_json)["args"]
+    assert "echo EOT is a word" in args[1]
+
+
+def test_task_directly_under_job__refused_saying_to_wrap_it_in_a_group() -> None:
+    text = 'job "x" {\n  task "web" {\n    driver = "mock"\n  }\n}\n'
+    with pytest.raises(JobspecError) as err:
+        parse_jobspec(text)
+    assert str(err.value) == (
+        'job "x": task "web" must be inside a group: wrap it in group "web" { task "web" { ... } }'
+    )
