@@ -1183,8 +1183,10 @@ class OperatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Invariants(self, request, context):
-        """Design invariants 1 and 2 checked over the answering server's own state (never
-        forwarded: ask each server). An empty list means no violation (server/invariants.py).
+        """The answering server checks its own state: at most count live allocs per system or
+        sysbatch job, group and node, and every job summary equal to a recount, none negative
+        (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
+        list means no violation (server/invariants.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

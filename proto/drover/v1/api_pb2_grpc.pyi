@@ -318,8 +318,10 @@ class OperatorStub:
     ReconcileSummaries: _grpc.UnaryUnaryMultiCallable[_api_pb2.ReconcileSummariesRequest, _api_pb2.ReconcileSummariesResponse]
     """Recompute every job summary from allocs and children; reports what changed."""
     Invariants: _grpc.UnaryUnaryMultiCallable[_api_pb2.InvariantsRequest, _api_pb2.InvariantsResponse]
-    """Design invariants 1 and 2 checked over the answering server's own state (never
-    forwarded: ask each server). An empty list means no violation (server/invariants.py).
+    """The answering server checks its own state: at most count live allocs per system or
+    sysbatch job, group and node, and every job summary equal to a recount, none negative
+    (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
+    list means no violation (server/invariants.py).
     """
 
 @_typing.type_check_only
@@ -337,8 +339,10 @@ class OperatorAsyncStub(OperatorStub):
     ReconcileSummaries: _aio.UnaryUnaryMultiCallable[_api_pb2.ReconcileSummariesRequest, _api_pb2.ReconcileSummariesResponse]  # type: ignore[assignment]
     """Recompute every job summary from allocs and children; reports what changed."""
     Invariants: _aio.UnaryUnaryMultiCallable[_api_pb2.InvariantsRequest, _api_pb2.InvariantsResponse]  # type: ignore[assignment]
-    """Design invariants 1 and 2 checked over the answering server's own state (never
-    forwarded: ask each server). An empty list means no violation (server/invariants.py).
+    """The answering server checks its own state: at most count live allocs per system or
+    sysbatch job, group and node, and every job summary equal to a recount, none negative
+    (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
+    list means no violation (server/invariants.py).
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -395,8 +399,10 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.InvariantsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.InvariantsResponse, _abc.Awaitable[_api_pb2.InvariantsResponse]]:
-        """Design invariants 1 and 2 checked over the answering server's own state (never
-        forwarded: ask each server). An empty list means no violation (server/invariants.py).
+        """The answering server checks its own state: at most count live allocs per system or
+        sysbatch job, group and node, and every job summary equal to a recount, none negative
+        (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
+        list means no violation (server/invariants.py).
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

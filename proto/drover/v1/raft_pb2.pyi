@@ -483,7 +483,9 @@ class ApplyPlanResultsEntry(_message.Message):
     def evals(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Evaluation]: ...
     @_builtins.property
     def nodes_ineligible(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeIneligible]:
-        """Nodes the rejection tracker took out of scheduling, in the same entry (seed 000)."""
+        """Nodes the rejection tracker took out of scheduling, in the same entry
+        (docs/field-reports.md#field-report-1, docs/design.md#invariant-6).
+        """
 
     def __init__(
         self,

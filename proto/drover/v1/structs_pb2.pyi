@@ -1032,7 +1032,7 @@ Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 @_typing.final
 class AllocStateChange(_message.Message):
     """One transition of an allocation's client status, kept so an operator can see when a
-    client went unknown and came back (seed 003).
+    client went unknown and came back (docs/field-reports.md#field-report-3).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
