@@ -302,4 +302,23 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             assert replacement.create_time_ns >= waiting.wait_until_ns - WINDOW_NS
             assert replacement.create_time_ns <= waiting.wait_until_ns + LATENCY_NS
             # The replacement carries the attempt: its own status says so.
-            assert re.search(r"Reschedule Attempts\s+=\s+1/1", _cli(cluster, "alloc", "status", replacement.id))
+            assert re.search(
+                r"Reschedule Attempts\s+=\s+1/1", _cli(cluster, "alloc", "status", replacement.id)
+            )
+
+
+def test_reschedule__zero_attempts_never_reschedules(two_clients: LocalCluster, tmp_path: Path) -> None:
+    cluster = two_clients
+    policy = """reschedule {
+      attempts  = 0
+      unlimited = false
+    }"""
+    with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
+        _run(cluster, _job_file(tmp_path, "once", _service("once", "exit 1", policy)))
+        wait_for(lambda: _failed(client, "once", 1), 60, 0.3, lambda: "the failure\n" + cluster.logs_tail())
+        wait_for(lambda: _settled(client, "once"), 60, 0.3, "the job's evaluations to settle")
+        (alloc,) = _allocs(client, "once")
+        assert alloc.client_status == "failed" and not alloc.followup_eval_id
+        assert [e.triggered_by for e in client.list_evals(job_id="once").evals] == ["job-register"]
+        assert "Reschedule Attempts    = 0/0" in _cli(cluster, "alloc", "status", alloc.id)

@@ -960,3 +960,36 @@ def test_reconcile__property__fixed_point(case: tuple[Job, list[Allocation], dic
         return  # held back on purpose: the rolling eval continues
     # A delayed reschedule is no excuse: its follow-up is stamped, so nothing is left to do.
     assert second.is_no_op(), second.log_fields()
+
+
+# ---------------------------------------------------------------------------------------
+# The reschedule tracker a replacement carries
+
+
+@pytest.mark.parametrize(
+    ("policy", "past_ages_s", "kept"),
+    [
+        # Limited, with an interval: attempts older than the interval fall out.
+        (ReschedulePolicy(attempts=5, interval_ns=HOUR, delay_ns=SECOND, unlimited=False), (10, 7200), 1),
+        (ReschedulePolicy(attempts=5, interval_ns=HOUR, delay_ns=SECOND, unlimited=False), (10, 20), 2),
+        # Limited, no interval: a lifetime count, everything kept.
+        (ReschedulePolicy(attempts=5, interval_ns=0, delay_ns=SECOND, unlimited=False), (10, 7200), 2),
+        # Unlimited: only the most recent few (the delay functions need the last two).
+        (ReschedulePolicy(unlimited=True, delay_ns=SECOND), (1, 2, 3, 4, 5, 6, 7), 4),
+    ],
+    ids=["interval-drops-old", "interval-keeps-recent", "no-interval-keeps-all", "unlimited-keeps-recent"],
+)
+def test_reconcile__tracker__what_a_replacement_carries(
+    policy: ReschedulePolicy, past_ages_s: tuple[int, ...], kept: int
+) -> None:
+    job = replace(mock.job(), groups=(replace(mock.job().groups[0], count=1, reschedule=policy),))
+    past = tuple(
+        RescheduleEvent(reschedule_time_ns=NOW - age * SECOND, prev_alloc_id=f"p{age}", delay_ns=SECOND)
+        for age in sorted(past_ages_s, reverse=True)
+    )
+    alloc = failed(mock.alloc(job, mock.node()), NOW - MINUTE, reschedule_events=past)
+    (placement,) = reconcile_group(job, job.groups[0], [alloc], {}, NOW).place
+    events = placement.reschedule_events
+    # The kept past events, oldest first, then this attempt.
+    assert [e.prev_alloc_id for e in events[:-1]] == [e.prev_alloc_id for e in past[len(past) - kept :]]
+    assert events[-1].prev_alloc_id == alloc.id and events[-1].reschedule_time_ns == NOW
