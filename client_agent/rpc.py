@@ -19,6 +19,7 @@ import grpc
 
 from client_agent.errors import NotFound, Refused, RequestRejected, ServerUnreachable
 from client_agent.taskstate import AllocStatus
+from common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
 __all__ = ["NodesRpc", "ServerPool", "alloc_update_message"]
@@ -26,15 +27,7 @@ __all__ = ["NodesRpc", "ServerPool", "alloc_update_message"]
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # Statuses that mean "this node must register (again) before it is heard".
 _REFUSED: Final = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED})
-# Servers restart on the same port; grpc's default reconnect backoff (up to 120 s) would
-# keep a channel failing fast long after its server is back.
-_CHANNEL_OPTIONS: Final = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
+_CHANNEL_OPTIONS: Final = (*fast_reconnect_options(max_backoff_ms=1000), *MESSAGE_SIZE_OPTIONS)
 
 T = TypeVar("T")
 

@@ -5,6 +5,7 @@ Layout:
 - ``logs``: the structlog setup (JSON lines in production, key=value in dev).
 - ``duration``: Go's ``time.ParseDuration``, the one duration syntax of job files, agent
   flags, driver configs and the CLI.
+- ``grpc_options``: the gRPC options both ends of every drover connection must agree on.
 
 Its own package because the client agent may not import ``server`` (nor ``scheduler``):
 this package imports only the standard library and third-party libraries, so each of them

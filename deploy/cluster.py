@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
 from drover.v1 import api_pb2, api_pb2_grpc
 
 __all__ = [
@@ -90,14 +91,8 @@ STOP_TIMEOUT = 10.0
 RPC_TIMEOUT = 1.0
 POLL_INTERVAL = 0.1
 
-# Servers are killed and restarted on the same port all the time here; grpc's default
-# reconnect backoff (up to 120 s) would leave a cached channel failing fast long after the
-# server is back.
-_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
-]
+# Servers are killed and restarted on the same port all the time here.
+_CHANNEL_OPTIONS = (*fast_reconnect_options(max_backoff_ms=500), *MESSAGE_SIZE_OPTIONS)
 
 T = TypeVar("T")
 

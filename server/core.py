@@ -17,6 +17,7 @@ import grpc
 import structlog
 
 from common.duration import parse_duration
+from common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.v1 import raft_pb2
 from scheduler.structs import ServerMember
 from server.clock import Clock, IdSource, SystemClock, UuidIds
@@ -33,11 +34,6 @@ from server.state_store import StateStore
 log = structlog.get_logger("drover.server")
 
 ANNOUNCE_INTERVAL: Final = 0.5
-GRPC_MAX_MESSAGE: Final = 64 * 1024 * 1024
-CHANNEL_OPTIONS: Final = [
-    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
-]
 
 
 class StartupError(Exception):
@@ -217,7 +213,7 @@ class ServerCore:
         with self._channels_lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = grpc.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
                 self._channels[address] = channel
             return channel
 

@@ -25,15 +25,11 @@ from typing import Final, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
 __all__ = ["DroverClient", "DroverError"]
 
-MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
-CHANNEL_OPTIONS: Final = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-)
 # A blocking query without wait_ns waits this long on the server (api.proto: QueryOptions).
 DEFAULT_BLOCKING_WAIT_S: Final = 300.0
 MAX_BLOCKING_WAIT_S: Final = 600.0
@@ -74,7 +70,7 @@ class _Stubs:
 
     @classmethod
     def open(cls, address: str) -> _Stubs:
-        channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+        channel = grpc.insecure_channel(address, options=list(MESSAGE_SIZE_OPTIONS))
         return cls(
             address=address,
             channel=channel,

@@ -9,6 +9,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.v1 import api_pb2, api_pb2_grpc
 from server.api.evals_allocs import AllocsServicer, EvalsServicer
 from server.api.jobs import JobsServicer
@@ -20,17 +21,12 @@ if TYPE_CHECKING:
 
 # Blocking queries and alloc watches park a thread each; size the pool for many clients.
 MAX_WORKERS: Final = 256
-MAX_MESSAGE: Final = 64 * 1024 * 1024
 
 
 def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.so_reuseport", 0),
-        ],
+        options=[*MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
     )
     api_pb2_grpc.add_JobsServicer_to_server(JobsServicer(core), server)
     api_pb2_grpc.add_NodesServicer_to_server(NodesServicer(core), server)

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import grpc
 
-from server.sdk import CHANNEL_OPTIONS
+from common.grpc_options import MESSAGE_SIZE_OPTIONS
 from tests.bench._load import Operation, closed_loop
 from tests.bench._procs import (
     children_stopped_on_exit,
@@ -56,7 +56,7 @@ def serve(port_file: Path, workers: int) -> None:
     start_watchdog()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=[*MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
     )
     handler = grpc.method_handlers_generic_handler(
         SERVICE, {METHOD: grpc.unary_unary_rpc_method_handler(_noop)}
@@ -72,7 +72,7 @@ def serve(port_file: Path, workers: int) -> None:
 
 @contextlib.contextmanager
 def _noop_caller(address: str) -> Iterator[Operation]:
-    channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+    channel = grpc.insecure_channel(address, options=list(MESSAGE_SIZE_OPTIONS))
     try:
         grpc.channel_ready_future(channel).result(timeout=10.0)
         call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/{SERVICE}/{METHOD}")
