@@ -321,4 +321,4 @@ def test_reschedule__zero_attempts_never_reschedules(two_clients: LocalCluster, 
         (alloc,) = _allocs(client, "once")
         assert alloc.client_status == "failed" and not alloc.followup_eval_id
         assert [e.triggered_by for e in client.list_evals(job_id="once").evals] == ["job-register"]
-        assert "Reschedule Attempts    = 0/0" in _cli(cluster, "alloc", "status", alloc.id)
+        assert re.search(r"Reschedule Attempts\s+=\s+0/0\n", _cli(cluster, "alloc", "status", alloc.id))
