@@ -47,6 +47,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Final
 
+# Shared with the system scheduler (one definition each; see scheduler/README.md).
+from scheduler.reconciler.vocabulary import (
+    DESC_EXPIRED,
+    DESC_JOB_STOPPED,
+    DESC_LOST,
+    DESC_NOT_NEEDED,
+    DESC_UNKNOWN,
+    DESC_UPDATING,
+    last_unknown_ns,
+    max_parallel,
+    stagger_ns,
+    tasks_updated,
+)
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_LOST,
@@ -65,20 +78,6 @@ from scheduler.structs import (
     ReschedulePolicy,
     TaskGroup,
     alloc_name,
-)
-
-# Shared with the system scheduler (one definition each; see scheduler/README.md).
-from scheduler.system_diff import (
-    DESC_EXPIRED,
-    DESC_JOB_STOPPED,
-    DESC_LOST,
-    DESC_NOT_NEEDED,
-    DESC_UNKNOWN,
-    DESC_UPDATING,
-    last_unknown_ns,
-    max_parallel,
-    stagger_ns,
-    tasks_updated,
 )
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The system and sysbatch scheduler: ``compute_system(ev, state, ctx) -> SchedulerResult``.
 
 Reads the job at its current version and everything about its nodes from the snapshot,
-asks ``scheduler.system_diff.diff_system_allocs`` for the buckets, and turns them into a
+asks ``scheduler.reconciler.system.diff_system_allocs`` for the buckets, and turns them into a
 plan with ``PlanBuilder``. One pass, no retries: the worker owns submission and refresh.
 
 Bucket -> plan (scheduler/README.md has the flow diagram):
@@ -32,6 +32,8 @@ from typing import Final
 
 from scheduler.interfaces import SchedulerContext, SchedulerResult, State
 from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
+from scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
+from scheduler.reconciler.vocabulary import DESC_UNKNOWN, stagger_ns
 from scheduler.structs import (
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_UNKNOWN,
@@ -49,13 +51,6 @@ from scheduler.structs import (
     Plan,
     follow_up_eval,
 )
-from scheduler.system_diff import (
-    DESC_UNKNOWN,
-    AllocTuple,
-    SystemDiff,
-    diff_system_allocs,
-    stagger_ns,
-)
 
 SYSTEM_JOB_TYPES: Final = (JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)
 
@@ -68,7 +63,9 @@ class SystemInputs:
     """What the diff needs, read from the snapshot in one place."""
 
     nodes_ready: Mapping[str, Node]
-    tainted_nodes: Mapping[str, Node | None]
+    # Every other node of the job's allocs: tainted, unplaceable or outside the job's
+    # datacenters (None: deregistered).
+    nodes_not_ready: Mapping[str, Node | None]
     allocs: tuple[Allocation, ...]
     infeasible: Mapping[str, frozenset[str]]
     drain_pending: frozenset[str]
@@ -92,11 +89,11 @@ def read_inputs(state: State, namespace: str, job_id: str, job: Job | None) -> S
             feasible[group.name] = {n.id for n in nodes}
             ready.update((n.id, n) for n in nodes)
     infeasible = {name: frozenset(set(ready) - ids) for name, ids in feasible.items()}
-    tainted = {a.node_id: state.node(a.node_id) for a in allocs if a.node_id not in ready}
+    not_ready = {a.node_id: state.node(a.node_id) for a in allocs if a.node_id not in ready}
     live_here = {a.node_id for a in allocs if not a.terminal()}
     drain_pending = frozenset(
         node_id
-        for node_id, node in tainted.items()
+        for node_id, node in not_ready.items()
         if node is not None and node.drain_strategy is not None and node_id in live_here
         if _holds_other_work(state, node_id)
     )
@@ -106,7 +103,7 @@ def read_inputs(state: State, namespace: str, job_id: str, job: Job | None) -> S
             old = state.job_version(namespace, job_id, version)
             if old is not None:
                 versions[version] = old
-    return SystemInputs(ready, tainted, allocs, infeasible, drain_pending, versions)
+    return SystemInputs(ready, not_ready, allocs, infeasible, drain_pending, versions)
 
 
 def _holds_other_work(state: State, node_id: str) -> bool:
@@ -141,7 +138,7 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
     diff = diff_system_allocs(
         job,
         inputs.nodes_ready.values(),
-        inputs.tainted_nodes,
+        inputs.nodes_not_ready,
         inputs.allocs,
         ctx.now_ns,
         infeasible=inputs.infeasible,

@@ -1,4 +1,4 @@
-"""The system/sysbatch diff (scheduler/system_diff.py), one situation per test.
+"""The system/sysbatch diff (scheduler/reconciler/system.py), one situation per test.
 
 Every case builds complete objects with ``tests/fixtures/mock.py``, changes only the fields
 it is about, and asserts bucket counts through ``Expect`` (Nomad's resultExpectation). The
@@ -14,6 +14,16 @@ from typing import Any
 
 import pytest
 
+from scheduler.reconciler.system import (
+    CLASSIFICATION_RULES,
+    KEEP_RULES,
+    SYSTEM_BUCKETS,
+    AllocTuple,
+    SystemDiff,
+    diff_system_allocs,
+    rank_duplicates,
+)
+from scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, IGNORE, tasks_updated
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
@@ -39,19 +49,6 @@ from scheduler.structs import (
     Resources,
     TaskGroup,
     UpdateStrategy,
-)
-from scheduler.system_diff import (
-    BUCKETS,
-    CLASSIFICATION_RULES,
-    DESC_DUPLICATE,
-    DESC_LOST,
-    IGNORE,
-    KEEP_RULES,
-    AllocTuple,
-    SystemDiff,
-    diff_system_allocs,
-    rank_duplicates,
-    tasks_updated,
 )
 from tests.fixtures import mock
 
@@ -103,7 +100,7 @@ def ready_nodes(n: int, **overrides: object) -> list[Node]:
 
 @dataclass
 class Scenario:
-    """The diff's inputs. Nodes are split into ready/tainted the way the shell does it."""
+    """The diff's inputs. Nodes are split into ready/not ready the way the shell does it."""
 
     job: Job | None
     nodes: list[Node] = field(default_factory=list)
@@ -118,12 +115,12 @@ class Scenario:
 
     def run(self) -> SystemDiff:
         ready = [n for n in self.nodes if n.ready_for_placement()]
-        tainted: dict[str, Node | None] = {n.id: n for n in (*self.nodes, *self.other_dc) if n not in ready}
-        tainted.update(dict.fromkeys(self.missing))
+        not_ready: dict[str, Node | None] = {n.id: n for n in (*self.nodes, *self.other_dc) if n not in ready}
+        not_ready.update(dict.fromkeys(self.missing))
         return diff_system_allocs(
             self.job,
             ready,
-            tainted,
+            not_ready,
             self.allocs,
             self.now_ns,
             infeasible=self.infeasible,
@@ -821,7 +818,7 @@ def test_tasks_updated__absent_resources_equal_the_default() -> None:
 
 def test_rules__every_rule_says_why() -> None:
     for rule in CLASSIFICATION_RULES:
-        assert rule.bucket in BUCKETS
+        assert rule.category in SYSTEM_BUCKETS
         assert len(rule.why) > 20
     for keep in KEEP_RULES:
         assert len(keep.why) > 20
@@ -829,7 +826,7 @@ def test_rules__every_rule_says_why() -> None:
 
 def test_rules__ladder_ends_in_ignore_catch_all() -> None:
     last = CLASSIFICATION_RULES[-1]
-    assert last.bucket == IGNORE
+    assert last.category == IGNORE
     assert last.applies(None)  # type: ignore[arg-type]
 
 
@@ -838,7 +835,7 @@ def test_diff__annotations_by_group_name_every_bucket() -> None:
     by_group = diff.counts_by_group(["web"])
     assert by_group["web"]["place"] == 1
     assert by_group["web"]["ignore"] == 2
-    assert set(by_group["web"]) == {*BUCKETS, "deferred"}
+    assert set(by_group["web"]) == {*SYSTEM_BUCKETS, "deferred"}
 
 
 def test_diff__merge_and_log_fields() -> None:

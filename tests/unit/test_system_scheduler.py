@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from scheduler.fit import allocs_fit, proposed_allocs
 from scheduler.interfaces import SchedulerResult
+from scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, DESC_UNKNOWN
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
@@ -53,7 +54,6 @@ from scheduler.structs import (
     UpdateStrategy,
 )
 from scheduler.system import compute_sysbatch, compute_system
-from scheduler.system_diff import DESC_DUPLICATE, DESC_LOST, DESC_UNKNOWN
 from tests.fixtures import mock
 from tests.harness import Harness
 from tests.unit.test_system_diff import Expect, bump, running, with_group

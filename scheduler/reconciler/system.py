@@ -7,7 +7,8 @@ node of its datacenters that passes the group's constraints. The identity of an 
 *name* (``job.group[i]``) on its *node*, never its ID. ``diff_system_allocs`` takes every
 input as a value (the job, the nodes, the job's allocs, the time) and returns named buckets
 (``SystemDiff``); ``scheduler/system.py`` turns the buckets into a plan. Nothing here reads a
-clock, mints an ID or touches the state store.
+clock, mints an ID or touches the state store. The words (buckets, node situations, rules,
+descriptions, ``tasks_updated``) are ``scheduler.reconciler.vocabulary``'s.
 
 The steps, in order:
 
@@ -18,9 +19,9 @@ The steps, in order:
 3. Duplicates: at most one live alloc per (node, name) may stay desired-running, so at most
    ``count`` per (job, group, node) (docs/design.md#invariant-1). The survivor is chosen by
    ``KEEP_RULES``; the others are stopped ("alloc duplicated on node"). Nomad never did this
-   (docs/field-reports.md#field-report-1, PR #16097 closed unmerged): its duplicates were both
-   updated and both re-placed,
-   and the plan applier rejected the node forever over their shared static port.
+   (docs/field-reports.md#field-report-1, PR #16097 closed unmerged): its duplicates were
+   both updated and both re-placed, and the plan applier rejected the node forever over
+   their shared static port.
 4. Placements: a required name with no kept alloc on a ready node is placed. A stopped
    duplicate is never re-placed, because its name still has the survivor.
 5. Rolling updates: destructive updates are admitted node by node within ``max_parallel``
@@ -40,38 +41,58 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Final
 
+from scheduler.reconciler.vocabulary import (
+    AT_DISCONNECTED,
+    AT_DRAINING,
+    AT_ELSEWHERE,
+    AT_MISSING,
+    AT_READY,
+    AT_UNPLACEABLE,
+    DEFERRED,
+    DESC_DUPLICATE,
+    DESC_EXPIRED,
+    DESC_JOB_STOPPED,
+    DESC_LOST,
+    DESC_NODE_NOT_ELIGIBLE,
+    DESC_NODE_TAINTED,
+    DESC_NOT_NEEDED,
+    DESC_UNKNOWN,
+    DESC_UPDATING,
+    DISCONNECTING,
+    GONE_SITUATIONS,
+    IGNORE,
+    LOST,
+    MIGRATE,
+    PLACE,
+    RECONNECTING,
+    STOP,
+    UPDATE_DESTRUCTIVE,
+    UPDATE_INPLACE,
+    AllocFacts,
+    Rule,
+    classify,
+    disconnect_expired,
+    max_parallel,
+    tainted_situation,
+    tasks_updated,
+)
 from scheduler.structs import (
     ALLOC_CLIENT_PENDING,
     ALLOC_CLIENT_RUNNING,
     ALLOC_CLIENT_UNKNOWN,
     JOB_TYPE_SYSBATCH,
     NODE_ELIGIBLE,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
     NODE_STATUS_READY,
     Allocation,
     Job,
-    NetworkResource,
     Node,
-    Resources,
-    Task,
     TaskGroup,
     alloc_name,
 )
 
-# ---------------------------------------------------------------------------------------
-# Vocabulary (scheduler/README.md explains each bucket)
-
-PLACE: Final = "place"
-UPDATE_DESTRUCTIVE: Final = "update_destructive"
-UPDATE_INPLACE: Final = "update_inplace"
-MIGRATE: Final = "migrate"
-STOP: Final = "stop"
-IGNORE: Final = "ignore"
-LOST: Final = "lost"
-DISCONNECTING: Final = "disconnecting"
-RECONNECTING: Final = "reconnecting"
-BUCKETS: Final = (
+# The buckets this reconciler fills from its ladder (scheduler/README.md explains each);
+# ``DEFERRED`` is filled after it, by the rolling limit.
+SYSTEM_BUCKETS: Final = (
     PLACE,
     UPDATE_DESTRUCTIVE,
     UPDATE_INPLACE,
@@ -82,31 +103,9 @@ BUCKETS: Final = (
     DISCONNECTING,
     RECONNECTING,
 )
-# Not a bucket of the ladder: destructive updates held back by max_parallel for the next batch.
-DEFERRED: Final = "deferred"
 
 # Buckets whose alloc stays desired-running after the plan: the duplicate check runs over them.
 KEEPING_BUCKETS: Final = (IGNORE, UPDATE_INPLACE, UPDATE_DESTRUCTIVE, RECONNECTING, DISCONNECTING)
-
-# Descriptions written into the plan (desired_description), one per reason.
-DESC_NOT_NEEDED: Final = "alloc not needed due to job update"
-DESC_JOB_STOPPED: Final = "alloc not needed as job is stopped"
-DESC_NODE_NOT_ELIGIBLE: Final = "alloc not needed as node is no longer eligible for the job"
-DESC_DUPLICATE: Final = "alloc duplicated on node"
-DESC_MIGRATE: Final = "alloc not needed as node is tainted"
-DESC_LOST: Final = "alloc is lost since its node is down"
-DESC_EXPIRED: Final = "alloc is lost since its node stayed disconnected past lost_after"
-DESC_UNKNOWN: Final = "alloc is unknown since its node is disconnected"
-DESC_UPDATING: Final = "alloc is being updated due to job update"
-
-# Where an alloc's node stands, for one group of the job (``node_situation``).
-AT_READY: Final = "ready"  # ready, eligible, not draining, in the job's DCs, passes the group's constraints
-AT_ELSEWHERE: Final = "elsewhere"  # ready and eligible but not for this group (DCs, constraints), or unknown
-AT_NOT_READY: Final = "not-ready"  # ineligible without a drain, or initializing
-AT_DRAINING: Final = "draining"
-AT_DISCONNECTED: Final = "disconnected"
-AT_DOWN: Final = "down"
-AT_MISSING: Final = "missing"  # deregistered: tainted_nodes maps it to None
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,184 +190,99 @@ class Slot:
 
 
 # ---------------------------------------------------------------------------------------
-# Destructive vs in-place
-
-
-def _task_resources(task: Task) -> Resources:
-    return task.resources or Resources()
-
-
-def _network(group: TaskGroup) -> NetworkResource:
-    return group.network or NetworkResource()
-
-
-# Group fields whose change restarts the allocs (Nomad's tasksUpdated, our own list).
-DESTRUCTIVE_GROUP_FIELDS: Final[tuple[tuple[str, Callable[[TaskGroup], object], str], ...]] = (
-    # Ports are assigned when the alloc is placed; the alloc holds them until it stops.
-    ("network", _network, "ports are bound at placement; new ports need a new alloc"),
-    ("ephemeral_disk_mb", lambda g: g.ephemeral_disk_mb, "the disk is sized when the alloc is created"),
-    # The count-identity of the group's work: which tasks make up one alloc.
-    (
-        "task names",
-        lambda g: tuple(sorted(t.name for t in g.tasks)),
-        "an added or removed task is a new alloc",
-    ),
-)
-
-# Task fields whose change restarts the task. Everything else (job/group meta, priority,
-# update, reschedule, restart, constraints, kill_timeout) is applied in place.
-DESTRUCTIVE_TASK_FIELDS: Final[tuple[tuple[str, Callable[[Task], object], str], ...]] = (
-    ("driver", lambda t: t.driver, "another driver runs another process"),
-    ("config_json", lambda t: t.config_json, "the driver reads its config only at start"),
-    ("env", lambda t: dict(t.env), "a process's environment is fixed at exec"),
-    ("resources", _task_resources, "cpu/memory limits are set when the task starts"),
-    ("meta", lambda t: dict(t.meta), "task meta reaches the task as NOMAD_META_* env"),
-)
-
-
-def tasks_updated(old_job: Job | None, new_job: Job | None, group_name: str) -> bool:
-    """True when moving ``group_name``'s allocs from ``old_job`` to ``new_job`` needs a restart.
-
-    A missing version or group is destructive: without the old spec there is nothing to
-    prove the running process equal to the new one.
-    """
-    if old_job is None or new_job is None:
-        return True
-    old, new = old_job.lookup_group(group_name), new_job.lookup_group(group_name)
-    if old is None or new is None:
-        return True
-    for _name, get_group, _why in DESTRUCTIVE_GROUP_FIELDS:
-        if get_group(old) != get_group(new):
-            return True
-    new_tasks = {t.name: t for t in new.tasks}
-    for task in old.tasks:
-        other = new_tasks.get(task.name)
-        if other is None:
-            return True
-        for _name, get_task, _why in DESTRUCTIVE_TASK_FIELDS:
-            if get_task(task) != get_task(other):
-                return True
-    return False
-
-
-# ---------------------------------------------------------------------------------------
 # The classification ladder
 
 
 @dataclass(frozen=True, slots=True)
-class AllocFacts:
-    """What the ladder knows about one live alloc, computed once before the rules run."""
+class SystemAllocFacts(AllocFacts):
+    """What the system ladder knows about one live alloc, besides where its node stands."""
 
-    alloc: Allocation
-    where: str  # one of the AT_* situations of its node for its group
     job_stopped: bool  # job stopped or purged
     required: bool  # its name is one of the job's slots (group exists, index < count)
     stale: bool  # runs an older job version
     destructive: bool  # stale, and the change from its version needs a restart
-    expired: bool  # unknown on a disconnected node for longer than the group's lost_after
     drain_releases: bool  # on a draining node whose drain has reached system allocs
     node_up: bool  # the node's status is ready (it heartbeats), eligible or not
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    bucket: str
-    applies: Callable[[AllocFacts], bool]
-    reason: str  # the plan's description for stop-like buckets
-    why: str
-
-
-CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
+CLASSIFICATION_RULES: Final[tuple[Rule[SystemAllocFacts], ...]] = (
     Rule(
         LOST,
-        lambda f: f.where in (AT_DOWN, AT_MISSING),
-        DESC_LOST,
+        lambda f: f.where in GONE_SITUATIONS,
         "A down or deregistered node's allocs are gone with it. Checked first, even for a "
         "stopped job, so the stop carries client status lost in one step (no second plan).",
+        reason=DESC_LOST,
     ),
     Rule(
         STOP,
         lambda f: f.job_stopped,
-        DESC_JOB_STOPPED,
         "The job was stopped or purged: nothing of it may run anywhere.",
+        reason=DESC_JOB_STOPPED,
     ),
     Rule(
         STOP,
         lambda f: not f.required,
-        DESC_NOT_NEEDED,
         "Its group was removed or its index is beyond count: no slot for this name.",
+        reason=DESC_NOT_NEEDED,
     ),
     Rule(
         LOST,
         lambda f: f.expired,
-        DESC_EXPIRED,
         "disconnect.lost_after elapsed while the node stayed away: stop waiting for it.",
+        reason=DESC_EXPIRED,
     ),
     Rule(
         DISCONNECTING,
         lambda f: f.where == AT_DISCONNECTED and f.alloc.client_status == ALLOC_CLIENT_RUNNING,
-        DESC_UNKNOWN,
         "The node missed heartbeats but may come back: mark the alloc unknown, keep it "
         "(docs/field-reports.md#field-report-3).",
+        reason=DESC_UNKNOWN,
     ),
     Rule(
         IGNORE,
         lambda f: f.where == AT_DISCONNECTED,
-        "",
         "Already unknown (or never started) on a disconnected node: wait for reconnect or down.",
     ),
     Rule(
         MIGRATE,
         lambda f: f.drain_releases,
-        DESC_MIGRATE,
         "System allocs leave a draining node last, once its service/batch work is gone.",
+        reason=DESC_NODE_TAINTED,
     ),
     Rule(
         IGNORE,
         lambda f: f.where == AT_DRAINING,
-        "",
         "The drain is still moving other work, or ignores system jobs: keep serving the node.",
     ),
     Rule(
         STOP,
         lambda f: f.where == AT_ELSEWHERE,
-        DESC_NODE_NOT_ELIGIBLE,
         "The node left the job's datacenters or no longer passes the group's constraints.",
+        reason=DESC_NODE_NOT_ELIGIBLE,
     ),
     Rule(
         UPDATE_DESTRUCTIVE,
         lambda f: f.where == AT_READY and f.stale and f.destructive,
-        DESC_UPDATING,
         "Older version and the tasks changed: stop it and place the new version (rate-limited).",
+        reason=DESC_UPDATING,
     ),
     Rule(
         UPDATE_INPLACE,
         lambda f: f.where == AT_READY and f.stale,
-        "",
         "Older version, nothing the process sees changed: same alloc ID, new job version.",
     ),
     Rule(
         RECONNECTING,
         lambda f: f.alloc.client_status == ALLOC_CLIENT_UNKNOWN and f.node_up,
-        "",
         "The node heartbeats again: keep the alloc, never restart it; its client reports "
         "the real status (the FSM records it in state_history).",
     ),
     Rule(
         IGNORE,
         lambda f: True,
-        "",
         "Current and where it should be; ineligible nodes keep what they run.",
     ),
 )
-
-
-def classify(facts: AllocFacts) -> Rule:
-    """The first rule of ``CLASSIFICATION_RULES`` that applies."""
-    for rule in CLASSIFICATION_RULES:
-        if rule.applies(facts):
-            return rule
-    raise AssertionError("the last classification rule matches everything")  # pragma: no cover
 
 
 # ---------------------------------------------------------------------------------------
@@ -455,59 +369,26 @@ def node_situation(
     node_id: str,
     group: str,
     ready: Mapping[str, Node],
-    tainted: Mapping[str, Node | None],
+    not_ready: Mapping[str, Node | None],
     infeasible: Mapping[str, frozenset[str]],
 ) -> tuple[str, Node | None]:
     """Where ``node_id`` stands for ``group`` (an ``AT_*`` value) and the node, if known."""
     if node_id in ready:
         node = ready[node_id]
         return (AT_ELSEWHERE if node_id in infeasible.get(group, frozenset()) else AT_READY), node
-    if node_id not in tainted:
-        # Not told about it: neither ready for the job nor tainted (Nomad's "not eligible").
+    if node_id not in not_ready:
+        # Not told about it: neither ready for the job nor known not to be (Nomad's "not
+        # eligible").
         return AT_ELSEWHERE, None
-    other = tainted[node_id]
+    other = not_ready[node_id]
     if other is None:
         return AT_MISSING, None
-    if other.status == NODE_STATUS_DOWN:
-        return AT_DOWN, other
-    if other.status == NODE_STATUS_DISCONNECTED:
-        return AT_DISCONNECTED, other
-    if other.drain_strategy is not None:
-        return AT_DRAINING, other
+    situation = tainted_situation(other)
+    if situation is not None:
+        return situation, other
     if other.status == NODE_STATUS_READY and other.scheduling_eligibility == NODE_ELIGIBLE:
         return AT_ELSEWHERE, other
-    return AT_NOT_READY, other
-
-
-def last_unknown_ns(alloc: Allocation) -> int:
-    """When the trailing run of "unknown" client statuses in the alloc's history began (0: none)."""
-    since = 0
-    for change in reversed(alloc.state_history):
-        if change.field != "client_status" or not change.value:
-            continue
-        if change.value != ALLOC_CLIENT_UNKNOWN:
-            break
-        since = change.time_ns
-    return since
-
-
-def _expired(alloc: Allocation, group: TaskGroup | None, where: str, now_ns: int) -> bool:
-    if where != AT_DISCONNECTED or alloc.client_status != ALLOC_CLIENT_UNKNOWN or group is None:
-        return False
-    lost_after = group.disconnect.lost_after_ns if group.disconnect is not None else 0
-    since = last_unknown_ns(alloc)
-    return lost_after > 0 and since > 0 and since + lost_after <= now_ns
-
-
-def max_parallel(job: Job, group: TaskGroup) -> int:
-    """The group's rolling limit: its own update block, else the job's; 0 = unlimited."""
-    strategy = group.update or job.update
-    return strategy.max_parallel if strategy is not None and strategy.max_parallel > 0 else 0
-
-
-def stagger_ns(job: Job, group: TaskGroup) -> int:
-    strategy = group.update or job.update
-    return strategy.stagger_ns if strategy is not None else 0
+    return AT_UNPLACEABLE, other
 
 
 # ---------------------------------------------------------------------------------------
@@ -517,7 +398,7 @@ def stagger_ns(job: Job, group: TaskGroup) -> int:
 def diff_system_allocs(
     job: Job | None,
     nodes_ready: Iterable[Node],
-    tainted_nodes: Mapping[str, Node | None],
+    nodes_not_ready: Mapping[str, Node | None],
     live_and_terminal_allocs: Iterable[Allocation],
     now_ns: int,
     *,
@@ -529,10 +410,10 @@ def diff_system_allocs(
 
     ``job``: the job at its current version; None (purged) or stopped stops everything.
     ``nodes_ready``: ready, eligible, non-draining nodes in the job's datacenters.
-    ``tainted_nodes``: the other nodes holding allocs of the job, live or terminal (down,
-    disconnected, draining, ineligible, initializing, or ready in another datacenter); a
-    deregistered node maps to None. A node in neither is treated as not eligible for the
-    job: its allocs stop.
+    ``nodes_not_ready``: the other nodes holding allocs of the job, live or terminal: tainted
+    (down, disconnected, draining; a deregistered node maps to None), unplaceable
+    (ineligible, initializing) or ready in another datacenter. A node in neither is treated
+    as not eligible for the job: its allocs stop.
     ``live_and_terminal_allocs``: every alloc of the job.
     ``infeasible``: group name -> IDs of ``nodes_ready`` failing that group's constraints.
     ``drain_pending``: draining nodes that still hold live service/batch allocs.
@@ -542,7 +423,7 @@ def diff_system_allocs(
     view = _View(
         job=job,
         ready={n.id: n for n in nodes_ready},
-        tainted=tainted_nodes,
+        not_ready=nodes_not_ready,
         infeasible=infeasible or {},
         drain_pending=drain_pending,
         job_versions=job_versions or {},
@@ -552,8 +433,8 @@ def diff_system_allocs(
     split = split_terminal(live_and_terminal_allocs)
     out: dict[str, list[AllocTuple]] = {f.name: [] for f in fields(SystemDiff)}
     for alloc in split.live:
-        rule = classify(view.facts(alloc))
-        out[rule.bucket].append(view.tuple_of(alloc, rule.reason))
+        rule = classify(CLASSIFICATION_RULES, view.facts(alloc))
+        out[rule.category].append(view.tuple_of(alloc, rule.reason))
     out[LOST].extend(_lost_while_stopping(view, split.stopping))
     charged = _stop_duplicates(out)
     kept = {(t.node_id, t.name) for bucket in KEEPING_BUCKETS for t in out[bucket]}
@@ -570,7 +451,7 @@ class _View:
 
     job: Job | None
     ready: Mapping[str, Node]
-    tainted: Mapping[str, Node | None]
+    not_ready: Mapping[str, Node | None]
     infeasible: Mapping[str, frozenset[str]]
     drain_pending: frozenset[str]
     job_versions: Mapping[int, Job]
@@ -578,22 +459,24 @@ class _View:
     slots: Mapping[str, Slot]  # every alloc name the job wants on each node
 
     def situation(self, alloc: Allocation) -> tuple[str, Node | None]:
-        return node_situation(alloc.node_id, alloc.task_group, self.ready, self.tainted, self.infeasible)
+        return node_situation(alloc.node_id, alloc.task_group, self.ready, self.not_ready, self.infeasible)
 
-    def facts(self, alloc: Allocation) -> AllocFacts:
+    def facts(self, alloc: Allocation) -> SystemAllocFacts:
         job = self.job
         where, node = self.situation(alloc)
         slot = self.slots.get(alloc.name)
         stale = job is not None and alloc.job_version != job.version
         drain = node.drain_strategy if node is not None else None
-        return AllocFacts(
+        return SystemAllocFacts(
             alloc=alloc,
             where=where,
             job_stopped=job is None or job.stop,
             required=slot is not None and slot.group.name == alloc.task_group,
             stale=stale,
             destructive=stale and self.changed_destructively(alloc.job_version, alloc.task_group),
-            expired=_expired(alloc, job.lookup_group(alloc.task_group) if job else None, where, self.now_ns),
+            expired=disconnect_expired(
+                alloc, job.lookup_group(alloc.task_group) if job else None, where, self.now_ns
+            ),
             drain_releases=(
                 where == AT_DRAINING
                 and drain is not None
@@ -615,9 +498,7 @@ def _lost_while_stopping(view: _View, stopping: Iterable[Allocation]) -> list[Al
     (Nomad's updateNonTerminalAllocsToLost), so summaries count it right and a later eval
     has nothing left to write (the fixed point)."""
     return [
-        view.tuple_of(alloc, DESC_LOST)
-        for alloc in stopping
-        if view.situation(alloc)[0] in (AT_DOWN, AT_MISSING)
+        view.tuple_of(alloc, DESC_LOST) for alloc in stopping if view.situation(alloc)[0] in GONE_SITUATIONS
     ]
 
 
@@ -710,26 +591,20 @@ def _sorted(items: Iterable[AllocTuple]) -> tuple[AllocTuple, ...]:
 
 
 __all__ = [
-    "BUCKETS",
     "CLASSIFICATION_RULES",
-    "DEFERRED",
+    "KEEPING_BUCKETS",
     "KEEP_RULES",
-    "AllocFacts",
+    "SYSTEM_BUCKETS",
     "AllocTuple",
     "KeepRule",
-    "Rule",
     "Slot",
+    "SystemAllocFacts",
     "SystemDiff",
     "TerminalSplit",
-    "classify",
     "diff_system_allocs",
-    "last_unknown_ns",
     "limit_destructive",
     "materialize_slots",
-    "max_parallel",
     "node_situation",
     "rank_duplicates",
     "split_terminal",
-    "stagger_ns",
-    "tasks_updated",
 ]
