@@ -330,12 +330,3 @@ def from_proto(msg: Message, cls: type[T]) -> T:
     fn = _FROM.get(cls) or _from_fn(cls)
     value: T = fn(msg)
     return value
-
-
-def encoder(msg_cls: type[M]) -> Callable[[Any], M]:
-    """A function turning a dataclass into a new ``msg_cls`` message."""
-
-    def encode(obj: Any) -> M:
-        return to_proto(obj, msg_cls())
-
-    return encode

@@ -173,9 +173,6 @@ class ServerCore:
         self._lock.release()
         log.info("server.stopped", server=self.name)
 
-    def wait_stopped(self, timeout: float | None = None) -> bool:
-        return self._stop.wait(timeout)
-
     # -- cluster membership ------------------------------------------------------------
     def _announce_loop(self) -> None:
         """Keep this server's (raft address -> gRPC address) row current in the state.
