@@ -262,6 +262,10 @@ def _node_rejection(
     return "" if fit.fits else f"does not fit: {fit.reason}"
 
 
+# A plan committing in raft: the future of its raft index, and the tables it will produce.
+_Inflight = tuple[Future[int], Tables]
+
+
 class PlanApplier:
     """The single thread that commits plans (see the module docstring)."""
 
@@ -287,7 +291,12 @@ class PlanApplier:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plan-applier", daemon=True)
         # The plan committing in raft: (future of its index, the tables it will produce).
-        self._inflight: tuple[Future[int], Tables] | None = None
+        # Two threads touch it: the applier thread sets it (_commit), reads it (_view,
+        # _wait_inflight) and clears it; raft's tick thread clears it from the commit
+        # callback. Every access holds _inflight_lock, and a clear names the plan it clears
+        # (_clear_inflight), so raft's late clear of plan N can never drop plan N+1.
+        self._inflight_lock = threading.Lock()
+        self._inflight: _Inflight | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -296,16 +305,30 @@ class PlanApplier:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def _current_inflight(self) -> _Inflight | None:
+        with self._inflight_lock:
+            return self._inflight
+
+    def _set_inflight(self, inflight: _Inflight) -> None:
+        with self._inflight_lock:
+            self._inflight = inflight
+
+    def _clear_inflight(self, inflight: _Inflight) -> None:
+        """Forget ``inflight``, unless a newer plan has taken its place."""
+        with self._inflight_lock:
+            if self._inflight is inflight:
+                self._inflight = None
+
     def _view(self) -> Snapshot:
         """Newest state, plus the in-flight plan's effects if raft has not applied it yet."""
         snap = self._store.snapshot()
-        inflight = self._inflight  # read once: raft's thread may clear it (see _commit)
+        inflight = self._current_inflight()
         if inflight is not None:
             done, expected = inflight
             if not done.done() or (done.exception() is None and snap.index < done.result()):
                 return Snapshot(expected)
             # Applied (or failed): drop the expected state, a whole second copy of the allocs.
-            self._inflight = None
+            self._clear_inflight(inflight)
         return snap
 
     def _run(self) -> None:
@@ -354,11 +377,11 @@ class PlanApplier:
 
     def _wait_inflight(self) -> bool:
         """Wait for the plan in raft; False if it failed to commit."""
-        inflight = self._inflight  # read once: raft's thread may clear it (see _commit)
+        inflight = self._current_inflight()
         if inflight is None:
             return True
         done, _ = inflight
-        self._inflight = None
+        self._clear_inflight(inflight)
         try:
             done.result(timeout=30)
         except Exception:
@@ -395,13 +418,12 @@ class PlanApplier:
             # Once raft has applied the plan, the store holds what ``expected`` predicted
             # (unless a later plan is already in flight): drop this second copy of the
             # allocs now rather than when the next plan arrives, which may be never.
-            if self._inflight is inflight:
-                self._inflight = None
+            self._clear_inflight(inflight)
             refresh = applied.index if result.rejected_nodes else 0
             pending.future.set_result(replace(result, alloc_index=applied.index, refresh_index=refresh))
 
-        inflight = (committed, expected)
-        self._inflight = inflight
+        inflight: _Inflight = (committed, expected)
+        self._set_inflight(inflight)
         # Raft keeps the order: stops land before placements, so no node is overcommitted
         # between chunks, and the plan was checked as a whole.
         for chunk in chunks:

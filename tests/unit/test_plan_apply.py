@@ -821,6 +821,23 @@ def test_applier__failed_commit__expected_state_kept_for_the_recheck(cluster: Cl
     assert applier._inflight is not None and applier._inflight[0].exception() is not None
 
 
+def test_applier__late_commit_callback__never_clears_the_next_plan(cluster: Cluster) -> None:
+    """Raft's thread clears plan N's predicted state after N commits; by then the applier
+    thread may already hold plan N+1 in flight, which must survive that clear."""
+    applier = cluster.start()
+    empty = cluster.h.snapshot().tables
+    plan_n: Future[int] = Future()
+    plan_n_plus_1: Future[int] = Future()
+    inflight_n, inflight_n_plus_1 = (plan_n, empty), (plan_n_plus_1, empty)
+    applier._set_inflight(inflight_n_plus_1)
+
+    applier._clear_inflight(inflight_n)
+
+    assert applier._inflight is inflight_n_plus_1
+    applier._clear_inflight(inflight_n_plus_1)
+    assert applier._inflight is None
+
+
 def test_applier__second_plan_on_full_node__rejected_with_refresh_index(cluster: Cluster) -> None:
     cluster.start()
     t1 = cluster.deliver("e1", "web1")
