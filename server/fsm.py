@@ -389,6 +389,27 @@ def apply_eval_delete(txn: Txn, entry: raft_pb2.EvalDeleteEntry, index: int) -> 
     return None
 
 
+def _updated_by_plan(
+    alloc: Allocation,
+    existing: Allocation,
+    *,
+    client_status: str,
+    client_description: str,
+    state_history: tuple[AllocStateChange, ...],
+) -> Allocation:
+    """A plan's new version of ``existing``: the plan does not own the task states the
+    client reported or when the alloc was created, and the caller says which status wins."""
+    return replace(
+        alloc,
+        client_status=client_status,
+        client_description=client_description,
+        task_states=existing.task_states,
+        state_history=state_history,
+        create_index=existing.create_index,
+        create_time_ns=existing.create_time_ns,
+    )
+
+
 def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: int) -> Any:
     # One int for every alloc of the entry: each read of the field makes a new one.
     updated_at = entry.updated_at_ns
@@ -422,25 +443,22 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
         if existing is not None and alloc.client_status == ALLOC_CLIENT_UNKNOWN != existing.client_status:
             # The one client status the server decides: its node stopped heartbeating.
             change = AllocStateChange(field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=updated_at)
-            alloc = replace(
+            alloc = _updated_by_plan(
                 alloc,
+                existing,
+                client_status=ALLOC_CLIENT_UNKNOWN,
                 client_description=alloc.client_description
                 or "alloc is unknown since its node is disconnected",
-                task_states=existing.task_states,
                 state_history=(*existing.state_history, change)[-10:],
-                create_index=existing.create_index,
-                create_time_ns=existing.create_time_ns,
             )
         elif existing is not None:
             # An in-place update: the client owns its status fields.
-            alloc = replace(
+            alloc = _updated_by_plan(
                 alloc,
+                existing,
                 client_status=existing.client_status,
                 client_description=existing.client_description,
-                task_states=existing.task_states,
                 state_history=existing.state_history,
-                create_index=existing.create_index,
-                create_time_ns=existing.create_time_ns,
             )
         else:
             alloc = replace(alloc, create_index=index, create_time_ns=updated_at)
