@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 
 from drover.v1 import api_pb2
 from scheduler import validate
-from server.errors import DroverError, NoLeaderError
+from server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
 from server.state_store import Snapshot
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ LEADER_READY_WAIT_S: Final = 3.0
 FORWARD_TIMEOUT_S: Final = MAX_WAIT_S + 30.0
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
@@ -135,6 +136,29 @@ def query(
     else:
         snap = core.store.snapshot()
     return snap, meta_for(core, snap.table_index(*names))
+
+
+def get_by_id(
+    core: ServerCore,
+    options: api_pb2.QueryOptions,
+    table: str,
+    kind: str,
+    object_id: str,
+    find: Callable[[Snapshot, str], T | None],
+) -> tuple[T, api_pb2.QueryMeta]:
+    """The one object a Get RPC asks for, read as ``query`` reads.
+
+    Every Get answers the same two mistakes the same way: an empty ID is
+    ``<kind>_id: required`` (INVALID_ARGUMENT), an unknown one ``<kind> '<id>' not found``
+    (NOT_FOUND).
+    """
+    if not object_id:
+        raise ValidationError(f"{kind}_id: required")
+    snap, meta = query(core, options, (table,))
+    found = find(snap, object_id)
+    if found is None:
+        raise NotFoundError(f"{kind} {object_id!r} not found")
+    return found, meta
 
 
 def meta_for(core: ServerCore, index: int) -> api_pb2.QueryMeta:

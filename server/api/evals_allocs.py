@@ -8,9 +8,10 @@ import grpc
 
 from drover.v1 import api_pb2, api_pb2_grpc
 from scheduler.structs import DEFAULT_NAMESPACE
-from server.api._base import query, rpc
+from server.api._base import get_by_id, query, rpc
 from server.codec import to_proto
-from server.errors import NotFoundError, ValidationError
+from server.errors import ValidationError
+from server.state_store import Snapshot
 
 if TYPE_CHECKING:
     from server.core import ServerCore
@@ -38,12 +39,7 @@ class EvalsServicer(api_pb2_grpc.EvalsServicer):
 
     @rpc("Evals", "read")
     def Get(self, request: api_pb2.EvalGetRequest, context: grpc.ServicerContext) -> api_pb2.EvalGetResponse:
-        if not request.eval_id:
-            raise ValidationError("eval_id: required")
-        snap, meta = query(self.core, request.options, ("evals",))
-        ev = snap.eval(request.eval_id)
-        if ev is None:
-            raise NotFoundError(f"eval {request.eval_id!r} not found")
+        ev, meta = get_by_id(self.core, request.options, "evals", "eval", request.eval_id, Snapshot.eval)
         response = api_pb2.EvalGetResponse(meta=meta)
         to_proto(ev, response.eval)
         return response
@@ -75,12 +71,9 @@ class AllocsServicer(api_pb2_grpc.AllocsServicer):
     def Get(
         self, request: api_pb2.AllocGetRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocGetResponse:
-        if not request.alloc_id:
-            raise ValidationError("alloc_id: required")
-        snap, meta = query(self.core, request.options, ("allocs",))
-        alloc = snap.alloc(request.alloc_id)
-        if alloc is None:
-            raise NotFoundError(f"alloc {request.alloc_id!r} not found")
+        alloc, meta = get_by_id(
+            self.core, request.options, "allocs", "alloc", request.alloc_id, Snapshot.alloc
+        )
         response = api_pb2.AllocGetResponse(meta=meta)
         to_proto(alloc, response.alloc)
         return response

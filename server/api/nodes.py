@@ -10,10 +10,10 @@ import grpc
 
 from drover.v1 import api_pb2, api_pb2_grpc
 from scheduler.structs import Node
-from server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, meta_for, query, rpc, write_meta
+from server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
 from server.codec import from_proto, to_proto
 from server.endpoints import decode_drain
-from server.errors import NotFoundError, ValidationError
+from server.errors import ValidationError
 from server.state_store import Snapshot
 
 if TYPE_CHECKING:
@@ -70,10 +70,7 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
 
     @rpc(S, "read")
     def Get(self, request: api_pb2.NodeGetRequest, context: grpc.ServicerContext) -> api_pb2.NodeGetResponse:
-        snap, meta = query(self.core, request.options, ("nodes",))
-        node = snap.node(request.node_id)
-        if node is None:
-            raise NotFoundError(f"node {request.node_id!r} not found")
+        node, meta = get_by_id(self.core, request.options, "nodes", "node", request.node_id, Snapshot.node)
         response = api_pb2.NodeGetResponse(meta=meta)
         to_proto(node, response.node)
         # The secret authenticates the node's own client; it is not for readers.
