@@ -39,6 +39,8 @@ from scheduler.structs import Constraint, Job, Node, TaskGroup
 
 __all__ = [
     "DISTINCT_HOSTS",
+    "DISTINCT_HOSTS_GROUP",
+    "DISTINCT_HOSTS_JOB",
     "DISTINCT_PROPERTY",
     "DistinctProperty",
     "Feasibility",
@@ -59,6 +61,9 @@ __all__ = [
 
 DISTINCT_HOSTS: Final = "distinct_hosts"
 DISTINCT_PROPERTY: Final = "distinct_property"
+# distinct_hosts_scope: no two allocs of the job, or of the group, on one node.
+DISTINCT_HOSTS_JOB: Final = "job"
+DISTINCT_HOSTS_GROUP: Final = "group"
 # Operators that depend on the plan, not on the node alone.
 _PLAN_DEPENDENT: Final = frozenset({DISTINCT_HOSTS, DISTINCT_PROPERTY})
 
@@ -477,8 +482,8 @@ def distinct_hosts_scope(job: Job, group: TaskGroup) -> str:
     for c, job_level in _group_constraints(job, group):
         if c.operator == DISTINCT_HOSTS and _enabled(c):
             if job_level:
-                return "job"
-            scope = "group"
+                return DISTINCT_HOSTS_JOB
+            scope = DISTINCT_HOSTS_GROUP
     return scope
 
 

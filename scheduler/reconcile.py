@@ -66,10 +66,18 @@ from scheduler.structs import (
     ALLOC_CLIENT_PENDING,
     ALLOC_CLIENT_RUNNING,
     ALLOC_CLIENT_UNKNOWN,
+    ALLOC_DESIRED_RUN,
+    DELAY_CONSTANT,
+    DELAY_EXPONENTIAL,
+    DELAY_FIBONACCI,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
     NODE_STATUS_DISCONNECTED,
     NODE_STATUS_DOWN,
+    RECONCILE_BEST_SCORE,
+    RECONCILE_KEEP_ORIGINAL,
+    RECONCILE_KEEP_REPLACEMENT,
+    RECONCILE_LONGEST_RUNNING,
     Allocation,
     DisconnectStrategy,
     Job,
@@ -297,9 +305,9 @@ def _fibonacci(policy: ReschedulePolicy, events: tuple[RescheduleEvent, ...]) ->
 
 # How the next delay grows from the tracker (non-empty); unknown names behave as constant.
 DELAY_FUNCTIONS: Final[Mapping[str, Callable[[ReschedulePolicy, tuple[RescheduleEvent, ...]], int]]] = {
-    "constant": _constant,
-    "exponential": _exponential,
-    "fibonacci": _fibonacci,
+    DELAY_CONSTANT: _constant,
+    DELAY_EXPONENTIAL: _exponential,
+    DELAY_FIBONACCI: _fibonacci,
 }
 
 
@@ -431,7 +439,7 @@ CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
     ),
     Rule(
         GONE,
-        lambda f: f.alloc.desired_status != "run",
+        lambda f: f.alloc.desired_status != ALLOC_DESIRED_RUN,
         "Told to stop or evict earlier: its fate is decided; a replacement is its own alloc.",
     ),
     Rule(
@@ -555,10 +563,10 @@ def _longest_running_wins(original: Allocation, replacement: Allocation, score: 
 
 # Does the replacement win? Keyed by disconnect.reconcile; a newer job version always wins.
 RECONNECT_PICKERS: Final[Mapping[str, Callable[[Allocation, Allocation, ScoreFn], bool]]] = {
-    "best_score": _score_wins,
-    "keep_original": lambda original, replacement, score: False,
-    "keep_replacement": lambda original, replacement, score: True,
-    "longest_running": _longest_running_wins,
+    RECONCILE_BEST_SCORE: _score_wins,
+    RECONCILE_KEEP_ORIGINAL: lambda original, replacement, score: False,
+    RECONCILE_KEEP_REPLACEMENT: lambda original, replacement, score: True,
+    RECONCILE_LONGEST_RUNNING: _longest_running_wins,
 }
 
 
@@ -835,7 +843,11 @@ def reconcile_group(
     # 4. Slot holders.
     holders: list[_Holder] = []
     for alloc in by_category[LOST]:
-        if alloc.desired_status == "run" and not lineage.replaced(alloc) and alloc.id not in stopped_ids:
+        if (
+            alloc.desired_status == ALLOC_DESIRED_RUN
+            and not lineage.replaced(alloc)
+            and alloc.id not in stopped_ids
+        ):
             holders.append(_Holder(alloc, _MOVE_LOST))
     for alloc in by_category[MIGRATE]:
         if alloc.id not in stopped_ids:

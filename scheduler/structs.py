@@ -73,6 +73,25 @@ TRIGGER_ROLLING_UPDATE: Final = "rolling-update"
 TRIGGER_QUEUED_ALLOCS: Final = "queued-allocs"
 TRIGGER_FAILED_FOLLOW_UP: Final = "failed-eval-follow-up"
 
+# How a reschedule's delay grows from one attempt to the next (ReschedulePolicy.delay_function).
+DELAY_CONSTANT: Final = "constant"
+DELAY_EXPONENTIAL: Final = "exponential"
+DELAY_FIBONACCI: Final = "fibonacci"
+DELAY_FUNCTION_NAMES: Final = (DELAY_CONSTANT, DELAY_EXPONENTIAL, DELAY_FIBONACCI)
+
+# Which copy a reconnect keeps when an original and its replacement both run
+# (DisconnectStrategy.reconcile).
+RECONCILE_BEST_SCORE: Final = "best_score"
+RECONCILE_KEEP_ORIGINAL: Final = "keep_original"
+RECONCILE_KEEP_REPLACEMENT: Final = "keep_replacement"
+RECONCILE_LONGEST_RUNNING: Final = "longest_running"
+RECONCILE_MODES: Final = (
+    RECONCILE_BEST_SCORE,
+    RECONCILE_KEEP_ORIGINAL,
+    RECONCILE_KEEP_REPLACEMENT,
+    RECONCILE_LONGEST_RUNNING,
+)
+
 SCHEDULER_ALGORITHM_BINPACK: Final = "binpack"
 SCHEDULER_ALGORITHM_SPREAD: Final = "spread"
 
@@ -141,7 +160,7 @@ class ReschedulePolicy:
     attempts: int = 0
     interval_ns: int = 0
     delay_ns: int = 30_000_000_000
-    delay_function: str = "exponential"
+    delay_function: str = DELAY_EXPONENTIAL
     max_delay_ns: int = 3_600_000_000_000
     unlimited: bool = True
 
@@ -183,7 +202,7 @@ class DisconnectStrategy:
     (docs/field-reports.md#field-report-3)."""
 
     lost_after_ns: int = 0
-    reconcile: str = "best_score"
+    reconcile: str = RECONCILE_BEST_SCORE
     replace: bool = True
     stop_on_client_after_ns: int = 0
 

@@ -27,6 +27,9 @@ from scheduler.periodic import cron_error, time_zone_error
 from scheduler.structs import (
     DEFAULT_NAMESPACE,
     DEFAULT_PRIORITY,
+    DELAY_CONSTANT,
+    DELAY_EXPONENTIAL,
+    DELAY_FUNCTION_NAMES,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
     JOB_TYPE_SYSBATCH,
@@ -36,6 +39,7 @@ from scheduler.structs import (
     MIN_PRIORITY,
     NODE_ELIGIBILITIES,
     NODE_STATUSES,
+    RECONCILE_MODES,
     Affinity,
     Constraint,
     DisconnectStrategy,
@@ -113,8 +117,6 @@ _VALUE_OPERATORS: Final = frozenset(
 _PERIODIC_JOB_TYPES: Final = (JOB_TYPE_BATCH, JOB_TYPE_SYSBATCH)
 _SYSTEM_JOB_TYPES: Final = (JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)
 _PAYLOAD_MODES: Final = ("optional", "required", "forbidden")
-_RECONCILE_MODES: Final = ("best_score", "keep_original", "keep_replacement", "longest_running")
-_DELAY_FUNCTIONS: Final = ("constant", "exponential", "fibonacci")
 _RESTART_MODES: Final = ("fail", "delay")
 _BAD_ID_CHARS: Final = re.compile(r"[\s\x00]")
 _MAX_PORT: Final = 65535
@@ -188,10 +190,10 @@ def default_reschedule_policy(job_type: str) -> ReschedulePolicy | None:
             attempts=1,
             interval_ns=24 * _HOUR,
             delay_ns=5 * _SECOND,
-            delay_function="constant",
+            delay_function=DELAY_CONSTANT,
             unlimited=False,
         )
-    return ReschedulePolicy(delay_ns=30 * _SECOND, delay_function="exponential", max_delay_ns=_HOUR)
+    return ReschedulePolicy(delay_ns=30 * _SECOND, delay_function=DELAY_EXPONENTIAL, max_delay_ns=_HOUR)
 
 
 def default_restart_policy(job_type: str) -> RestartPolicy:
@@ -496,9 +498,9 @@ def _update_errors(u: UpdateStrategy, path: str) -> Iterator[FieldError]:
 
 
 def _reschedule_errors(r: ReschedulePolicy, path: str) -> Iterator[FieldError]:
-    if r.delay_function not in _DELAY_FUNCTIONS:
-        yield FieldError(f"{path}.delay_function", _one_of(_DELAY_FUNCTIONS, r.delay_function))
-    elif r.delay_function != "constant" and r.max_delay_ns < r.delay_ns:
+    if r.delay_function not in DELAY_FUNCTION_NAMES:
+        yield FieldError(f"{path}.delay_function", _one_of(DELAY_FUNCTION_NAMES, r.delay_function))
+    elif r.delay_function != DELAY_CONSTANT and r.max_delay_ns < r.delay_ns:
         # Backoff grows from delay up to max_delay; a cap below the start is a typo.
         yield FieldError(
             f"{path}.max_delay_ns", f"must be >= delay_ns for the {_q(r.delay_function)} delay function"
@@ -513,8 +515,8 @@ def _restart_errors(r: RestartPolicy, path: str) -> Iterator[FieldError]:
 
 
 def _disconnect_errors(d: DisconnectStrategy, path: str) -> Iterator[FieldError]:
-    if d.reconcile not in _RECONCILE_MODES:
-        yield FieldError(f"{path}.reconcile", _one_of(_RECONCILE_MODES, d.reconcile))
+    if d.reconcile not in RECONCILE_MODES:
+        yield FieldError(f"{path}.reconcile", _one_of(RECONCILE_MODES, d.reconcile))
     yield from _non_negative(d, ("lost_after_ns", "stop_on_client_after_ns"), path)
 
 

@@ -30,7 +30,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduler import rank
-from scheduler.feasible import Feasibility, compile_feasibility, distinct_hosts_scope, distinct_properties
+from scheduler.feasible import (
+    DISTINCT_HOSTS_GROUP,
+    DISTINCT_HOSTS_JOB,
+    Feasibility,
+    compile_feasibility,
+    distinct_hosts_scope,
+    distinct_properties,
+)
 from scheduler.fit import allocs_fit
 from scheduler.placement.views import NodeCaps, NodeView, NodeViews, PropertyCounter, view_fits
 from scheduler.ports import group_ports, pick_port_values, reuse_ports
@@ -214,7 +221,11 @@ class PreparedGroup:
         self.desired = max(group.count, 1)
         scope = distinct_hosts_scope(job, group)
         self.distinct_hosts = (
-            _DISTINCT_JOB if scope == "job" else _DISTINCT_GROUP if scope == "group" else _DISTINCT_NONE
+            _DISTINCT_JOB
+            if scope == DISTINCT_HOSTS_JOB
+            else _DISTINCT_GROUP
+            if scope == DISTINCT_HOSTS_GROUP
+            else _DISTINCT_NONE
         )
         self.distinct: tuple[tuple[PropertyCounter, int], ...] = tuple(
             (views.counter(ns, job.id, group.name if p.group_scoped else None, p.target), p.limit)
