@@ -97,6 +97,13 @@ def _add_event(node: Node, event_msg: Any, index: int) -> Node:
     return replace(node, events=(*node.events, event)[-MAX_NODE_EVENTS:])
 
 
+def _put_changed_node(txn: Txn, node: Node, event_msg: Any, evals: Any, index: int) -> None:
+    """How every node entry ends: the node at this index with the entry's event, and the
+    evaluations the leader created with the change, in the same transaction."""
+    txn.put_node(_add_event(replace(node, modify_index=index), event_msg, index))
+    _put_evals(txn, evals)
+
+
 # Bookkeeping fields: set by the FSM, not by the submitter, so not part of a job's spec.
 _JOB_BOOKKEEPING: Final = frozenset(
     {
@@ -270,13 +277,11 @@ def apply_node_register(txn: Txn, entry: raft_pb2.NodeRegisterEntry, index: int)
         )
     else:
         node = replace(node, create_index=index, events=())
-    node = replace(node, modify_index=index)
     event = raft_pb2.NodeUpdateStatusEntry()
     event.event.message = "Node registered" if old is None else "Node re-registered"
     event.event.subsystem = "Cluster"
     event.event.timestamp_ns = node.status_updated_at_ns
-    txn.put_node(_add_event(node, event.event, index))
-    _put_evals(txn, entry.evals)
+    _put_changed_node(txn, node, event.event, entry.evals, index)
     return None
 
 
@@ -309,9 +314,7 @@ def apply_node_update_status(txn: Txn, entry: raft_pb2.NodeUpdateStatusEntry, in
             status_updated_at_ns=entry.updated_at_ns,
             last_missed_heartbeat_index=missed,
         )
-    node = _add_event(replace(node, modify_index=index), entry.event, index)
-    txn.put_node(node)
-    _put_evals(txn, entry.evals)
+    _put_changed_node(txn, node, entry.event, entry.evals, index)
     return None
 
 
@@ -329,9 +332,7 @@ def apply_node_update_drain(txn: Txn, entry: raft_pb2.NodeUpdateDrainEntry, inde
         node = replace(node, drain_strategy=None)
         if entry.mark_eligible:
             node = replace(node, scheduling_eligibility=NODE_ELIGIBLE)
-    node = _add_event(replace(node, modify_index=index), entry.event, index)
-    txn.put_node(node)
-    _put_evals(txn, entry.evals)
+    _put_changed_node(txn, node, entry.event, entry.evals, index)
     return None
 
 
@@ -339,9 +340,8 @@ def apply_node_update_eligibility(txn: Txn, entry: raft_pb2.NodeUpdateEligibilit
     node = _require_node(txn, entry.node_id)
     if node.drain_strategy is not None and entry.eligibility == NODE_ELIGIBLE:
         raise EntryRejected("can not set node eligible while it is draining")
-    node = replace(node, scheduling_eligibility=entry.eligibility, modify_index=index)
-    txn.put_node(_add_event(node, entry.event, index))
-    _put_evals(txn, entry.evals)
+    node = replace(node, scheduling_eligibility=entry.eligibility)
+    _put_changed_node(txn, node, entry.event, entry.evals, index)
     return None
 
 
