@@ -34,7 +34,7 @@ from server.raft.journal import (
     read_snapshot_file,
 )
 from server.snapshot import from_snapshot, to_snapshot
-from server.state_store import StateStore, Tables
+from server.state_store import TABLES, StateStore, Tables
 
 __all__ = [
     "OfflineError",
@@ -218,16 +218,8 @@ def state_json(data: RaftData, last_index: int | None = None) -> dict[str, Any]:
 # snapshot inspect
 
 
-_TABLE_FIELDS: Final = (
-    "nodes",
-    "jobs",
-    "job_versions",
-    "evals",
-    "allocs",
-    "job_summaries",
-    "periodic_launches",
-    "servers",
-)
+# The snapshot's repeated fields, one per table; the scheduler config is a single message.
+_TABLE_FIELDS: Final = tuple(name for name in TABLES if name != "scheduler_config")
 
 
 def inspect_snapshot(path: str) -> dict[str, Any]:
