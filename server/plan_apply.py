@@ -444,23 +444,18 @@ def split_entry(entry: raft_pb2.ApplyPlanResultsEntry) -> list[raft_pb2.ApplyPla
     if len(stops) + len(allocs) <= MAX_ALLOCS_PER_ENTRY:
         return [entry]
     chunks: list[raft_pb2.ApplyPlanResultsEntry] = []
-    room = 0
+
+    def chunk_with_room() -> raft_pb2.ApplyPlanResultsEntry:
+        last = chunks[-1] if chunks else None
+        if last is None or len(last.allocs_stopped) + len(last.allocs_upserted) >= MAX_ALLOCS_PER_ENTRY:
+            last = raft_pb2.ApplyPlanResultsEntry(eval_id=entry.eval_id, updated_at_ns=entry.updated_at_ns)
+            chunks.append(last)
+        return last
+
     for stop in stops:
-        if room == 0:
-            chunks.append(
-                raft_pb2.ApplyPlanResultsEntry(eval_id=entry.eval_id, updated_at_ns=entry.updated_at_ns)
-            )
-            room = MAX_ALLOCS_PER_ENTRY
-        chunks[-1].allocs_stopped.append(stop)
-        room -= 1
+        chunk_with_room().allocs_stopped.append(stop)
     for alloc in allocs:
-        if room == 0:
-            chunks.append(
-                raft_pb2.ApplyPlanResultsEntry(eval_id=entry.eval_id, updated_at_ns=entry.updated_at_ns)
-            )
-            room = MAX_ALLOCS_PER_ENTRY
-        chunks[-1].allocs_upserted.append(alloc)
-        room -= 1
+        chunk_with_room().allocs_upserted.append(alloc)
     chunks[-1].evals.extend(entry.evals)
     chunks[-1].nodes_ineligible.extend(entry.nodes_ineligible)
     return chunks
