@@ -29,23 +29,15 @@ from typing import Final
 
 from scheduler.interfaces import SchedulerContext, SchedulerResult, State
 from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, score_node, select_node
-from scheduler.reconcile import (
-    DESC_UNKNOWN,
-    DelayedReschedule,
-    GroupResult,
-    ScoreFn,
-    reconcile_group,
-)
+from scheduler.reconciler.generic import DelayedReschedule, GroupResult, ScoreFn, reconcile_group
+from scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situation
 from scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_COMPLETE,
     EVAL_STATUS_FAILED,
-    EVAL_STATUS_PENDING,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
     TRIGGER_QUEUED_ALLOCS,
     TRIGGER_RETRY_FAILED_ALLOC,
     TRIGGER_ROLLING_UPDATE,
@@ -54,6 +46,7 @@ from scheduler.structs import (
     Job,
     Node,
     TaskGroup,
+    follow_up_eval,
 )
 
 __all__ = [
@@ -75,8 +68,8 @@ FAILED_EXHAUSTED: Final = "resources exhausted on every feasible node"
 
 
 def tainted_nodes(state: State, allocs: Iterable[Allocation]) -> dict[str, Node | None]:
-    """The nodes of ``allocs`` that are down, disconnected or draining; a deregistered node
-    maps to None (Nomad's taintedNodes). Terminal allocs count: their node decides too."""
+    """The tainted nodes of ``allocs`` (down, disconnected or draining; a deregistered node
+    maps to None), as Nomad's taintedNodes. Terminal allocs count: their node decides too."""
     out: dict[str, Node | None] = {}
     seen: set[str] = set()
     for alloc in allocs:
@@ -84,11 +77,7 @@ def tainted_nodes(state: State, allocs: Iterable[Allocation]) -> dict[str, Node 
             continue
         seen.add(alloc.node_id)
         node = state.node(alloc.node_id)
-        if (
-            node is None
-            or node.status in (NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED)
-            or node.drain_strategy is not None
-        ):
+        if tainted_situation(node) is not None:
             out[alloc.node_id] = node
     return out
 
@@ -173,25 +162,6 @@ def _reconnect_score(builder: PlanBuilder, state: State, job: Job, group: TaskGr
     return score
 
 
-def _follow_up(
-    ev: Evaluation, job: Job, ctx: SchedulerContext, trigger: str, wait_until_ns: int
-) -> Evaluation:
-    return Evaluation(
-        id=ctx.new_id(),
-        namespace=job.namespace,
-        priority=job.priority,
-        type=job.type,
-        triggered_by=trigger,
-        job_id=job.id,
-        job_modify_index=job.job_modify_index,
-        status=EVAL_STATUS_PENDING,
-        wait_until_ns=wait_until_ns,
-        previous_eval=ev.id,
-        create_time_ns=ctx.now_ns,
-        modify_time_ns=ctx.now_ns,
-    )
-
-
 def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> SchedulerResult:
     """Schedule one eval of a service or batch job (see the module docstring)."""
     job = state.job(ev.namespace, ev.job_id)
@@ -243,13 +213,15 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     followup_of: dict[str, str] = {}
     delayed = [d for r in results.values() for d in r.reschedule_later]
     for at_ns, batch in batch_followups(delayed):
-        followup = _follow_up(ev, target, ctx, TRIGGER_RETRY_FAILED_ALLOC, at_ns)
+        followup = follow_up_eval(
+            ev, ctx.new_id(), TRIGGER_RETRY_FAILED_ALLOC, ctx.now_ns, job=target, wait_until_ns=at_ns
+        )
         created.append(followup)
         followup_of.update((a.id, followup.id) for a in batch)
     for result in results.values():
         for stop in result.stop:
             builder.stop(stop.alloc, stop.description, client_status=stop.client_status)
-        for alloc in result.inplace:
+        for alloc in result.update_inplace:
             builder.place(
                 replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
             )
@@ -312,8 +284,9 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     blocked_id = ""
     if unplaced:
         blocked = replace(
-            _follow_up(ev, target, ctx, TRIGGER_QUEUED_ALLOCS, 0),
-            status=EVAL_STATUS_BLOCKED,
+            follow_up_eval(
+                ev, ctx.new_id(), TRIGGER_QUEUED_ALLOCS, ctx.now_ns, job=target, status=EVAL_STATUS_BLOCKED
+            ),
             snapshot_index=state.index,
             queued_allocations=dict(queued),
             failed_tg_allocs=dict(failed_tg),
@@ -323,7 +296,9 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     next_eval = ""
     rolling = [r.rolling_followup_ns for r in results.values() if r.rolling_followup_ns]
     if rolling:
-        nxt = _follow_up(ev, target, ctx, TRIGGER_ROLLING_UPDATE, min(rolling))
+        nxt = follow_up_eval(
+            ev, ctx.new_id(), TRIGGER_ROLLING_UPDATE, ctx.now_ns, job=target, wait_until_ns=min(rolling)
+        )
         next_eval = nxt.id
         created.append(nxt)
 

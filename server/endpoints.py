@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 from drover.v1 import raft_pb2, structs_pb2
 from scheduler import validate
 from scheduler.periodic import derive_dispatched_child, dispatched_child_id
-from scheduler.reconcile import next_reschedule
+from scheduler.reconciler import next_reschedule
 from scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_DESIRED_RUN,

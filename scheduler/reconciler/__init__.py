@@ -9,17 +9,35 @@ Layout:
   means), the ``Rule`` of a classification ladder, the plan's descriptions, and the update
   and disconnect questions (``tasks_updated``, ``max_parallel``, ``stagger_ns``,
   ``disconnect_expired``).
+- ``generic``: ``reconcile_group``, one task group of a service or batch job, in six named
+  steps (classify, stop a stopped job, settle reconnects, slot holders, moves and new
+  slots, updates): ``GroupResult``.
+- ``reschedule``: whether and when a failed alloc may be replaced (``next_reschedule``),
+  and the attempt history its replacement carries.
 - ``system``: ``diff_system_allocs``, a system or sysbatch job against every node:
   ``SystemDiff``.
 """
 
-from scheduler.reconciler.system import SystemDiff, diff_system_allocs
-from scheduler.reconciler.vocabulary import max_parallel, stagger_ns, tasks_updated
+from scheduler.reconciler.generic import DelayedReschedule, GroupResult, Placement, Stop, reconcile_group
+from scheduler.reconciler.reschedule import RescheduleDecision, next_delay, next_reschedule
+from scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
+from scheduler.reconciler.vocabulary import Rule, classify, max_parallel, stagger_ns, tasks_updated
 
 __all__ = [
+    "AllocTuple",
+    "DelayedReschedule",
+    "GroupResult",
+    "Placement",
+    "RescheduleDecision",
+    "Rule",
+    "Stop",
     "SystemDiff",
+    "classify",
     "diff_system_allocs",
     "max_parallel",
+    "next_delay",
+    "next_reschedule",
+    "reconcile_group",
     "stagger_ns",
     "tasks_updated",
 ]

@@ -27,7 +27,7 @@ from drover.v1 import structs_pb2
 from server.sdk import DroverClient
 
 SECOND = 1_000_000_000
-# The scheduler reschedules a failure due within this window at once (scheduler/reconcile.py).
+# The scheduler reschedules a failure due within this window at once (scheduler/reconciler/reschedule.py).
 WINDOW_NS = SECOND
 # Failure report, evaluation, plan and placement: generous on a loaded 2-core machine.
 LATENCY_NS = 12 * SECOND

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from drover.v1 import raft_pb2
 from scheduler.generic import batch_followups, compute_generic
 from scheduler.interfaces import SchedulerResult
-from scheduler.reconcile import DESC_RECONNECT_LOSER, DESC_RESCHEDULED, DelayedReschedule
+from scheduler.reconciler.generic import DelayedReschedule
+from scheduler.reconciler.vocabulary import DESC_RECONNECT_LOSER, DESC_RESCHEDULED
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
@@ -185,7 +186,7 @@ def test_generic__count_increase__places_missing_indexes() -> None:
     before = [a.id for a in live(h, job)]
     job = register(h, with_group(replace(job, version=1), count=7))
     result = run_and_commit(h, mock.eval_for(job))
-    expect(result, Expect(place=3, inplace=4))  # a new version: the others move in place
+    expect(result, Expect(place=3, update_inplace=4))  # a new version: the others move in place
     assert sorted(a.index for a in _new_allocs(result, before)) == [4, 5, 6]
 
 
@@ -194,7 +195,7 @@ def test_generic__count_decrease__stops_highest_indexes() -> None:
     job = place_all(h, mock.job())
     job = register(h, with_group(replace(job, version=1), count=6))
     result = run_and_commit(h, mock.eval_for(job))
-    expect(result, Expect(stop=4, inplace=6))  # count is not destructive: the rest move in place
+    expect(result, Expect(stop=4, update_inplace=6))  # count is not destructive: the rest move in place
     assert sorted(a.index for a in live(h, job)) == list(range(6))
 
 
@@ -204,7 +205,7 @@ def test_generic__inplace_update__same_alloc_new_version() -> None:
     before = {a.id: a for a in live(h, job)}
     job = register(h, with_group(replace(job, version=1, priority=70), meta={"elb_check_type": "tcp"}))
     result = run_and_commit(h, mock.eval_for(job))
-    expect(result, Expect(inplace=10))
+    expect(result, Expect(update_inplace=10))
     after = {a.id: a for a in live(h, job)}
     assert set(after) == set(before)
     assert {a.job_version for a in after.values()} == {1}
@@ -220,7 +221,7 @@ def test_generic__destructive_update__stop_and_replace() -> None:
     new, _ = destructive_change(job, update=None)
     job = register(h, new)
     result = run_and_commit(h, mock.eval_for(job))
-    expect(result, Expect(destructive=10, stop=10, place=10))
+    expect(result, Expect(update_destructive=10, stop=10, place=10))
     assert {a.previous_allocation for a in placed(result)} == old_ids
     assert {a.job_version for a in live(h, job)} == {1}
     assert {s.desired_description for s in stopped(result).values()} == {
@@ -241,13 +242,13 @@ def test_generic__rolling_update__max_parallel_2_over_count_10() -> None:
         passes += 1
         rolling = [e for e in result.created_evals if e.triggered_by == TRIGGER_ROLLING_UPDATE]
         if passes < 5:
-            expect(result, Expect(destructive=2, stop=2, place=2, ignore=8))
+            expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
             (nxt,) = rolling
             assert nxt.wait_until_ns == h.now_ns + 30 * SECOND
             assert nxt.status == EVAL_STATUS_PENDING and nxt.previous_eval == ev.id
             assert result.eval_update.next_eval == nxt.id
         else:
-            expect(result, Expect(destructive=2, stop=2, place=2, ignore=8))
+            expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
             assert rolling == []
             break
         # Any eval during the stagger (here a node update) changes nothing.
@@ -436,7 +437,7 @@ def test_generic__failed_replacement_of_reconnected_original__original_updated__
     )
     h.add_alloc(mock.alloc(job, node, 1, id="waiting", client_status=ALLOC_CLIENT_FAILED))
     first = run_and_commit(h, mock.eval_for(job))
-    expect(first, Expect(destructive=1, stop=2, place=1, reschedule_later=1))
+    expect(first, Expect(update_destructive=1, stop=2, place=1, reschedule_later=1))
     assert stopped(first)["failed-replacement"].desired_description == DESC_RECONNECT_LOSER
     assert h.snapshot().alloc("failed-replacement").desired_status == ALLOC_DESIRED_STOP  # type: ignore[union-attr]
     second = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
@@ -587,7 +588,7 @@ def test_generic__group_removed__its_allocs_stopped() -> None:
     job = register(h, replace(job, version=1, groups=(job.groups[0],)))
     result = run_and_commit(h, mock.eval_for(job))
     expect(result, Expect(stop=2), group="api")
-    expect(result, Expect(inplace=10), group="web")
+    expect(result, Expect(update_inplace=10), group="web")
 
 
 def test_generic__system_job__eval_failed() -> None:
@@ -609,7 +610,7 @@ def test_generic__constraint_change__allocs_on_now_infeasible_nodes_move() -> No
     r2 = {n.id for n in h.snapshot().nodes() if n.meta.get("rack") == "r2"}
     assert all(a.node_id in r2 for a in live(h, job))
     assert len(live(h, job)) == 4
-    assert result.annotations["web"]["destructive"] + result.annotations["web"]["inplace"] == 4
+    assert result.annotations["web"]["update_destructive"] + result.annotations["web"]["update_inplace"] == 4
 
 
 def test_generic__ineligible_node__outdated_allocs_wait() -> None:
@@ -620,7 +621,7 @@ def test_generic__ineligible_node__outdated_allocs_wait() -> None:
     job = register(h, with_group(replace(job, version=1), meta={"elb_check_type": "tcp"}))
     result = run_and_commit(h, mock.eval_for(job))  # commit() asserts nothing was rejected
     on_ineligible = sum(1 for a in live(h, job) if a.node_id == nodes[0].id)
-    expect(result, Expect(inplace=10 - on_ineligible, ignore=on_ineligible))
+    expect(result, Expect(update_inplace=10 - on_ineligible, ignore=on_ineligible))
 
 
 def test_generic__reschedule_followups__batched_in_5s_windows() -> None:

@@ -1,4 +1,4 @@
-"""scheduler.reconcile: one group's allocs into named buckets, with no state store and no clock.
+"""scheduler.reconciler.generic: one group's allocs into named buckets, with no state store and no clock.
 
 Most tests are one row of ``CASES``: a situation (built from mock objects, changing only the
 field it is about) and the bucket counts it must produce (``Expect``, Nomad's
@@ -19,15 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.reconcile import (
-    DESC_LOST,
-    DESC_RECONNECT_LOSER,
-    DESC_RESCHEDULED,
-    GroupResult,
-    next_delay,
-    next_reschedule,
-    reconcile_group,
-)
+from scheduler.reconciler.generic import GroupResult, reconcile_group
+from scheduler.reconciler.reschedule import next_delay, next_reschedule
+from scheduler.reconciler.vocabulary import DESC_LOST, DESC_RECONNECT_LOSER, DESC_RESCHEDULED
 from scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
@@ -69,8 +63,8 @@ class Expect:
 
     place: int = 0
     stop: int = 0
-    inplace: int = 0
-    destructive: int = 0
+    update_inplace: int = 0
+    update_destructive: int = 0
     migrate: int = 0
     lost: int = 0
     ignore: int = 0
@@ -459,16 +453,24 @@ CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
     ("no_change__ignores_all", s_no_change, Expect(ignore=10)),
     ("count_increase__places_missing", s_scale_up, Expect(place=5, ignore=5)),
     ("count_decrease__stops_extras", s_scale_down, Expect(stop=7, ignore=3)),
-    ("meta_change__inplace", s_inplace, Expect(inplace=10)),
+    ("meta_change__inplace", s_inplace, Expect(update_inplace=10)),
     (
         "task_change__destructive_unlimited",
         s_destructive_unlimited,
-        Expect(destructive=10, stop=10, place=10),
+        Expect(update_destructive=10, stop=10, place=10),
     ),
-    ("task_change__rolling_max_parallel_2", s_rolling, Expect(destructive=2, stop=2, place=2, ignore=8)),
+    (
+        "task_change__rolling_max_parallel_2",
+        s_rolling,
+        Expect(update_destructive=2, stop=2, place=2, ignore=8),
+    ),
     ("task_change__deployment_paused", s_rolling_paused, Expect(ignore=10)),
-    ("old_version_missing__destructive", s_version_missing, Expect(destructive=10, stop=10, place=10)),
-    ("node_no_longer_feasible__destructive", s_infeasible_node, Expect(destructive=10, stop=10, place=10)),
+    ("old_version_missing__destructive", s_version_missing, Expect(update_destructive=10, stop=10, place=10)),
+    (
+        "node_no_longer_feasible__destructive",
+        s_infeasible_node,
+        Expect(update_destructive=10, stop=10, place=10),
+    ),
     (
         "service_failed__delay_elapsed__reschedule_now",
         s_service_failed_now,
@@ -601,17 +603,17 @@ def test_reconcile__destructive__replacement_takes_the_slot() -> None:
     scenario = s_destructive_unlimited()
     result = scenario.run()
     by_prev = {p.previous.id: p for p in result.place if p.previous is not None}
-    for old in result.destructive:
+    for old in result.update_destructive:
         assert by_prev[old.id].index == old.index and by_prev[old.id].reason == "destructive"
 
 
 def test_reconcile__rolling__exactly_max_parallel_then_followup_after_stagger() -> None:
     scenario = s_rolling()
     result = scenario.run()
-    assert len(result.destructive) == 2
+    assert len(result.update_destructive) == 2
     assert result.rolling_followup_ns == NOW + 30 * SECOND
     # Failed and pending allocs are updated first (they serve nothing), then by index.
-    assert [a.index for a in result.destructive] == [0, 1]
+    assert [a.index for a in result.update_destructive] == [0, 1]
 
 
 def test_reconcile__rolling__replacements_in_flight_use_the_budget() -> None:
@@ -627,7 +629,7 @@ def test_reconcile__rolling__replacements_in_flight_use_the_budget() -> None:
     later = reconcile_group(
         scenario.job, scenario.job.groups[0], committed, {}, NOW + 30 * SECOND, **scenario.kwargs
     )
-    Expect(destructive=2, stop=2, place=2, ignore=8).check(later)
+    Expect(update_destructive=2, stop=2, place=2, ignore=8).check(later)
 
 
 def test_reconcile__rolling__batch_jobs_ignore_max_parallel() -> None:
@@ -635,7 +637,7 @@ def test_reconcile__rolling__batch_jobs_ignore_max_parallel() -> None:
     allocs = running(job, node, range(10))
     new, versions = destructive_change(job, update=UpdateStrategy(max_parallel=2))
     result = reconcile_group(new, new.groups[0], allocs, {}, NOW, job_versions=versions)
-    Expect(destructive=10, stop=10, place=10).check(result)
+    Expect(update_destructive=10, stop=10, place=10).check(result)
     assert result.rolling_followup_ns == 0
 
 
@@ -896,7 +898,7 @@ def apply_result(
         by_id[a.id] = replace(
             a, desired_status=ALLOC_DESIRED_STOP, client_status=s.client_status or a.client_status
         )
-    for a in result.inplace:
+    for a in result.update_inplace:
         by_id[a.id] = replace(by_id[a.id], job_version=job.version)
     for a in result.disconnecting:
         by_id[a.id] = replace(by_id[a.id], client_status=ALLOC_CLIENT_UNKNOWN)
@@ -945,7 +947,7 @@ def test_reconcile__property__stopped_job_places_nothing(
     job, allocs, versions = case
     job = replace(job, stop=True)
     result = reconcile_group(job, job.groups[0], allocs, _NODES, NOW, eval_id="e1", job_versions=versions)
-    assert result.place == () and result.inplace == () and result.destructive == ()
+    assert result.place == () and result.update_inplace == () and result.update_destructive == ()
     assert _live_on_reachable_nodes(apply_result(job, allocs, result, NOW)) == 0
 
 

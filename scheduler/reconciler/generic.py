@@ -10,26 +10,31 @@ into a plan. The identity of a unit of work is its *slot*: the name index ``i`` 
 ``job.group[i]``. A replacement (reschedule, lost, migrate, destructive update, disconnect)
 takes over the slot of the alloc it replaces and points back to it with
 ``previous_allocation``; that link is how later passes know a slot was already handed over.
+The words (buckets, node situations, rules, descriptions, ``tasks_updated``) are
+``scheduler.reconciler.vocabulary``'s; the reschedule policy is ``reconciler.reschedule``.
 
-The steps, in order:
+The steps, in order (each is one function below):
 
-1. ``CLASSIFICATION_RULES`` (first match wins) puts every alloc in a category: lost, gone
-   (history: stopped earlier, or already replaced), done (a finished batch alloc),
-   superseded (a failed replacement of an alloc that is back: stopped), failed,
-   disconnecting, unknown, migrate, reconnecting or untainted.
-2. A stopped job stops every live alloc and places nothing.
-3. Reconnects: an alloc that is back on a healthy node while a replacement of it also runs
-   keeps exactly one of the two (``RECONNECT_PICKERS``; ties keep the original,
-   docs/field-reports.md#field-report-3).
-4. Slots: every alloc that still speaks for a slot becomes a *holder*. Some holders stay
-   (untainted, done, a failed alloc that may not or not yet be rescheduled), some must move
-   (lost, migrating, failed-and-rescheduled-now, disconnected-and-replaced). With more holders
-   than ``count``, ``REMOVAL_ORDER`` picks who goes: movers first (dropping one saves a
-   placement), then failed, then live allocs by highest index, finished batch work last.
-5. Movers become placements into their own slot; free slots are filled lowest index first.
-6. Updates: a holder on an older job version is updated in place (same alloc, new version)
-   or destructively (stop + place), per ``tasks_updated``. Destructive updates are rate
-   limited by the group's ``update.max_parallel`` for service jobs: the budget is
+1. ``_classify``: ``CLASSIFICATION_RULES`` (first match wins) puts every alloc in a
+   category: lost, gone (history: stopped earlier, or already replaced), done (a finished
+   batch alloc), superseded (a failed replacement of an alloc that is back: stopped),
+   failed, disconnecting, unknown, migrate, reconnecting or untainted.
+   ``_stop_lost_and_superseded`` stops the first and the fourth.
+2. ``_stop_everything``: a stopped job stops every live alloc and places nothing.
+3. ``_settle_reconnects``: an alloc that is back on a healthy node while a replacement of
+   it also runs keeps exactly one of the two (``RECONNECT_PICKERS``; ties keep the
+   original, docs/field-reports.md#field-report-3).
+4. ``_slot_holders``: every alloc that still speaks for a slot becomes a *holder*. Some
+   holders stay (untainted, done, a failed alloc that may not or not yet be rescheduled),
+   some must move (lost, migrating, failed-and-rescheduled-now, disconnected-and-replaced).
+   ``_give_up_excess_slots``: with more holders than ``count``, ``REMOVAL_ORDER`` picks who
+   goes: movers first (dropping one saves a placement), then failed, then live allocs by
+   highest index, finished batch work last.
+5. ``_move_holders``: movers become placements into their own slot; ``_fill_free_slots``
+   fills free slots lowest index first.
+6. ``_update_holders``: a holder on an older job version is updated in place (same alloc,
+   new version) or destructively (stop + place), per ``tasks_updated``. Destructive updates
+   are rate limited by the group's ``update.max_parallel`` for service jobs: the budget is
    ``max_parallel`` minus the rollout's replacements placed less than ``stagger`` ago, so
    every eval (not only the rolling one) respects the stagger. Held-back updates set
    ``rolling_followup_ns``, the time the scheduler's follow-up eval should run.
@@ -47,17 +52,46 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Final
 
-# Shared with the system scheduler (one definition each; see scheduler/README.md).
+from scheduler.reconciler.reschedule import (
+    RESCHEDULE_WINDOW_NS,
+    RescheduleDecision,
+    next_reschedule,
+    replacement_events,
+)
 from scheduler.reconciler.vocabulary import (
+    AT_DISCONNECTED,
+    AT_DRAINING,
+    AT_ELSEWHERE,
+    AT_READY,
+    AT_UNPLACEABLE,
     DESC_EXPIRED,
     DESC_JOB_STOPPED,
     DESC_LOST,
+    DESC_MIGRATING,
+    DESC_NEVER_STARTED,
     DESC_NOT_NEEDED,
-    DESC_UNKNOWN,
+    DESC_RECONNECT_LOSER,
+    DESC_RESCHEDULED,
     DESC_UPDATING,
-    last_unknown_ns,
+    DISCONNECTING,
+    GONE_SITUATIONS,
+    IGNORE,
+    LOST,
+    MIGRATE,
+    PLACE,
+    RECONNECTING,
+    RESCHEDULE_LATER,
+    RESCHEDULE_NOW,
+    STOP,
+    UPDATE_DESTRUCTIVE,
+    UPDATE_INPLACE,
+    AllocFacts,
+    Rule,
+    classify,
+    disconnect_expired,
     max_parallel,
     stagger_ns,
+    tainted_situation,
     tasks_updated,
 )
 from scheduler.structs import (
@@ -67,13 +101,8 @@ from scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
     ALLOC_CLIENT_UNKNOWN,
     ALLOC_DESIRED_RUN,
-    DELAY_CONSTANT,
-    DELAY_EXPONENTIAL,
-    DELAY_FIBONACCI,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
     RECONCILE_BEST_SCORE,
     RECONCILE_KEEP_ORIGINAL,
     RECONCILE_KEEP_REPLACEMENT,
@@ -83,70 +112,47 @@ from scheduler.structs import (
     Job,
     Node,
     RescheduleEvent,
-    ReschedulePolicy,
     TaskGroup,
     alloc_name,
 )
 
 __all__ = [
-    "BUCKETS",
     "CLASSIFICATION_RULES",
-    "DELAY_FUNCTIONS",
-    "DESC_EXPIRED",
-    "DESC_JOB_STOPPED",
-    "DESC_LOST",
-    "DESC_MIGRATING",
-    "DESC_NEVER_STARTED",
-    "DESC_NOT_NEEDED",
-    "DESC_RECONNECT_LOSER",
-    "DESC_RESCHEDULED",
-    "DESC_UNKNOWN",
-    "DESC_UPDATING",
+    "GROUP_BUCKETS",
     "RECONNECT_PICKERS",
     "REMOVAL_ORDER",
-    "AllocFacts",
     "DelayedReschedule",
+    "GroupAllocFacts",
     "GroupResult",
     "Placement",
-    "RescheduleDecision",
-    "Rule",
     "ScoreFn",
     "Stop",
-    "classify",
-    "next_delay",
-    "next_reschedule",
     "reconcile_group",
-    "tasks_updated",
 ]
 
-# ---------------------------------------------------------------------------------------
-# Vocabulary (scheduler/README.md explains each bucket)
-
-BUCKETS: Final = (
-    "place",
-    "stop",
-    "inplace",
-    "destructive",
-    "migrate",
-    "lost",
-    "ignore",
-    "reschedule_now",
-    "reschedule_later",
-    "disconnecting",
-    "reconnecting",
+# The buckets of a GroupResult, named as in the vocabulary (scheduler/README.md).
+GROUP_BUCKETS: Final = (
+    PLACE,
+    STOP,
+    UPDATE_INPLACE,
+    UPDATE_DESTRUCTIVE,
+    MIGRATE,
+    LOST,
+    IGNORE,
+    RESCHEDULE_NOW,
+    RESCHEDULE_LATER,
+    DISCONNECTING,
+    RECONNECTING,
 )
 
-# Categories of CLASSIFICATION_RULES. Four share a bucket's name; the others are internal.
-LOST: Final = "lost"
+# Categories of CLASSIFICATION_RULES besides the buckets LOST, DISCONNECTING, MIGRATE and
+# RECONNECTING: steps of this reconciler, not buckets.
 GONE: Final = "gone"  # history: not counted, not acted on
 DONE: Final = "done"  # a finished batch alloc: its slot is done
 FAILED: Final = "failed"  # the reschedule policy decides
 SUPERSEDED: Final = "superseded"  # a failed replacement of an alloc that is back: stopped
-DISCONNECTING: Final = "disconnecting"
 UNKNOWN: Final = "unknown"  # already unknown on a disconnected node
-MIGRATE: Final = "migrate"
-RECONNECTING: Final = "reconnecting"
-UNTAINTED: Final = "untainted"
+UNTAINTED: Final = "untainted"  # live on a node that is not tainted
 
 # Why a placement is made (Placement.reason).
 PLACE_NEW: Final = "new"
@@ -155,20 +161,6 @@ PLACE_MIGRATE: Final = "migrate"
 PLACE_RESCHEDULE: Final = "reschedule"
 PLACE_DESTRUCTIVE: Final = "destructive"
 PLACE_DISCONNECT: Final = "disconnect"
-
-# Descriptions written into the plan (desired_description), besides the shared DESC_*
-# (not needed, job stopped, updating, lost, expired, unknown) from system_diff.
-DESC_MIGRATING: Final = "alloc is being migrated"
-DESC_NEVER_STARTED: Final = "alloc is lost since its node disconnected before it started"
-DESC_RESCHEDULED: Final = "alloc was rescheduled because it failed"
-DESC_RECONNECT_LOSER: Final = "alloc not needed due to disconnected client reconnect"
-
-# A failed alloc due within this window is rescheduled now rather than by a follow-up eval
-# (Nomad's rescheduleWindowSize): the follow-up would fire before the plan even commits.
-RESCHEDULE_WINDOW_NS: Final = 1_000_000_000
-# Past reschedule events kept on a replacement under an unlimited policy (only the last
-# two matter for the delay functions; the rest is history for `alloc status`).
-MAX_PAST_RESCHEDULE_EVENTS: Final = 5
 
 _LIVE_CLIENT: Final = frozenset({ALLOC_CLIENT_PENDING, ALLOC_CLIENT_RUNNING, ALLOC_CLIENT_UNKNOWN})
 
@@ -224,18 +216,18 @@ class GroupResult:
     ``place`` and ``stop`` are the complete action lists: they include the halves of
     migrations, lost replacements, reschedules and destructive updates (a reschedule's stop
     rides on its placement, see ``Placement.stop_previous``). The other buckets say why, and
-    hold the allocs concerned: ``inplace`` (same alloc ID, new job version), ``destructive``
-    (old allocs replaced by a new version), ``migrate``, ``lost``, ``reschedule_now``,
-    ``reschedule_later``, ``disconnecting`` (to be marked unknown), ``reconnecting`` (back
-    from a disconnect, kept), ``ignore`` (live or slot-holding allocs left as they are,
-    including destructive updates held back by ``max_parallel``).
+    hold the allocs concerned: ``update_inplace`` (same alloc ID, new job version),
+    ``update_destructive`` (old allocs replaced by a new version), ``migrate``, ``lost``,
+    ``reschedule_now``, ``reschedule_later``, ``disconnecting`` (to be marked unknown),
+    ``reconnecting`` (back from a disconnect, kept), ``ignore`` (live or slot-holding allocs
+    left as they are, including destructive updates held back by ``max_parallel``).
     """
 
     group: str
     place: tuple[Placement, ...] = ()
     stop: tuple[Stop, ...] = ()
-    inplace: tuple[Allocation, ...] = ()
-    destructive: tuple[Allocation, ...] = ()
+    update_inplace: tuple[Allocation, ...] = ()
+    update_destructive: tuple[Allocation, ...] = ()
     migrate: tuple[Allocation, ...] = ()
     lost: tuple[Allocation, ...] = ()
     ignore: tuple[Allocation, ...] = ()
@@ -247,7 +239,7 @@ class GroupResult:
     rolling_followup_ns: int = 0
 
     def counts(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in BUCKETS}
+        return {name: len(getattr(self, name)) for name in GROUP_BUCKETS}
 
     def log_fields(self) -> dict[str, int]:
         """Every bucket's size, zeros included (annotations, `drover job plan`, logs)."""
@@ -260,8 +252,8 @@ class GroupResult:
         return not (
             self.place
             or self.stop
-            or self.inplace
-            or self.destructive
+            or self.update_inplace
+            or self.update_destructive
             or self.reschedule_later
             or self.disconnecting
             or self.rolling_followup_ns
@@ -282,136 +274,17 @@ class GroupResult:
 
 
 # ---------------------------------------------------------------------------------------
-# Rescheduling (pure functions of the policy, the alloc's tracker and the time)
-
-
-def _constant(policy: ReschedulePolicy, events: tuple[RescheduleEvent, ...]) -> int:
-    return policy.delay_ns
-
-
-def _exponential(policy: ReschedulePolicy, events: tuple[RescheduleEvent, ...]) -> int:
-    # max(): a zero delay in the history (policy changed from 0) must not pin the series at 0.
-    return max(events[-1].delay_ns * 2, policy.delay_ns)
-
-
-def _fibonacci(policy: ReschedulePolicy, events: tuple[RescheduleEvent, ...]) -> int:
-    if len(events) < 2:
-        return policy.delay_ns
-    last, before = events[-1].delay_ns, events[-2].delay_ns
-    if before == policy.max_delay_ns and last == policy.delay_ns:
-        return last  # the series was reset after a long healthy run: start it again
-    return last + before
-
-
-# How the next delay grows from the tracker (non-empty); unknown names behave as constant.
-DELAY_FUNCTIONS: Final[Mapping[str, Callable[[ReschedulePolicy, tuple[RescheduleEvent, ...]], int]]] = {
-    DELAY_CONSTANT: _constant,
-    DELAY_EXPONENTIAL: _exponential,
-    DELAY_FIBONACCI: _fibonacci,
-}
-
-
-def next_delay(policy: ReschedulePolicy, events: tuple[RescheduleEvent, ...], fail_ns: int) -> int:
-    """The delay before the next reschedule, capped at ``max_delay_ns``.
-
-    At the cap, the series resets to ``delay_ns`` when the alloc ran longer than the cap
-    since its last reschedule: a long healthy run forgives earlier failures.
-    """
-    if not events:
-        return policy.delay_ns
-    delay = DELAY_FUNCTIONS.get(policy.delay_function, _constant)(policy, events)
-    if policy.max_delay_ns > 0 and delay > policy.max_delay_ns:
-        delay = policy.max_delay_ns
-        if fail_ns - events[-1].reschedule_time_ns > delay:
-            delay = policy.delay_ns
-    return delay
-
-
-@dataclass(frozen=True, slots=True)
-class RescheduleDecision:
-    eligible: bool
-    at_ns: int = 0
-    delay_ns: int = 0
-
-
-def fail_time_ns(alloc: Allocation) -> int:
-    """When the alloc failed: its tasks' latest finish, else its last modification."""
-    finished = max((ts.finished_at_ns for ts in alloc.task_states.values()), default=0)
-    return finished or alloc.modify_time_ns
-
-
-def _attempts_in_interval(policy: ReschedulePolicy, events: Iterable[RescheduleEvent], fail_ns: int) -> int:
-    if policy.interval_ns <= 0:
-        return sum(1 for _ in events)  # no interval: attempts are a lifetime total
-    return sum(1 for e in events if fail_ns - e.reschedule_time_ns < policy.interval_ns)
-
-
-def next_reschedule(alloc: Allocation, policy: ReschedulePolicy | None) -> RescheduleDecision:
-    """Whether ``alloc`` (failed) may be rescheduled under ``policy``, and when."""
-    if policy is None or not (policy.unlimited or policy.attempts > 0):
-        return RescheduleDecision(False)
-    fail_ns = fail_time_ns(alloc)
-    events = alloc.reschedule_events
-    delay = next_delay(policy, events, fail_ns)
-    if policy.unlimited or not events:
-        eligible = True
-    else:
-        attempted = _attempts_in_interval(policy, events, fail_ns)
-        eligible = attempted < policy.attempts and (policy.interval_ns <= 0 or delay < policy.interval_ns)
-    return RescheduleDecision(eligible, fail_ns + delay, delay)
-
-
-def _tasks_changed(alloc: Allocation, job: Job, group: TaskGroup, versions: Mapping[int, Job]) -> bool:
-    """Whether ``alloc`` runs tasks other than ``job``'s: a version we no longer know counts
-    as changed, as it does for updates."""
-    return alloc.job_version != job.version and tasks_updated(
-        versions.get(alloc.job_version), job, group.name
-    )
-
-
-def _replacement_events(
-    alloc: Allocation,
-    policy: ReschedulePolicy,
-    decision: RescheduleDecision,
-    now_ns: int,
-    *,
-    fresh: bool = False,
-) -> tuple[RescheduleEvent, ...]:
-    """The reschedule tracker a replacement of ``alloc`` carries: the attempts still inside
-    the interval plus this one. ``fresh``: the job's tasks changed since ``alloc`` was placed,
-    so its earlier failures say nothing about the new tasks and the count starts over, as
-    Nomad resets the tracker on a job update."""
-    event = RescheduleEvent(
-        reschedule_time_ns=now_ns,
-        prev_alloc_id=alloc.id,
-        prev_node_id=alloc.node_id,
-        delay_ns=decision.delay_ns,
-    )
-    past = () if fresh else alloc.reschedule_events
-    if policy.unlimited:
-        past = past[-(MAX_PAST_RESCHEDULE_EVENTS - 1) :] if MAX_PAST_RESCHEDULE_EVENTS > 1 else ()
-    elif policy.interval_ns > 0:
-        past = tuple(e for e in past if now_ns - e.reschedule_time_ns < policy.interval_ns)
-    return (*past, event)
-
-
-# ---------------------------------------------------------------------------------------
 # The classification ladder
 
 
 @dataclass(frozen=True, slots=True)
-class AllocFacts:
-    """What the ladder knows about one alloc, computed once before the rules run."""
+class GroupAllocFacts(AllocFacts):
+    """What the generic ladder knows about one alloc, besides where its node stands."""
 
-    alloc: Allocation
     batch: bool
-    node_gone: bool  # its node is down or deregistered
-    node_disconnected: bool
-    node_draining: bool
     replaced: bool  # some alloc names it as previous_allocation (or next_allocation is set)
     live_successor: bool  # a replacement down its chain is live (on any node)
     superseded: bool  # an alloc up its chain is live on a healthy node
-    expired: bool  # unknown on a disconnected node for longer than lost_after
 
     @property
     def client_live(self) -> bool:
@@ -422,17 +295,10 @@ class AllocFacts:
         return self.alloc.client_status
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    category: str
-    applies: Callable[[AllocFacts], bool]
-    why: str
-
-
-CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
+CLASSIFICATION_RULES: Final[tuple[Rule[GroupAllocFacts], ...]] = (
     Rule(
         LOST,
-        lambda f: f.node_gone and f.client_live,
+        lambda f: f.where in GONE_SITUATIONS and f.client_live,
         "The node is down or deregistered: what ran there is gone with it. Checked before "
         "'told to stop' so an alloc stopped earlier but never confirmed is marked lost too, "
         "and summaries stop counting it as running (Nomad's updateNonTerminalAllocsToLost).",
@@ -478,26 +344,26 @@ CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
     ),
     Rule(
         LOST,
-        lambda f: f.node_disconnected and f.status == ALLOC_CLIENT_PENDING,
+        lambda f: f.where == AT_DISCONNECTED and f.status == ALLOC_CLIENT_PENDING,
         "Never started on a node that stopped answering: nothing worth waiting for.",
     ),
     Rule(
         DISCONNECTING,
-        lambda f: f.node_disconnected and f.status == ALLOC_CLIENT_RUNNING,
+        lambda f: f.where == AT_DISCONNECTED and f.status == ALLOC_CLIENT_RUNNING,
         "Running as far as we know on a node that missed heartbeats: mark it unknown and keep "
         "it, it may come back (docs/field-reports.md#field-report-3); replace it if "
         "disconnect.replace allows.",
     ),
     Rule(
         UNKNOWN,
-        lambda f: f.node_disconnected,
+        lambda f: f.where == AT_DISCONNECTED,
         "Already unknown on a disconnected node: wait for reconnect, expiry or down. Before "
         "'migrate', so draining a disconnected node does not migrate what nobody can stop "
         "(Nomad #12469).",
     ),
     Rule(
         MIGRATE,
-        lambda f: f.node_draining,
+        lambda f: f.where == AT_DRAINING,
         "The operator drains its node: stop it and place it elsewhere.",
     ),
     Rule(
@@ -517,14 +383,6 @@ CLASSIFICATION_RULES: Final[tuple[Rule, ...]] = (
         "Live on a healthy node.",
     ),
 )
-
-
-def classify(facts: AllocFacts) -> Rule:
-    """The first rule of ``CLASSIFICATION_RULES`` that applies."""
-    for rule in CLASSIFICATION_RULES:
-        if rule.applies(facts):
-            return rule
-    raise AssertionError("the last classification rule matches everything")  # pragma: no cover
 
 
 # ---------------------------------------------------------------------------------------
@@ -614,13 +472,13 @@ class _Holder:
 
 
 @dataclass(slots=True)
-class _Acc:
+class _Buckets:
     """The buckets under construction."""
 
     place: list[Placement] = field(default_factory=list)
     stop: list[Stop] = field(default_factory=list)
-    inplace: list[Allocation] = field(default_factory=list)
-    destructive: list[Allocation] = field(default_factory=list)
+    update_inplace: list[Allocation] = field(default_factory=list)
+    update_destructive: list[Allocation] = field(default_factory=list)
     migrate: list[Allocation] = field(default_factory=list)
     lost: list[Allocation] = field(default_factory=list)
     ignore: list[Allocation] = field(default_factory=list)
@@ -634,8 +492,8 @@ class _Acc:
             group=group,
             place=tuple(self.place),
             stop=tuple(self.stop),
-            inplace=tuple(self.inplace),
-            destructive=tuple(self.destructive),
+            update_inplace=tuple(self.update_inplace),
+            update_destructive=tuple(self.update_destructive),
             migrate=tuple(self.migrate),
             lost=tuple(self.lost),
             ignore=tuple(self.ignore),
@@ -701,36 +559,59 @@ class _Lineage:
         return sorted(out, key=lambda a: (a.create_index, a.id))
 
 
-def _facts(
-    alloc: Allocation,
-    group: TaskGroup,
-    batch: bool,
-    tainted: Mapping[str, Node | None],
-    lineage: _Lineage,
-    now_ns: int,
-) -> AllocFacts:
-    in_tainted = alloc.node_id in tainted
-    node = tainted.get(alloc.node_id)
-    disconnected = node is not None and node.status == NODE_STATUS_DISCONNECTED
-    lost_after = group.disconnect.lost_after_ns if group.disconnect is not None else 0
-    since = last_unknown_ns(alloc)
-    return AllocFacts(
-        alloc=alloc,
-        batch=batch,
-        node_gone=in_tainted and (node is None or node.status == NODE_STATUS_DOWN),
-        node_disconnected=disconnected,
-        node_draining=node is not None and node.drain_strategy is not None,
-        replaced=lineage.replaced(alloc),
-        live_successor=bool(lineage.live_successors(alloc)) if not in_tainted else False,
-        superseded=lineage.has_healthy_live_ancestor(alloc, tainted),
-        expired=(
-            disconnected
-            and alloc.client_status == ALLOC_CLIENT_UNKNOWN
-            and lost_after > 0
-            and since > 0
-            and since + lost_after <= now_ns
-        ),
-    )
+@dataclass(slots=True)
+class _GroupPass:
+    """One reconciliation of one group: its inputs, and what the steps have decided so far."""
+
+    job: Job
+    group: TaskGroup
+    allocs: list[Allocation]  # the group's, by index
+    tainted: Mapping[str, Node | None]
+    now_ns: int
+    eval_id: str
+    versions: Mapping[int, Job]
+    infeasible: frozenset[str]
+    unplaceable: frozenset[str]
+    score: ScoreFn
+    paused: bool
+    lineage: _Lineage
+    disconnect: DisconnectStrategy
+    buckets: _Buckets = field(default_factory=_Buckets)
+    lost_ids: set[str] = field(default_factory=set)  # stopped as lost by step 1
+    stopped_ids: set[str] = field(default_factory=set)  # stopped by the later steps
+
+    def where(self, alloc: Allocation) -> str:
+        """Where the alloc's node stands for the group (``vocabulary.AT_*``)."""
+        node_id = alloc.node_id
+        if node_id in self.tainted:
+            situation = tainted_situation(self.tainted[node_id])
+            if situation is not None:
+                return situation
+        if node_id in self.infeasible:
+            return AT_ELSEWHERE
+        if node_id in self.unplaceable:
+            return AT_UNPLACEABLE
+        return AT_READY
+
+    def facts(self, alloc: Allocation) -> GroupAllocFacts:
+        where = self.where(alloc)
+        return GroupAllocFacts(
+            alloc=alloc,
+            where=where,
+            expired=disconnect_expired(alloc, self.group, where, self.now_ns),
+            batch=self.job.type == JOB_TYPE_BATCH,
+            replaced=self.lineage.replaced(alloc),
+            live_successor=(
+                bool(self.lineage.live_successors(alloc)) if alloc.node_id not in self.tainted else False
+            ),
+            superseded=self.lineage.has_healthy_live_ancestor(alloc, self.tainted),
+        )
+
+    def stop(self, alloc: Allocation, description: str) -> None:
+        """Stop ``alloc`` for ``description``; one already stopped as lost stays so."""
+        self.stopped_ids.add(alloc.id)
+        if alloc.id not in self.lost_ids:
+            self.buckets.stop.append(Stop(alloc, description))
 
 
 # ---------------------------------------------------------------------------------------
@@ -756,7 +637,7 @@ def reconcile_group(
     ``job``: the job at its current version (stopped: stop everything). ``group``: one of its
     groups; a group removed from the job is reconciled as ``TaskGroup(name, count=0)``.
     ``allocs``: the group's allocs, terminal ones included (others are skipped).
-    ``tainted_nodes``: nodes holding allocs that are down, disconnected or draining; a
+    ``tainted_nodes``: the tainted nodes holding allocs (down, disconnected or draining); a
     deregistered node maps to None. Any other node is healthy.
     ``deployment_paused``: place only replacements (lost, reschedule, migrate, disconnect);
     no new slots, no destructive updates.
@@ -772,75 +653,108 @@ def reconcile_group(
     ``score``: the rank of an alloc's node for the group, for the reconnect picker (called
     only for reconnecting allocs and their replacements; None or missing: a tie).
     """
-    versions = job_versions or {}
-    score = score or _no_score
     mine = sorted((a for a in allocs if a.task_group == group.name), key=_sort_key)
-    lineage = _Lineage(mine)
-    batch = job.type == JOB_TYPE_BATCH
-    disconnect = group.disconnect or DisconnectStrategy()
+    p = _GroupPass(
+        job=job,
+        group=group,
+        allocs=mine,
+        tainted=tainted_nodes,
+        now_ns=now_ns,
+        eval_id=eval_id,
+        versions=job_versions or {},
+        infeasible=infeasible_node_ids,
+        unplaceable=unplaceable_node_ids,
+        score=score or _no_score,
+        paused=deployment_paused,
+        lineage=_Lineage(mine),
+        disconnect=group.disconnect or DisconnectStrategy(),
+    )
+    by_category = _classify(p)
+    _stop_lost_and_superseded(p, by_category)
+    if _job_stopped(job):
+        _stop_everything(p, by_category)
+        return p.buckets.result(group.name)
+    kept_reconnecting = _settle_reconnects(p, by_category)
+    holders = _give_up_excess_slots(p, _slot_holders(p, by_category, kept_reconnecting))
+    reported = _report_disconnects(p, by_category)
+    update_candidates = _move_holders(p, holders, reported)
+    if not deployment_paused:
+        _fill_free_slots(p, holders)
+    rolling_followup_ns = _update_holders(p, update_candidates, reported)
+    p.buckets.place.sort(
+        key=lambda pl: (pl.index, pl.reason, pl.previous.id if pl.previous is not None else "")
+    )
+    return p.buckets.result(group.name, rolling_followup_ns)
 
-    # 1. Classify.
+
+def _classify(p: _GroupPass) -> dict[str, list[Allocation]]:
+    """Step 1: every alloc of the group by its category (``CLASSIFICATION_RULES``)."""
     by_category: dict[str, list[Allocation]] = defaultdict(list)
-    for alloc in mine:
-        facts = _facts(alloc, group, batch, tainted_nodes, lineage, now_ns)
-        by_category[classify(facts).category].append(alloc)
+    for alloc in p.allocs:
+        by_category[classify(CLASSIFICATION_RULES, p.facts(alloc)).category].append(alloc)
+    return by_category
 
-    acc = _Acc()
+
+def _stop_lost_and_superseded(p: _GroupPass, by_category: Mapping[str, list[Allocation]]) -> None:
+    """Lost allocs stop as lost whatever else happens; superseded ones lose to the alloc
+    that is back."""
+    buckets = p.buckets
     for alloc in by_category[LOST]:
-        node = tainted_nodes.get(alloc.node_id)
-        if node is None or node.status == NODE_STATUS_DOWN:
+        if tainted_situation(p.tainted.get(alloc.node_id)) in GONE_SITUATIONS:
             desc = DESC_LOST
         elif alloc.client_status == ALLOC_CLIENT_UNKNOWN:
             desc = DESC_EXPIRED
         else:
             desc = DESC_NEVER_STARTED
-        acc.stop.append(Stop(alloc, desc, client_status=ALLOC_CLIENT_LOST))
-        acc.lost.append(alloc)
-
+        buckets.stop.append(Stop(alloc, desc, client_status=ALLOC_CLIENT_LOST))
+        buckets.lost.append(alloc)
+        p.lost_ids.add(alloc.id)
     for alloc in by_category[SUPERSEDED]:
-        acc.stop.append(Stop(alloc, DESC_RECONNECT_LOSER))
+        buckets.stop.append(Stop(alloc, DESC_RECONNECT_LOSER))
 
-    # 2. A stopped job: stop everything live, place nothing.
-    if _job_stopped(job):
-        for category in (UNTAINTED, MIGRATE, DISCONNECTING, UNKNOWN, RECONNECTING):
-            for alloc in by_category[category]:
-                acc.stop.append(Stop(alloc, DESC_JOB_STOPPED))
-        acc.ignore.extend((*by_category[FAILED], *by_category[DONE]))
-        return acc.result(group.name)
 
-    # 3. Reconnects: the original against every live replacement down its chain. A
-    #    replacement on a tainted node always loses (it is lost, away or leaving anyway).
-    stopped_ids: set[str] = set()
-    lost_ids = {a.id for a in by_category[LOST]}
-    kept_reconnecting: list[Allocation] = []
+def _stop_everything(p: _GroupPass, by_category: Mapping[str, list[Allocation]]) -> None:
+    """Step 2: a stopped job stops every live alloc and places nothing."""
+    buckets = p.buckets
+    for category in (UNTAINTED, MIGRATE, DISCONNECTING, UNKNOWN, RECONNECTING):
+        for alloc in by_category[category]:
+            buckets.stop.append(Stop(alloc, DESC_JOB_STOPPED))
+    buckets.ignore.extend((*by_category[FAILED], *by_category[DONE]))
 
-    def lose(alloc: Allocation, description: str) -> None:
-        stopped_ids.add(alloc.id)
-        if alloc.id not in lost_ids:  # a lost one is stopped already, as lost
-            acc.stop.append(Stop(alloc, description))
 
+def _settle_reconnects(p: _GroupPass, by_category: Mapping[str, list[Allocation]]) -> list[Allocation]:
+    """Step 3: each reconnecting original against every live replacement down its chain;
+    exactly one survives. A replacement on a tainted node always loses (it is lost, away or
+    leaving anyway). Returns the originals that are kept."""
+    kept: list[Allocation] = []
     for original in by_category[RECONNECTING]:
-        if original.id in stopped_ids:
+        if original.id in p.stopped_ids:
             continue
-        rivals = [p for p in lineage.live_successors(original) if p.id not in stopped_ids]
+        rivals = [r for r in p.lineage.live_successors(original) if r.id not in p.stopped_ids]
         winners = [
-            p
-            for p in rivals
-            if p.node_id not in tainted_nodes and _replacement_wins(disconnect, original, p, score)
+            r
+            for r in rivals
+            if r.node_id not in p.tainted and _replacement_wins(p.disconnect, original, r, p.score)
         ]
         best = max(
-            winners, key=lambda p: (p.job_version, score(p) or 0.0, p.create_index, p.id), default=None
+            winners, key=lambda r: (r.job_version, p.score(r) or 0.0, r.create_index, r.id), default=None
         )
         if best is None:
-            kept_reconnecting.append(original)
+            kept.append(original)
         else:
-            lose(original, DESC_NOT_NEEDED)
-        for p in rivals:
-            if best is None or p.id != best.id:
-                lose(p, DESC_RECONNECT_LOSER)
-    acc.reconnecting.extend(kept_reconnecting)
+            p.stop(original, DESC_NOT_NEEDED)
+        for r in rivals:
+            if best is None or r.id != best.id:
+                p.stop(r, DESC_RECONNECT_LOSER)
+    p.buckets.reconnecting.extend(kept)
+    return kept
 
-    # 4. Slot holders.
+
+def _slot_holders(
+    p: _GroupPass, by_category: Mapping[str, list[Allocation]], kept_reconnecting: list[Allocation]
+) -> list[_Holder]:
+    """Step 4: every alloc that still speaks for a slot, and whether it stays or moves."""
+    lineage, stopped_ids = p.lineage, p.stopped_ids
     holders: list[_Holder] = []
     for alloc in by_category[LOST]:
         if (
@@ -853,10 +767,10 @@ def reconcile_group(
         if alloc.id not in stopped_ids:
             holders.append(_Holder(alloc, _MOVE_MIGRATE))
     for alloc in by_category[FAILED]:
-        decision = next_reschedule(alloc, group.reschedule)
+        decision = next_reschedule(alloc, p.group.reschedule)
         due = decision.eligible and (
-            (bool(eval_id) and alloc.followup_eval_id == eval_id)
-            or decision.at_ns - now_ns <= RESCHEDULE_WINDOW_NS
+            (bool(p.eval_id) and alloc.followup_eval_id == p.eval_id)
+            or decision.at_ns - p.now_ns <= RESCHEDULE_WINDOW_NS
         )
         holders.append(_Holder(alloc, _MOVE_RESCHEDULE if due else _FAILED_HELD, decision))
     disconnecting_ids = {a.id for a in by_category[DISCONNECTING]}
@@ -866,95 +780,124 @@ def reconcile_group(
         if lineage.replaced(alloc):
             # Its replacement (or that one's successor) holds the slot; it waits for its node.
             if alloc.id not in disconnecting_ids:
-                acc.ignore.append(alloc)
+                p.buckets.ignore.append(alloc)
             continue
-        holders.append(_Holder(alloc, _MOVE_DISCONNECT if disconnect.replace else _STAY_UNKNOWN))
+        holders.append(_Holder(alloc, _MOVE_DISCONNECT if p.disconnect.replace else _STAY_UNKNOWN))
     for alloc in by_category[UNTAINTED] + kept_reconnecting:
         if alloc.id not in stopped_ids:
             holders.append(_Holder(alloc, _STAY))
     for alloc in by_category[DONE]:
         holders.append(_Holder(alloc, _DONE))
+    return holders
 
-    # Too many: REMOVAL_ORDER, then highest index, then the older version, then the newest.
-    removed: list[_Holder] = []
-    excess = len(holders) - max(group.count, 0)
-    if excess > 0:
-        ranked = sorted(
-            holders,
-            key=lambda h: (
-                _REMOVAL_RANK[h.kind],
-                -h.alloc.index,
-                h.alloc.job_version,
-                -h.alloc.create_index,
-                h.alloc.id,
-            ),
-        )
-        removed = ranked[:excess]
-        removed_ids = {h.alloc.id for h in removed}
-        holders = [h for h in holders if h.alloc.id not in removed_ids]
+
+def _give_up_excess_slots(p: _GroupPass, holders: list[_Holder]) -> list[_Holder]:
+    """More holders than count: ``REMOVAL_ORDER``, then highest index, then the older
+    version, then the newest, give up their slots. Returns the holders that keep one."""
+    excess = len(holders) - max(p.group.count, 0)
+    if excess <= 0:
+        return holders
+    ranked = sorted(
+        holders,
+        key=lambda h: (
+            _REMOVAL_RANK[h.kind],
+            -h.alloc.index,
+            h.alloc.job_version,
+            -h.alloc.create_index,
+            h.alloc.id,
+        ),
+    )
+    removed = ranked[:excess]
+    removed_ids = {h.alloc.id for h in removed}
     for h in removed:
         if h.kind in (_MOVE_MIGRATE, _MOVE_DISCONNECT, _STAY, _STAY_UNKNOWN):
-            acc.stop.append(Stop(h.alloc, DESC_NOT_NEEDED))
-            stopped_ids.add(h.alloc.id)
+            p.buckets.stop.append(Stop(h.alloc, DESC_NOT_NEEDED))
+            p.stopped_ids.add(h.alloc.id)
         elif h.kind != _MOVE_LOST:  # a lost one is already stopped as lost
-            acc.ignore.append(h.alloc)
-    acc.reconnecting[:] = [a for a in acc.reconnecting if a.id not in stopped_ids]
-    acc.disconnecting.extend(a for a in by_category[DISCONNECTING] if a.id not in stopped_ids)
-    # Allocs whose bucket already says what happens to them: not also "ignore".
-    reported = {a.id for a in (*acc.reconnecting, *acc.disconnecting)}
+            p.buckets.ignore.append(h.alloc)
+    return [h for h in holders if h.alloc.id not in removed_ids]
 
-    # 5. Movers take their own slot again; free slots are filled lowest index first.
+
+def _report_disconnects(p: _GroupPass, by_category: Mapping[str, list[Allocation]]) -> set[str]:
+    """Reconnecting and disconnecting allocs that kept their place in the buckets; returns
+    their IDs, whose bucket already says what happens to them (so: not also "ignore")."""
+    buckets = p.buckets
+    buckets.reconnecting[:] = [a for a in buckets.reconnecting if a.id not in p.stopped_ids]
+    buckets.disconnecting.extend(a for a in by_category[DISCONNECTING] if a.id not in p.stopped_ids)
+    return {a.id for a in (*buckets.reconnecting, *buckets.disconnecting)}
+
+
+def _move_holders(p: _GroupPass, holders: list[_Holder], reported: set[str]) -> list[_Holder]:
+    """Step 5: movers take their own slot again elsewhere. Returns the holders that stay and
+    may need an update (live or failed-and-held)."""
+    buckets = p.buckets
     update_candidates: list[_Holder] = []
     for h in holders:
         a = h.alloc
         if h.kind == _MOVE_LOST:
-            acc.place.append(Placement(a.name, a.index, PLACE_LOST, previous=a))
+            buckets.place.append(Placement(a.name, a.index, PLACE_LOST, previous=a))
         elif h.kind == _MOVE_MIGRATE:
-            acc.stop.append(Stop(a, DESC_MIGRATING))
-            acc.migrate.append(a)
-            acc.place.append(Placement(a.name, a.index, PLACE_MIGRATE, previous=a))
+            buckets.stop.append(Stop(a, DESC_MIGRATING))
+            buckets.migrate.append(a)
+            buckets.place.append(Placement(a.name, a.index, PLACE_MIGRATE, previous=a))
         elif h.kind == _MOVE_DISCONNECT:
-            acc.place.append(Placement(a.name, a.index, PLACE_DISCONNECT, previous=a))
+            buckets.place.append(Placement(a.name, a.index, PLACE_DISCONNECT, previous=a))
         elif h.kind == _MOVE_RESCHEDULE:
-            assert h.decision is not None and group.reschedule is not None
-            acc.reschedule_now.append(a)
-            acc.place.append(
-                Placement(
-                    a.name,
-                    a.index,
-                    PLACE_RESCHEDULE,
-                    previous=a,
-                    reschedule_events=_replacement_events(
-                        a, group.reschedule, h.decision, now_ns, fresh=_tasks_changed(a, job, group, versions)
-                    ),
-                    stop_previous=Stop(a, DESC_RESCHEDULED),
-                    penalty_node_ids=frozenset({a.node_id}),
-                )
-            )
+            buckets.reschedule_now.append(a)
+            buckets.place.append(_reschedule_placement(p, h))
         elif h.kind in (_STAY, _FAILED_HELD):
             update_candidates.append(h)
         elif a.id not in reported:
-            acc.ignore.append(a)
-    if not deployment_paused:
-        used = {h.alloc.index for h in holders}
-        free = (i for i in range(len(used) + group.count) if i not in used)
-        for _ in range(group.count - len(holders)):
-            index = next(free)
-            acc.place.append(Placement(alloc_name(job.id, group.name, index), index, PLACE_NEW))
+            buckets.ignore.append(a)
+    return update_candidates
 
-    # 6. Updates.
+
+def _reschedule_placement(p: _GroupPass, h: _Holder) -> Placement:
+    """The replacement of a failed alloc rescheduled now. Its attempt count starts over
+    when the job's tasks changed since the failed alloc was placed: its failures say
+    nothing about the new tasks (a version no longer known counts as changed)."""
+    a, policy, decision = h.alloc, p.group.reschedule, h.decision
+    assert decision is not None and policy is not None
+    fresh = a.job_version != p.job.version and tasks_updated(
+        p.versions.get(a.job_version), p.job, p.group.name
+    )
+    return Placement(
+        a.name,
+        a.index,
+        PLACE_RESCHEDULE,
+        previous=a,
+        reschedule_events=replacement_events(a, policy, decision, p.now_ns, fresh=fresh),
+        stop_previous=Stop(a, DESC_RESCHEDULED),
+        penalty_node_ids=frozenset({a.node_id}),
+    )
+
+
+def _fill_free_slots(p: _GroupPass, holders: list[_Holder]) -> None:
+    """Step 5, continued: slots no holder keeps get a new alloc, lowest index first."""
+    count = p.group.count
+    used = {h.alloc.index for h in holders}
+    free = (i for i in range(len(used) + count) if i not in used)
+    for _ in range(count - len(holders)):
+        index = next(free)
+        p.buckets.place.append(Placement(alloc_name(p.job.id, p.group.name, index), index, PLACE_NEW))
+
+
+def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]) -> int:
+    """Step 6: holders on an older version, in place or destructively within the rolling
+    budget. Returns when the next batch of held-back updates may go (0: none held back)."""
+    job, group, now_ns, buckets = p.job, p.group, p.now_ns, p.buckets
     destructive: list[_Holder] = []
-    for h in update_candidates:
+    for h in candidates:
         a = h.alloc
         stale = a.job_version != job.version
         if stale and (
-            a.node_id in infeasible_node_ids or tasks_updated(versions.get(a.job_version), job, group.name)
+            a.node_id in p.infeasible or tasks_updated(p.versions.get(a.job_version), job, group.name)
         ):
             destructive.append(h)
-        elif stale and h.kind == _STAY and a.node_id not in unplaceable_node_ids:
-            acc.inplace.append(a)
+        elif stale and h.kind == _STAY and a.node_id not in p.unplaceable:
+            buckets.update_inplace.append(a)
         else:
-            _hold(acc, h, now_ns, reported)
+            _hold(buckets, h, now_ns, reported)
     # The ones serving nothing first (failed, then pending), then by index.
     destructive.sort(
         key=lambda h: (
@@ -964,27 +907,24 @@ def reconcile_group(
             h.alloc.id,
         )
     )
-    budget, in_flight_until = _rolling_budget(job, group, mine, lineage, now_ns, deployment_paused)
+    budget, in_flight_until = _rolling_budget(p)
     admitted, deferred = destructive[:budget], destructive[budget:]
     for h in admitted:
         a = h.alloc
-        acc.stop.append(Stop(a, DESC_UPDATING))
-        acc.destructive.append(a)
-        acc.place.append(Placement(a.name, a.index, PLACE_DESTRUCTIVE, previous=a))
+        buckets.stop.append(Stop(a, DESC_UPDATING))
+        buckets.update_destructive.append(a)
+        buckets.place.append(Placement(a.name, a.index, PLACE_DESTRUCTIVE, previous=a))
     for h in deferred:
-        _hold(acc, h, now_ns, reported)
-    rolling_followup_ns = 0
-    if deferred and not deployment_paused:
-        times = list(in_flight_until)
-        if admitted:
-            times.append(now_ns + stagger_ns(job, group))
-        rolling_followup_ns = min(times)  # non-empty: a zero budget means replacements in flight
-
-    acc.place.sort(key=lambda p: (p.index, p.reason, p.previous.id if p.previous is not None else ""))
-    return acc.result(group.name, rolling_followup_ns)
+        _hold(buckets, h, now_ns, reported)
+    if not deferred or p.paused:
+        return 0
+    times = list(in_flight_until)
+    if admitted:
+        times.append(now_ns + stagger_ns(job, group))
+    return min(times)  # non-empty: a zero budget means replacements in flight
 
 
-def _hold(acc: _Acc, h: _Holder, now_ns: int, reported: set[str]) -> None:
+def _hold(buckets: _Buckets, h: _Holder, now_ns: int, reported: set[str]) -> None:
     """A holder left as it is; a failed one may still need its follow-up eval."""
     decision = h.decision
     if (
@@ -994,37 +934,31 @@ def _hold(acc: _Acc, h: _Holder, now_ns: int, reported: set[str]) -> None:
         and not h.alloc.followup_eval_id
         and decision.at_ns > now_ns
     ):
-        acc.reschedule_later.append(DelayedReschedule(h.alloc, decision.at_ns))
+        buckets.reschedule_later.append(DelayedReschedule(h.alloc, decision.at_ns))
     elif h.alloc.id not in reported:
-        acc.ignore.append(h.alloc)
+        buckets.ignore.append(h.alloc)
 
 
-def _rolling_budget(
-    job: Job,
-    group: TaskGroup,
-    allocs: list[Allocation],
-    lineage: _Lineage,
-    now_ns: int,
-    paused: bool,
-) -> tuple[int, list[int]]:
+def _rolling_budget(p: _GroupPass) -> tuple[int, list[int]]:
     """(destructive updates allowed now, when each in-flight rollout replacement expires).
 
     In flight: a live alloc of the current version that replaced an older-version alloc less
     than ``stagger`` ago. Only service jobs roll (Nomad ignores ``update`` for batch jobs).
     """
-    if paused:
+    job, group = p.job, p.group
+    if p.paused:
         return 0, []
     limit = max_parallel(job, group) if job.type == JOB_TYPE_SERVICE else 0
     if limit == 0:
-        return len(allocs) + 1, []  # unlimited
+        return len(p.allocs) + 1, []  # unlimited
     stagger = stagger_ns(job, group)
     until: list[int] = []
-    for a in allocs:
+    for a in p.allocs:
         if a.terminal() or a.job_version != job.version or not a.previous_allocation:
             continue
-        prev = lineage.get(a.previous_allocation)
+        prev = p.lineage.get(a.previous_allocation)
         if prev is None or prev.job_version == job.version:
             continue
-        if a.create_time_ns + stagger > now_ns:
+        if a.create_time_ns + stagger > p.now_ns:
             until.append(a.create_time_ns + stagger)
     return max(0, limit - len(until)), until
