@@ -1032,10 +1032,12 @@ def _cmd_kill_leader(args: argparse.Namespace) -> int:
         return 1
     record = ClusterRecord.load(state_path)
     try:
-        leader = wait_for(lambda: recorded_leader(record), args.timeout, message="exactly one leader")
+        found = wait_for(lambda: recorded_leader(record), args.timeout, message="exactly one leader")
     except TimeoutError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    assert found is not None  # wait_for returns only a truthy answer
+    leader = found
     # Checked again right before the signal, as ``stop`` does: a reused pid is never hit.
     if not _is_recorded_agent(leader):
         print(
