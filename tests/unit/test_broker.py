@@ -14,7 +14,6 @@ of one job are ever with workers at once.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +37,10 @@ from server.broker import (
 SECOND = 1_000_000_000
 T0 = 1_700_000_000 * SECOND
 EMPTY = BrokerStats(ready=0, unacked=0, waiting=0, delayed=0, failed=0)
+# How long a test waits for a blocked dequeue to return: a deadline for "never", generous
+# for a loaded machine. A dequeue that must be woken by something waits NEVER_S on its own.
+WAKE_DEADLINE_S = 30.0
+NEVER_S = 3600.0
 
 
 def ev(eval_id: str, job: str = "web", *, priority: int = 50, create_index: int = 1, **kw: Any) -> Evaluation:
@@ -105,10 +108,17 @@ def test_dequeue__same_priority_and_age__fifo() -> None:
 
 def test_dequeue__empty__returns_none_after_timeout() -> None:
     broker = enabled_broker()
-    started = time.monotonic()
+    got: list[tuple[Evaluation, str] | None] = []
+    done = threading.Event()
 
-    assert broker.dequeue(T0, timeout=0.01) is None
-    assert time.monotonic() - started < 2.0
+    def worker() -> None:
+        got.append(broker.dequeue(T0, timeout=0.01))
+        done.set()
+
+    threading.Thread(target=worker, daemon=True).start()
+
+    assert done.wait(timeout=WAKE_DEADLINE_S), "a dequeue with a 10 ms timeout never returned"
+    assert got == [None]
 
 
 def test_dequeue__blocked_worker__wakes_on_enqueue() -> None:
@@ -117,18 +127,17 @@ def test_dequeue__blocked_worker__wakes_on_enqueue() -> None:
     done = threading.Event()
 
     def worker() -> None:
-        got.append(broker.dequeue(T0, timeout=10))
+        # Far longer than the wait below: only the enqueue can end it in time.
+        got.append(broker.dequeue(T0, timeout=NEVER_S))
         done.set()
 
     thread = threading.Thread(target=worker, daemon=True)
-    started = time.monotonic()
     thread.start()
     broker.enqueue(ev("e1"), T0)
 
-    assert done.wait(timeout=5), "the waiting dequeue was not woken by enqueue"
+    assert done.wait(timeout=WAKE_DEADLINE_S), "the waiting dequeue was not woken by enqueue"
     thread.join(timeout=5)
     assert got[0] is not None and got[0][0].id == "e1"
-    assert time.monotonic() - started < 5
 
 
 def test_dequeue__issues_fresh_token_per_delivery_and_counts_deliveries() -> None:
@@ -601,21 +610,21 @@ def test_set_enabled_false__wakes_blocked_dequeue_with_error() -> None:
 
     def worker() -> None:
         try:
-            broker.dequeue(T0, timeout=10)
+            # Far longer than the wait below: only the disable can end it in time (a
+            # timed-out dequeue on a disabled broker would raise the same error).
+            broker.dequeue(T0, timeout=NEVER_S)
         except BaseException as exc:
             errors.append(exc)
         done.set()
 
     thread = threading.Thread(target=worker, daemon=True)
-    started = time.monotonic()
     thread.start()
     # Disabling before the worker waits is fine too: it then raises on its own check.
     broker.set_enabled(False)
 
-    assert done.wait(timeout=11)
+    assert done.wait(timeout=WAKE_DEADLINE_S), "the blocked dequeue was not woken by set_enabled(False)"
     thread.join(timeout=5)
     assert len(errors) == 1 and isinstance(errors[0], BrokerDisabledError)
-    assert time.monotonic() - started < 10.5
 
 
 # ---------------------------------------------------------------------------------------

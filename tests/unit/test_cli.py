@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 from scheduler import structs
+from server import sdk
 from server.cli import format_table, main, parse_duration_ns
 from server.codec import to_proto
 from server.config import ServerConfig
@@ -556,10 +557,13 @@ def test_job_run__monitor_timeout__exit_0(
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX)]
     path = tmp_path / "web.hcl"
     path.write_text("web 1")
-    start = time.monotonic()
     code, out, err = run(capsys, "job", "run", "-monitor-timeout", "0.5", "-address", addr, str(path))
     assert (code, err) == (0, [])
-    assert time.monotonic() - start < 3
+    # It stopped when its 0.5 s were up: the blocking queries it sent, each held open for
+    # its full wait by the fake, asked for no more than that in all (on a slow machine
+    # there may be none: the time can run out before the first).
+    waits = [r.options.wait_ns for r in state.calls("Allocs.List") if r.options.min_index]
+    assert sum(waits) <= 500_000_000, waits
     assert f'==> Evaluation "{EVAL_ID[:8]}" still "pending" after 0.5s; stopped monitoring' in out
     assert f'Run "drover eval status {EVAL_ID}" to check on it' in out
 
@@ -1182,19 +1186,28 @@ def test_unavailable__retried_until_success(
 
 
 def test_unavailable__gives_up_after_retry_deadline(
-    fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str]
+    fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, addr = fake
     state.outage["Jobs.List"] = (grpc.StatusCode.UNAVAILABLE, "no cluster leader")
-    start = time.monotonic()
+    backoffs: list[float] = []
+
+    def recorded_sleep(seconds: float) -> None:
+        backoffs.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(sdk, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=recorded_sleep))
     code, out, err = run(capsys, "job", "status", "-retry-deadline", "0.5", "-address", addr)
-    elapsed = time.monotonic() - start
     assert code == 1 and out == ""
     assert len(err) == 1
     assert err[0].startswith("Error: no server answered after")
     assert err[0].endswith(": no cluster leader")
-    assert len(state.calls("Jobs.List")) >= 3
-    assert elapsed < 3
+    attempts = len(state.calls("Jobs.List"))
+    assert attempts >= 3
+    # It gave up within its deadline: every attempt it reports was made, one backoff
+    # between each two, and those backoffs fit in the 0.5 s it was given.
+    assert err[0].startswith(f"Error: no server answered after {attempts} attempt(s) in 0.5s")
+    assert len(backoffs) == attempts - 1 and sum(backoffs) <= 0.5, backoffs
 
 
 def test_connection_refused__one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
