@@ -17,7 +17,7 @@ alloc in one bucket, so an overlap is a programming error and raises ``ValueErro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from scheduler.fit import allocs_fit
 from scheduler.placement.ranking import NodeChoice, PlacementStats, PreparedGroups
@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from scheduler.interfaces import SchedulerContext, State
 
 __all__ = ["PlanBuilder", "new_alloc"]
+
+# The kinds of entry a plan holds for an alloc, as its error messages name them.
+_STOPPED: Final = "stopped"
+_PLACED: Final = "placed"
+_STATUS_UPDATED: Final = "status-updated"
 
 
 class PlanBuilder:
@@ -85,10 +90,7 @@ class PlanBuilder:
         self, alloc: Allocation, description: str, *, client_status: str = "", followup_eval_id: str = ""
     ) -> None:
         """Stop ``alloc`` (desired_status stop); ``client_status`` e.g. "lost" for a down node."""
-        if alloc.id in self._placed_node:
-            raise ValueError(f"alloc {alloc.id} is placed by this plan and cannot also be stopped")
-        if alloc.id in self._status_updated:
-            raise ValueError(f"alloc {alloc.id} is status-updated by this plan and cannot also be stopped")
+        self._refuse_second_entry(alloc.id, _STOPPED)
         self._stops.setdefault(alloc.node_id, {})[alloc.id] = AllocStop(
             alloc_id=alloc.id,
             desired_status=ALLOC_DESIRED_STOP,
@@ -106,10 +108,7 @@ class PlanBuilder:
             raise ValueError(f"alloc {alloc.id} has no node_id")
         if alloc.resources is None:
             raise ValueError(f"alloc {alloc.id} has no resources")
-        if alloc.id in self._stopped:
-            raise ValueError(f"alloc {alloc.id} is stopped by this plan and cannot also be placed")
-        if alloc.id in self._status_updated:
-            raise ValueError(f"alloc {alloc.id} is status-updated by this plan and cannot also be placed")
+        self._refuse_second_entry(alloc.id, _PLACED)
         node_id = alloc.node_id
         previous_node = self._placed_node.get(alloc.id)
         if previous_node is not None and previous_node != node_id:
@@ -133,12 +132,7 @@ class PlanBuilder:
         ``followup_eval_id`` leaves that field as it is. One entry per alloc per plan:
         ValueError in either order, as stop and place already do with each other.
         """
-        if alloc.id in self._stopped:
-            raise ValueError(f"alloc {alloc.id} is stopped by this plan and cannot also be status-updated")
-        if alloc.id in self._placed_node:
-            raise ValueError(f"alloc {alloc.id} is placed by this plan and cannot also be status-updated")
-        if alloc.id in self._status_updated:
-            raise ValueError(f"alloc {alloc.id} is already status-updated by this plan")
+        self._refuse_second_entry(alloc.id, _STATUS_UPDATED)
         self._status_updates.setdefault(alloc.node_id, {})[alloc.id] = AllocStop(
             alloc_id=alloc.id,
             desired_status=alloc.desired_status,
@@ -147,6 +141,22 @@ class PlanBuilder:
             followup_eval_id=followup_eval_id,
         )
         self._status_updated.add(alloc.id)
+
+    def _refuse_second_entry(self, alloc_id: str, entry: str) -> None:
+        """One entry per alloc (module docstring): ValueError when the plan already has
+        another kind of entry for it, or a status-only one. A second stop or placement of
+        the same alloc replaces the first."""
+        for kind, taken in (
+            (_STOPPED, self._stopped),
+            (_PLACED, self._placed_node.keys()),
+            (_STATUS_UPDATED, self._status_updated),
+        ):
+            if alloc_id not in taken:
+                continue
+            if kind != entry:
+                raise ValueError(f"alloc {alloc_id} is {kind} by this plan and cannot also be {entry}")
+            if kind == _STATUS_UPDATED:
+                raise ValueError(f"alloc {alloc_id} is already status-updated by this plan")
 
     # -- queries -------------------------------------------------------------------------
 

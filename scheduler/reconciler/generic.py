@@ -155,12 +155,12 @@ UNKNOWN: Final = "unknown"  # already unknown on a disconnected node
 UNTAINTED: Final = "untainted"  # live on a node that is not tainted
 
 # Why a placement is made (Placement.reason).
-PLACE_NEW: Final = "new"
-PLACE_LOST: Final = "lost"
-PLACE_MIGRATE: Final = "migrate"
-PLACE_RESCHEDULE: Final = "reschedule"
-PLACE_DESTRUCTIVE: Final = "destructive"
-PLACE_DISCONNECT: Final = "disconnect"
+PLACE_NEW: Final = "new"  # a slot nobody holds
+PLACE_LOST: Final = "lost"  # its alloc's node is down or gone
+PLACE_MIGRATE: Final = "migrate"  # its alloc leaves a draining node
+PLACE_RESCHEDULE: Final = "reschedule"  # its alloc failed and the policy allows another try
+PLACE_DESTRUCTIVE: Final = "destructive"  # the new job version needs a restart
+PLACE_DISCONNECT: Final = "disconnect"  # its alloc's node stopped heartbeating (disconnect.replace)
 
 _LIVE_CLIENT: Final = frozenset({ALLOC_CLIENT_PENDING, ALLOC_CLIENT_RUNNING, ALLOC_CLIENT_UNKNOWN})
 
