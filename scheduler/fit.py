@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from scheduler.structs import Allocation, Node, NodeResources, Resources
 
+__all__ = ["FitResult", "allocs_fit", "node_capacity", "proposed_allocs"]
+
 
 @dataclass(frozen=True, slots=True)
 class FitResult:

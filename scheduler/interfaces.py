@@ -18,6 +18,8 @@ from scheduler.structs import Allocation, Evaluation, Job, Node, Plan, Scheduler
 if TYPE_CHECKING:
     import random
 
+__all__ = ["Scheduler", "SchedulerContext", "SchedulerResult", "State", "seed_from"]
+
 
 class State(Protocol):
     """A read-only snapshot (server.state_store.Snapshot satisfies it; so do test harnesses)."""
