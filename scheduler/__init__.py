@@ -20,9 +20,8 @@ Layout (Nomad's ``scheduler/``, with its ``reconciler/`` and ``feasible/``):
   ``generic`` (``reconcile_group``, in named steps), ``reschedule`` (failed allocs),
   ``system`` (``diff_system_allocs``).
 - ``placement/``: the plan under construction (``plan``), each node as the plan leaves it
-  (``views``) and choosing nodes (``ranking``).
-- ``feasible`` (readiness, datacenters, constraints), ``rank`` (the score formulas),
-  ``ports`` (static and dynamic ports): what placement is made of.
+  (``views``), choosing nodes (``ranking``), and what that is made of: ``feasible``
+  (readiness, datacenters, constraints), ``scores`` (the formulas), ``ports``.
 - ``fit``: whether allocs fit on a node; the plan applier asks the same function.
 - ``validate``: a job's checks and defaults before it is stored.
 - ``periodic``: cron schedules, the launch due after a gap, and the children of periodic

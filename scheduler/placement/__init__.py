@@ -20,16 +20,17 @@ Layout (one concept per module):
 - ``ranking``: the compiled group (``PreparedGroup``), the shuffled candidate ring and the
   scores: ``select_node`` (the best of a bounded sample), ``place_on_node`` (one given
   node, system jobs) and ``score_node``.
+- ``feasible``: which nodes may run a group at all: readiness, datacenters, constraints.
+- ``scores``: the score formulas (binpack, spread, affinities, anti-affinity, penalties).
+- ``ports``: static ports as asked, dynamic ports free in the node's range.
 
-Which nodes are feasible at all is ``scheduler.feasible``; the score formulas are
-``scheduler.rank``; ports are ``scheduler.ports``. Fit is decided by
-``scheduler.fit.allocs_fit``, the same function the plan applier uses.
+Fit is decided by ``scheduler.fit.allocs_fit``, the same function the plan applier uses.
 """
 
-from scheduler.feasible import feasible_nodes
+from scheduler.placement.feasible import feasible_nodes
 from scheduler.placement.plan import PlanBuilder, new_alloc
+from scheduler.placement.ports import assign_ports
 from scheduler.placement.ranking import NodeChoice, PlacementStats, place_on_node, score_node, select_node
-from scheduler.ports import assign_ports
 
 __all__ = [
     "NodeChoice",

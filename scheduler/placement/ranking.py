@@ -17,7 +17,7 @@ its own view loses an alloc (a stop, an in-place replacement); every node comes 
 a distinct_property count drops. Pass the same candidate list object to every call of a
 pass: a different list starts a new ring.
 
-*Scores.* The formulas are in ``scheduler.rank``: binpack (or spread, per the scheduler
+*Scores.* The formulas are in ``scheduler.placement.scores``: binpack (or spread, per the scheduler
 config), job anti-affinity, affinities, spread blocks and the reschedule penalty, averaged
 over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
 """
@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler import rank
-from scheduler.feasible import (
+from scheduler.fit import allocs_fit
+from scheduler.placement import scores
+from scheduler.placement.feasible import (
     DISTINCT_HOSTS_GROUP,
     DISTINCT_HOSTS_JOB,
     Feasibility,
@@ -38,9 +39,8 @@ from scheduler.feasible import (
     distinct_hosts_scope,
     distinct_properties,
 )
-from scheduler.fit import allocs_fit
+from scheduler.placement.ports import group_ports, pick_port_values, reuse_ports
 from scheduler.placement.views import NodeCaps, NodeView, NodeViews, PropertyCounter, view_fits
-from scheduler.ports import group_ports, pick_port_values, reuse_ports
 from scheduler.structs import (
     SCHEDULER_ALGORITHM_SPREAD,
     AllocatedPort,
@@ -233,7 +233,7 @@ class PreparedGroup:
         )
         for counter, _ in self.distinct:
             counter.distinct = True
-        self.affinity = rank.compile_affinities(job.affinities + group.affinities)
+        self.affinity = scores.compile_affinities(job.affinities + group.affinities)
         self.affinity_cache: dict[str, float] = {}
         spreads = [s for s in job.spreads + group.spreads if s.weight > 0]
         weights = sum(s.weight for s in spreads)
@@ -318,19 +318,19 @@ class PreparedGroup:
                 total -= weight
                 continue
             count = counter.counts.get(value, 0)
-            total += weight * rank.spread_boost_between(count, min(bounds[0], count), max(bounds[1], count))
+            total += weight * scores.spread_boost_between(count, min(bounds[0], count), max(bounds[1], count))
         return total
 
     def base_score(self, node: Node, view: NodeView, caps: NodeCaps) -> tuple[float, int]:
         """(sum, count) of the components that depend only on the node's view: binpack,
         job anti-affinity and affinities. Cacheable against ``view.version``."""
-        score = rank.binpack_score(
+        score = scores.binpack_score(
             view.cpu + self.cpu, caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
         )
         parts = 1
         collisions = view.groups.get(self.group_key, 0)
         if collisions:
-            score += rank.anti_affinity_penalty(collisions, self.desired)
+            score += scores.anti_affinity_penalty(collisions, self.desired)
             parts += 1
         if self.affinity is not None:
             affinity = self.affinity_of(node)
@@ -342,7 +342,7 @@ class PreparedGroup:
     def score(self, node: Node, view: NodeView, caps: NodeCaps, penalized: bool) -> float:
         score, parts = self.base_score(node, view, caps)
         if penalized:
-            score += rank.RESCHEDULE_PENALTY
+            score += scores.RESCHEDULE_PENALTY
             parts += 1
         if self.spreads:
             spread = self.spread_of(node)
@@ -410,7 +410,7 @@ def _scan(
     hosts, props, spreads = prep.distinct_hosts, prep.distinct, prep.spreads
     # Without per-call components the cached final score is the score.
     per_call = bool(props or spreads or penalty_node_ids)
-    max_skip = rank.MAX_SKIP
+    max_skip = scores.MAX_SKIP
     best_node: Node | None = None
     best_view: NodeView | None = None
     best_score = -math.inf
@@ -455,7 +455,7 @@ def _scan(
                 filtered += 1
                 continue
             if penalty_node_ids and node_id in penalty_node_ids:
-                score += rank.RESCHEDULE_PENALTY
+                score += scores.RESCHEDULE_PENALTY
                 parts += 1
             if spreads:
                 spread = prep.spread_of(node)
@@ -515,8 +515,8 @@ def select_node(
 
     The shuffle happens once per (group, candidate list) in a builder; later calls continue
     around the same ring (Nomad's behaviour), so pass the same list object each time. When
-    affinities or spreads apply the limit is at least ``rank.WIDE_LIMIT``. Up to
-    ``rank.MAX_SKIP`` negatively scored nodes are passed over while others remain. The caller
+    affinities or spreads apply the limit is at least ``scores.WIDE_LIMIT``. Up to
+    ``scores.MAX_SKIP`` negatively scored nodes are passed over while others remain. The caller
     places the returned choice before the next call, so the next placement sees it.
     """
     stats = builder.stats
@@ -528,7 +528,7 @@ def select_node(
     ring = prep.ring(candidates, rng, views.epoch, len(views.freed))
     configured, limit = ring.limit
     if configured != ctx.candidate_limit:
-        limit = rank.candidate_limit(len(candidates), ctx.candidate_limit, wide=prep.wide)
+        limit = scores.candidate_limit(len(candidates), ctx.candidate_limit, wide=prep.wide)
         ring.limit = (ctx.candidate_limit, limit)
     while True:
         picked = _scan(builder, prep, ring, limit, penalty_node_ids)

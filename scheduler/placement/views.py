@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
-from scheduler.feasible import Getter, compile_target
 from scheduler.fit import node_capacity
+from scheduler.placement.feasible import Getter, compile_target
 from scheduler.structs import Allocation, Node, NodeResources
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""scheduler.feasible: readiness, datacenters and constraints, node by node."""
+"""scheduler.placement.feasible: readiness, datacenters and constraints, node by node."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.feasible import (
+from scheduler.placement.feasible import (
     DistinctProperty,
     check_operator,
     compile_datacenters,

@@ -1,4 +1,4 @@
-"""scheduler.ports: static ports exactly, dynamic ports free in the node's range, no collisions."""
+"""scheduler.placement.ports: static ports exactly, dynamic ports free in the node's range, no collisions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scheduler.fit import allocs_fit
 from scheduler.interfaces import SchedulerContext
 from scheduler.placement import PlanBuilder, place_on_node, select_node
-from scheduler.ports import assign_ports, reuse_ports
+from scheduler.placement.ports import assign_ports, reuse_ports
 from scheduler.structs import (
     AllocatedPort,
     AllocatedResources,

@@ -1,4 +1,4 @@
-"""scheduler.rank: the score components, and how they steer select_node."""
+"""scheduler.placement.scores: the score components, and how they steer select_node."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler import rank
 from scheduler.interfaces import SchedulerContext
 from scheduler.placement import NodeChoice, PlanBuilder, score_node, select_node
+from scheduler.placement import scores as rank
 from scheduler.structs import (
     Affinity,
     AllocatedResources,

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from scheduler.feasible import compile_predicate
+from scheduler.placement.feasible import compile_predicate
 from scheduler.structs import Affinity, Node
 
 __all__ = [
