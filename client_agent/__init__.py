@@ -17,5 +17,5 @@ Layout (one concept per module; only ``rpc`` talks gRPC):
   ``start_embedded_client``.
 
 This package imports only ``drover.v1`` (generated protobuf), ``common`` (what every drover
-process shares) and third-party libraries, never ``server`` or ``scheduler``.
+process shares) and third-party libraries, never ``drover.server`` or ``drover.scheduler``.
 """

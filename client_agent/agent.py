@@ -39,11 +39,11 @@ from types import FrameType
 
 import structlog
 
-from client_agent.allocdiff import LocalAlloc, ServerAlloc, diff_allocs
-from client_agent.clock import Clock, SystemClock
-from client_agent.config import AgentTuning, ClientSettings, EmbeddedSettings
-from client_agent.drivers import Driver, default_drivers
-from client_agent.errors import (
+from drover.client.allocdiff import LocalAlloc, ServerAlloc, diff_allocs
+from drover.client.clock import Clock, SystemClock
+from drover.client.config import AgentTuning, ClientSettings, EmbeddedSettings
+from drover.client.drivers import Driver, default_drivers
+from drover.client.errors import (
     ClientAgentError,
     NotFound,
     Refused,
@@ -51,13 +51,13 @@ from client_agent.errors import (
     ServerUnreachable,
     StateError,
 )
-from client_agent.fingerprint import HostFacts, build_node, fingerprint, probe_host
-from client_agent.rpc import NodesRpc, ServerPool
-from client_agent.runner import AllocRunner, job_key
-from client_agent.state import NodeIdentity, StateDB
-from client_agent.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
-from client_agent.taskstate import AllocStatus
-from common.logs import configure_logging
+from drover.client.fingerprint import HostFacts, build_node, fingerprint, probe_host
+from drover.client.rpc import NodesRpc, ServerPool
+from drover.client.runner import AllocRunner, job_key
+from drover.client.state import NodeIdentity, StateDB
+from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
+from drover.client.taskstate import AllocStatus
+from drover.common.logs import configure_logging
 from drover.v1 import api_pb2, structs_pb2
 
 __all__ = ["AgentTuning", "ClientAgent", "ClientSettings", "run_client", "start_embedded_client"]

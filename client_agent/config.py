@@ -12,7 +12,7 @@ DEFAULT_TTL_NS: Final = 10_000_000_000
 
 
 class ClientSettings(Protocol):
-    """What the agent reads from its configuration (``server.config.ClientConfig`` fits)."""
+    """What the agent reads from its configuration (``drover.server.config.ClientConfig`` fits)."""
 
     @property
     def node_name(self) -> str: ...

@@ -17,9 +17,9 @@ from typing import Final, TypeVar
 
 import grpc
 
-from client_agent.errors import NotFound, Refused, RequestRejected, ServerUnreachable
-from client_agent.taskstate import AllocStatus
-from common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
+from drover.client.errors import NotFound, Refused, RequestRejected, ServerUnreachable
+from drover.client.taskstate import AllocStatus
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
 __all__ = ["NodesRpc", "ServerPool", "alloc_update_message"]

@@ -21,14 +21,14 @@ from typing import Any, Final
 
 import structlog
 
-from client_agent.clock import Clock
-from client_agent.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
-from client_agent.errors import DriverConfigError, StateError
-from client_agent.restarts import RestartPolicy, default_restart_policy
-from client_agent.state import AllocRecord, StateDB, TaskRecord
-from client_agent.taskenv import task_env
-from client_agent.taskrunner import TaskRunner
-from client_agent.taskstate import (
+from drover.client.clock import Clock
+from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
+from drover.client.errors import DriverConfigError, StateError
+from drover.client.restarts import RestartPolicy, default_restart_policy
+from drover.client.state import AllocRecord, StateDB, TaskRecord
+from drover.client.taskenv import task_env
+from drover.client.taskrunner import TaskRunner
+from drover.client.taskstate import (
     CLIENT_FAILED,
     EVENT_RECEIVED,
     EVENT_RECONNECTED,

@@ -26,9 +26,9 @@ from typing import Any, Final
 import structlog
 from google.protobuf import json_format
 
-from client_agent.errors import StateError
-from client_agent.restarts import RestartWindow
-from client_agent.taskstate import TaskState
+from drover.client.errors import StateError
+from drover.client.restarts import RestartWindow
+from drover.client.taskstate import TaskState
 from drover.v1 import structs_pb2
 
 __all__ = ["AllocRecord", "NodeIdentity", "StateDB", "TaskRecord", "atomic_write_json"]

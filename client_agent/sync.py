@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from client_agent.taskstate import AllocStatus
+from drover.client.taskstate import AllocStatus
 
 __all__ = [
     "Backoff",

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from client_agent.clock import Clock
-from client_agent.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec
-from client_agent.errors import DriverConfigError, TaskStartError
-from client_agent.restarts import RestartPolicy, RestartWindow, decide_restart
-from client_agent.state import TaskRecord
-from client_agent.taskstate import (
+from drover.client.clock import Clock
+from drover.client.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec
+from drover.client.errors import DriverConfigError, TaskStartError
+from drover.client.restarts import RestartPolicy, RestartWindow, decide_restart
+from drover.client.state import TaskRecord
+from drover.client.taskstate import (
     EVENT_DRIVER_FAILURE,
     EVENT_KILLED,
     EVENT_KILLING,

@@ -25,7 +25,7 @@ Two ways in:
   processes recorded there; ``kill-leader`` SIGKILLs whichever recorded server leads now
   (the README tour's failover step, with no leader name to look up first).
 
-Every agent is a real ``python -m server.cli agent ...`` process in its own session (so a
+Every agent is a real ``python -m drover.cli agent ...`` process in its own session (so a
 Ctrl-C in the launching terminal does not reach it, and a test can SIGKILL one alone), with
 stdout and stderr appended to ``<dir>/<name>.log``. Server ``i`` (0-based) is named
 ``s{i+1}`` and keeps its gRPC port, raft port and data dir across restarts. Readiness is
@@ -59,7 +59,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
 from drover.v1 import api_pb2, api_pb2_grpc
 
 __all__ = [
@@ -83,7 +83,7 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
-AGENT_MODULE = "server.cli"
+AGENT_MODULE = "drover.cli"
 STATE_FILE = "cluster.json"
 # How long an agent gets to exit after SIGTERM before it is SIGKILLed.
 STOP_TIMEOUT = 10.0
@@ -238,7 +238,7 @@ class ProcessRecord:
     name: str
     pid: int
     # The exact argv it was started with: ``stop`` signals the pid only while
-    # /proc/<pid>/cmdline still contains "server.cli" and equals it (data dir included).
+    # /proc/<pid>/cmdline still contains "drover.cli" and equals it (data dir included).
     argv: tuple[str, ...]
     data_dir: str
     log: str
@@ -347,7 +347,7 @@ def process_cmdline(pid: int) -> list[str] | None:
 
 def _is_recorded_agent(record: ProcessRecord) -> bool:
     """True while ``record.pid`` still runs the agent recorded: a drover agent
-    (``-m server.cli``) started with exactly the recorded argv, its own data dir included."""
+    (``-m drover.cli``) started with exactly the recorded argv, its own data dir included."""
     cmdline = process_cmdline(record.pid)
     return cmdline is not None and AGENT_MODULE in cmdline and cmdline == list(record.argv)
 
@@ -628,7 +628,7 @@ class LocalCluster:
     def add_client(self, name: str, servers: Sequence[str], extra_args: Sequence[str] = ()) -> int:
         """Start one more client agent on a started cluster, talking to ``servers`` rather
         than to the servers' own addresses (fault-injecting proxies go in between), and
-        return its index for the ``*_client`` methods. It runs ``server.cli`` whatever the
+        return its index for the ``*_client`` methods. It runs ``drover.cli`` whatever the
         servers run, and is stopped with the rest by ``stop_all``."""
         if not self._started:
             raise ClusterError("cluster not started")

@@ -28,7 +28,7 @@ Layout (Nomad's ``scheduler/``, with its ``reconciler/`` and ``feasible/``):
   and parameterized jobs.
 - ``_records``: generated constructors for the structs' hot write path (private).
 
-The names in ``__all__`` load on first use: ``import scheduler.structs``, which every
+The names in ``__all__`` load on first use: ``import drover.scheduler.structs``, which every
 drover process and CLI call makes, stays as cheap as the model itself.
 """
 
@@ -38,21 +38,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from scheduler.fit import allocs_fit
-    from scheduler.generic import compute_generic
-    from scheduler.interfaces import Scheduler, SchedulerContext, SchedulerResult, State, seed_from
-    from scheduler.periodic import next_periodic_launch
-    from scheduler.placement import PlanBuilder, feasible_nodes, place_on_node, select_node
-    from scheduler.reconciler import (
+    from drover.scheduler.fit import allocs_fit
+    from drover.scheduler.generic import compute_generic
+    from drover.scheduler.interfaces import Scheduler, SchedulerContext, SchedulerResult, State, seed_from
+    from drover.scheduler.periodic import next_periodic_launch
+    from drover.scheduler.placement import PlanBuilder, feasible_nodes, place_on_node, select_node
+    from drover.scheduler.reconciler import (
         GroupResult,
         SystemDiff,
         diff_system_allocs,
         next_reschedule,
         reconcile_group,
     )
-    from scheduler.structs import follow_up_eval, job_eval
-    from scheduler.system import compute_sysbatch, compute_system
-    from scheduler.validate import ValidationError, canonicalize_job, validate_job
+    from drover.scheduler.structs import follow_up_eval, job_eval
+    from drover.scheduler.system import compute_sysbatch, compute_system
+    from drover.scheduler.validate import ValidationError, canonicalize_job, validate_job
 
 __all__ = [
     "GroupResult",
@@ -83,30 +83,30 @@ __all__ = [
 
 # Where each name of __all__ lives.
 _HOMES: dict[str, str] = {
-    "GroupResult": "scheduler.reconciler",
-    "PlanBuilder": "scheduler.placement",
-    "Scheduler": "scheduler.interfaces",
-    "SchedulerContext": "scheduler.interfaces",
-    "SchedulerResult": "scheduler.interfaces",
-    "State": "scheduler.interfaces",
-    "SystemDiff": "scheduler.reconciler",
-    "ValidationError": "scheduler.validate",
-    "allocs_fit": "scheduler.fit",
-    "canonicalize_job": "scheduler.validate",
-    "compute_generic": "scheduler.generic",
-    "compute_sysbatch": "scheduler.system",
-    "compute_system": "scheduler.system",
-    "diff_system_allocs": "scheduler.reconciler",
-    "feasible_nodes": "scheduler.placement",
-    "follow_up_eval": "scheduler.structs",
-    "job_eval": "scheduler.structs",
-    "next_periodic_launch": "scheduler.periodic",
-    "next_reschedule": "scheduler.reconciler",
-    "place_on_node": "scheduler.placement",
-    "reconcile_group": "scheduler.reconciler",
-    "seed_from": "scheduler.interfaces",
-    "select_node": "scheduler.placement",
-    "validate_job": "scheduler.validate",
+    "GroupResult": "drover.scheduler.reconciler",
+    "PlanBuilder": "drover.scheduler.placement",
+    "Scheduler": "drover.scheduler.interfaces",
+    "SchedulerContext": "drover.scheduler.interfaces",
+    "SchedulerResult": "drover.scheduler.interfaces",
+    "State": "drover.scheduler.interfaces",
+    "SystemDiff": "drover.scheduler.reconciler",
+    "ValidationError": "drover.scheduler.validate",
+    "allocs_fit": "drover.scheduler.fit",
+    "canonicalize_job": "drover.scheduler.validate",
+    "compute_generic": "drover.scheduler.generic",
+    "compute_sysbatch": "drover.scheduler.system",
+    "compute_system": "drover.scheduler.system",
+    "diff_system_allocs": "drover.scheduler.reconciler",
+    "feasible_nodes": "drover.scheduler.placement",
+    "follow_up_eval": "drover.scheduler.structs",
+    "job_eval": "drover.scheduler.structs",
+    "next_periodic_launch": "drover.scheduler.periodic",
+    "next_reschedule": "drover.scheduler.reconciler",
+    "place_on_node": "drover.scheduler.placement",
+    "reconcile_group": "drover.scheduler.reconciler",
+    "seed_from": "drover.scheduler.interfaces",
+    "select_node": "drover.scheduler.placement",
+    "validate_job": "drover.scheduler.validate",
 }
 
 

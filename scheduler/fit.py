@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.structs import Allocation, Node, NodeResources, Resources
+from drover.scheduler.structs import Allocation, Node, NodeResources, Resources
 
 __all__ = ["FitResult", "allocs_fit", "node_capacity", "proposed_allocs"]
 

@@ -27,11 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
-from scheduler.interfaces import SchedulerContext, SchedulerResult, State
-from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, score_node, select_node
-from scheduler.reconciler.generic import DelayedReschedule, GroupResult, ScoreFn, reconcile_group
-from scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situation
-from scheduler.structs import (
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
+from drover.scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, score_node, select_node
+from drover.scheduler.reconciler.generic import DelayedReschedule, GroupResult, ScoreFn, reconcile_group
+from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situation
+from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_COMPLETE,

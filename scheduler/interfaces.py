@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from scheduler.structs import Allocation, Evaluation, Job, Node, Plan, SchedulerConfig
+from drover.scheduler.structs import Allocation, Evaluation, Job, Node, Plan, SchedulerConfig
 
 if TYPE_CHECKING:
     import random
@@ -22,7 +22,7 @@ __all__ = ["Scheduler", "SchedulerContext", "SchedulerResult", "State", "seed_fr
 
 
 class State(Protocol):
-    """A read-only snapshot (server.state_store.Snapshot satisfies it; so do test harnesses)."""
+    """A read-only snapshot (drover.server.state_store.Snapshot satisfies it; so do test harnesses)."""
 
     @property
     def index(self) -> int: ...

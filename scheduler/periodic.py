@@ -47,7 +47,7 @@ from typing import Final
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from scheduler.structs import Job, PeriodicConfig
+from drover.scheduler.structs import Job, PeriodicConfig
 
 __all__ = [
     "CRON_MACROS",

@@ -1,7 +1,7 @@
 """The system and sysbatch scheduler: ``compute_system(ev, state, ctx) -> SchedulerResult``.
 
 Reads the job at its current version and everything about its nodes from the snapshot,
-asks ``scheduler.reconciler.system.diff_system_allocs`` for the buckets, and turns them into a
+asks ``drover.scheduler.reconciler.system.diff_system_allocs`` for the buckets, and turns them into a
 plan with ``PlanBuilder``. One pass, no retries: the worker owns submission and refresh.
 
 Bucket -> plan (scheduler/README.md has the flow diagram):
@@ -30,11 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from scheduler.interfaces import SchedulerContext, SchedulerResult, State
-from scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
-from scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
-from scheduler.reconciler.vocabulary import DESC_UNKNOWN, stagger_ns
-from scheduler.structs import (
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
+from drover.scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
+from drover.scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
+from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, stagger_ns
+from drover.scheduler.structs import (
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_UNKNOWN,
     EVAL_STATUS_BLOCKED,

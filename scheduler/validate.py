@@ -22,9 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler._records import replacer
-from scheduler.periodic import cron_error, time_zone_error
-from scheduler.structs import (
+from drover.scheduler._records import replacer
+from drover.scheduler.periodic import cron_error, time_zone_error
+from drover.scheduler.structs import (
     DEFAULT_NAMESPACE,
     DEFAULT_PRIORITY,
     DELAY_CONSTANT,

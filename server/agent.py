@@ -12,9 +12,9 @@ from types import FrameType
 
 import structlog
 
-from common.logs import configure_logging
-from server.config import DevConfig, ServerConfig
-from server.core import ServerCore, StartupError
+from drover.common.logs import configure_logging
+from drover.server.config import DevConfig, ServerConfig
+from drover.server.core import ServerCore, StartupError
 
 log = structlog.get_logger("drover.agent")
 
@@ -76,7 +76,7 @@ def run_dev(cfg: DevConfig) -> int:
         print(f"Error: {exc}", flush=True)
         return 1
     # The embedded client: this machine is the dev cluster's one node (mock and raw_exec).
-    from client_agent.agent import start_embedded_client
+    from drover.client.agent import start_embedded_client
 
     client = start_embedded_client([core.grpc_address], os.path.join(data_dir, "client"), "dev-client")
     log.info("agent.dev_ready", grpc=core.grpc_address, data_dir=data_dir)

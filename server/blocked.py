@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from scheduler.structs import JOB_TYPE_SYSBATCH, JOB_TYPE_SYSTEM, Evaluation
+from drover.scheduler.structs import JOB_TYPE_SYSBATCH, JOB_TYPE_SYSTEM, Evaluation
 
 BlockKey = tuple[str, str, str]
 

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Final
 
-from scheduler.structs import Evaluation
+from drover.scheduler.structs import Evaluation
 
 JobKey = tuple[str, str]
 

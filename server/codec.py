@@ -39,8 +39,8 @@ from typing import Any, Final, TypeVar
 
 from google.protobuf.message import Message
 
-from scheduler import structs
-from scheduler._records import construction
+from drover.scheduler import structs
+from drover.scheduler._records import construction
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)

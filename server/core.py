@@ -16,20 +16,20 @@ from typing import Final
 import grpc
 import structlog
 
-from common.duration import parse_duration
-from common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.duration import parse_duration
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.scheduler.structs import ServerMember
+from drover.server.clock import Clock, IdSource, SystemClock, UuidIds
+from drover.server.codec import to_proto
+from drover.server.config import ServerConfig
+from drover.server.datadir import DataDirBusyError, DataDirLock
+from drover.server.endpoints import Endpoints
+from drover.server.fsm import FSM, encode_entry
+from drover.server.heartbeat import HeartbeatConfig, HeartbeatTimers
+from drover.server.leader import LeaderServices
+from drover.server.raft import RaftNode, RaftTuning
+from drover.server.state_store import StateStore
 from drover.v1 import raft_pb2
-from scheduler.structs import ServerMember
-from server.clock import Clock, IdSource, SystemClock, UuidIds
-from server.codec import to_proto
-from server.config import ServerConfig
-from server.datadir import DataDirBusyError, DataDirLock
-from server.endpoints import Endpoints
-from server.fsm import FSM, encode_entry
-from server.heartbeat import HeartbeatConfig, HeartbeatTimers
-from server.leader import LeaderServices
-from server.raft import RaftNode, RaftTuning
-from server.state_store import StateStore
 
 log = structlog.get_logger("drover.server")
 
@@ -138,7 +138,7 @@ class ServerCore:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        from server.api.grpc_server import create_server
+        from drover.server.api.grpc_server import create_server
 
         self._grpc, port = create_server(f"{self.cfg.bind}:{self.cfg.grpc_port}", self)
         self.grpc_address = f"{self.cfg.bind}:{port}"

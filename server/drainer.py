@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduler.structs import JOB_TYPE_SYSBATCH, JOB_TYPE_SYSTEM, Allocation, Node
+from drover.scheduler.structs import JOB_TYPE_SYSBATCH, JOB_TYPE_SYSTEM, Allocation, Node
 
 __all__ = ["drain_complete", "drain_remaining"]
 

@@ -13,11 +13,10 @@ from typing import Any, Final, Protocol
 
 from google.protobuf.message import Message
 
-from drover.v1 import raft_pb2, structs_pb2
-from scheduler import validate
-from scheduler.periodic import derive_dispatched_child, dispatched_child_id
-from scheduler.reconciler import next_reschedule
-from scheduler.structs import (
+from drover.scheduler import validate
+from drover.scheduler.periodic import derive_dispatched_child, dispatched_child_id
+from drover.scheduler.reconciler import next_reschedule
+from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_DESIRED_RUN,
     JOB_TYPE_SYSBATCH,
@@ -38,15 +37,16 @@ from scheduler.structs import (
     TaskState,
     job_eval,
 )
-from server.clock import Clock, IdSource
-from server.codec import from_proto, to_proto
-from server.drainer import drain_complete
-from server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
-from server.fsm import ApplyResult, apply_job_register, dispatched_twin, encode_entry
-from server.heartbeat import HeartbeatTimers
-from server.periodic import force_launch_ns, launch_entry
-from server.snapshot import from_snapshot
-from server.state_store import Snapshot, StateStore, Txn
+from drover.server.clock import Clock, IdSource
+from drover.server.codec import from_proto, to_proto
+from drover.server.drainer import drain_complete
+from drover.server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
+from drover.server.fsm import ApplyResult, apply_job_register, dispatched_twin, encode_entry
+from drover.server.heartbeat import HeartbeatTimers
+from drover.server.periodic import force_launch_ns, launch_entry
+from drover.server.snapshot import from_snapshot
+from drover.server.state_store import Snapshot, StateStore, Txn
+from drover.v1 import raft_pb2, structs_pb2
 
 ET = raft_pb2.EntryType
 # Looked up once: an EntryType attribute goes through the enum wrapper's __getattr__.
@@ -232,8 +232,8 @@ class Endpoints:
             return PlanPreview(
                 groups={}, queued={}, current_version=existing.version if existing else 0, changed=changed
             )
-        from scheduler.interfaces import SchedulerContext, seed_from
-        from server.worker import scheduler_for
+        from drover.scheduler.interfaces import SchedulerContext, seed_from
+        from drover.server.worker import scheduler_for
 
         ev = replace(self._new_eval(planned, TRIGGER_JOB_REGISTER, now), annotate_plan=True)
         seed = seed_from(ev.id, view.index)

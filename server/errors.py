@@ -10,7 +10,7 @@
         ├── NoLeaderError    no leader known / leadership moved   -> UNAVAILABLE (retryable)
         └── CommitTimeoutError  outcome unknown                   -> DEADLINE_EXCEEDED
 
-scheduler.validate.ValidationError is translated at the API boundary (server/api/).
+drover.scheduler.validate.ValidationError is translated at the API boundary (server/api/).
 """
 
 from __future__ import annotations

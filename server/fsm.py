@@ -20,9 +20,8 @@ from typing import Any, Final
 import structlog
 from google.protobuf.message import DecodeError, Message
 
-from drover.v1 import raft_pb2
-from scheduler._records import replacer
-from scheduler.structs import (
+from drover.scheduler._records import replacer
+from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     JOB_STATUS_PENDING,
     MAX_NODE_EVENTS,
@@ -43,9 +42,10 @@ from scheduler.structs import (
     ServerMember,
     TaskState,
 )
-from server.codec import from_proto
-from server.snapshot import from_snapshot
-from server.state_store import TABLES, Changes, StateStore, Tables, Txn
+from drover.server.codec import from_proto
+from drover.server.snapshot import from_snapshot
+from drover.server.state_store import TABLES, Changes, StateStore, Tables, Txn
+from drover.v1 import raft_pb2
 
 log = structlog.get_logger("drover.fsm")
 

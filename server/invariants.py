@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Final
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_DESIRED_RUN,
     JOB_STATUS_DEAD,
     JOB_STATUS_PENDING,
@@ -36,8 +36,8 @@ from scheduler.structs import (
     JobChildrenSummary,
     TaskGroupSummary,
 )
-from server.snapshot import recount_summaries
-from server.state_store import JobKey, Tables
+from drover.server.snapshot import recount_summaries
+from drover.server.state_store import JobKey, Tables
 
 __all__ = [
     "INVARIANTS",

@@ -20,7 +20,7 @@ each getter checks the value's type. JSON with a top-level ``"job"`` key goes th
 same converter (it also accepts HCL-JSON's ``{"label": {...}}`` object for labelled
 blocks); any other JSON object is the protobuf JSON of ``drover.v1.Job``.
 
-Parsing never validates: the caller runs ``scheduler.validate.validate_job`` on the
+Parsing never validates: the caller runs ``drover.scheduler.validate.validate_job`` on the
 result, so one rule set serves the API and the CLI.
 """
 
@@ -38,9 +38,8 @@ from google.protobuf import json_format
 from hcl2.rules.base import AttributeRule, BlockRule
 from lark.exceptions import LarkError, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from common.duration import parse_duration
-from drover.v1 import structs_pb2
-from scheduler.structs import (
+from drover.common.duration import parse_duration
+from drover.scheduler.structs import (
     JOB_TYPE_SERVICE,
     Affinity,
     Constraint,
@@ -58,8 +57,9 @@ from scheduler.structs import (
     TaskGroup,
     UpdateStrategy,
 )
-from scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
-from server.codec import from_proto
+from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
+from drover.server.codec import from_proto
+from drover.v1 import structs_pb2
 
 __all__ = ["JobspecError", "parse_duration", "parse_jobspec"]
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 from prometheus_client import Gauge
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_FAILED,
     EVAL_STATUS_PENDING,
@@ -29,17 +29,17 @@ from scheduler.structs import (
     Evaluation,
     follow_up_eval,
 )
-from server.blocked import BlockedEvals
-from server.broker import EvalBroker
-from server.errors import ConflictError, NotFoundError
-from server.invariants import INVARIANTS, check_invariants
-from server.periodic import PeriodicDispatcher
-from server.plan_apply import PlanApplier, PlanQueue
-from server.worker import Worker, write_evals
+from drover.server.blocked import BlockedEvals
+from drover.server.broker import EvalBroker
+from drover.server.errors import ConflictError, NotFoundError
+from drover.server.invariants import INVARIANTS, check_invariants
+from drover.server.periodic import PeriodicDispatcher
+from drover.server.plan_apply import PlanApplier, PlanQueue
+from drover.server.worker import Worker, write_evals
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
-    from server.fsm import ApplyResult
+    from drover.server.core import ServerCore
+    from drover.server.fsm import ApplyResult
 
 log = structlog.get_logger("drover.leader")
 

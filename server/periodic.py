@@ -39,9 +39,8 @@ from typing import Final, Protocol
 
 import structlog
 
-from drover.v1 import raft_pb2
-from scheduler.periodic import SECOND_NS, derive_periodic_child, due_launch, next_periodic_launch
-from scheduler.structs import (
+from drover.scheduler.periodic import SECOND_NS, derive_periodic_child, due_launch, next_periodic_launch
+from drover.scheduler.structs import (
     JOB_STATUS_DEAD,
     TRIGGER_PERIODIC_JOB,
     Job,
@@ -49,11 +48,12 @@ from scheduler.structs import (
     PeriodicLaunch,
     job_eval,
 )
-from server.clock import Clock, IdSource
-from server.codec import to_proto
-from server.errors import RaftError
-from server.fsm import ApplyResult, encode_entry
-from server.state_store import JobKey, Snapshot, StateStore
+from drover.server.clock import Clock, IdSource
+from drover.server.codec import to_proto
+from drover.server.errors import RaftError
+from drover.server.fsm import ApplyResult, encode_entry
+from drover.server.state_store import JobKey, Snapshot, StateStore
+from drover.v1 import raft_pb2
 
 __all__ = [
     "ALREADY_LAUNCHED",

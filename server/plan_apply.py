@@ -11,7 +11,7 @@ point. For each plan (highest priority first) it:
    committing in raft** (optimistic pipelining: plan N+1 is evaluated while N commits,
    against the state N will produce, computed with the FSM's own apply function);
 3. per node: the node must exist, and be ready and eligible for placements (stops always
-   fit); then ``scheduler.fit.allocs_fit`` over the node's proposed allocs, the same check
+   fit); then ``drover.scheduler.fit.allocs_fit`` over the node's proposed allocs, the same check
    the schedulers make. A rejected node is left out (partial commit) and the worker gets a
    refresh index to re-plan from; an all-at-once plan commits nothing on any rejection;
 4. counts rejections per node (``RejectionTracker``, on by default): a node rejected more
@@ -38,9 +38,8 @@ from typing import Final
 import structlog
 from prometheus_client import Counter, Histogram
 
-from drover.v1 import raft_pb2
-from scheduler.fit import allocs_fit, proposed_allocs
-from scheduler.structs import (
+from drover.scheduler.fit import allocs_fit, proposed_allocs
+from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     NODE_STATUS_DISCONNECTED,
     NODE_STATUS_READY,
@@ -51,9 +50,10 @@ from scheduler.structs import (
     PlanResult,
     RejectionTrackerConfig,
 )
-from server.codec import to_proto
-from server.fsm import ApplyResult, apply_plan_results, encode_entry
-from server.state_store import Snapshot, StateStore, Tables, Txn
+from drover.server.codec import to_proto
+from drover.server.fsm import ApplyResult, apply_plan_results, encode_entry
+from drover.server.state_store import Snapshot, StateStore, Tables, Txn
+from drover.v1 import raft_pb2
 
 log = structlog.get_logger("drover.plan")
 

@@ -21,10 +21,9 @@ from typing import Any, Final
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
-from drover.v1 import raft_pb2
-from server.datadir import DataDirBusyError, DataDirLock
-from server.fsm import APPLIERS, FSM, ApplyResult
-from server.raft.journal import (
+from drover.server.datadir import DataDirBusyError, DataDirLock
+from drover.server.fsm import APPLIERS, FSM, ApplyResult
+from drover.server.raft.journal import (
     JOURNAL_FILE,
     RECORD_COMMAND,
     SNAPSHOT_FILE,
@@ -33,8 +32,9 @@ from server.raft.journal import (
     read_journal,
     read_snapshot_file,
 )
-from server.snapshot import from_snapshot, to_snapshot
-from server.state_store import TABLES, StateStore, Tables
+from drover.server.snapshot import from_snapshot, to_snapshot
+from drover.server.state_store import TABLES, StateStore, Tables
+from drover.v1 import raft_pb2
 
 __all__ = [
     "OfflineError",

@@ -12,8 +12,7 @@ from typing import Any
 
 import immutables
 
-from drover.v1 import raft_pb2, structs_pb2
-from scheduler.structs import (
+from drover.scheduler.structs import (
     Allocation,
     Evaluation,
     Job,
@@ -23,8 +22,9 @@ from scheduler.structs import (
     SchedulerConfig,
     ServerMember,
 )
-from server.codec import from_proto, to_proto
-from server.state_store import Tables
+from drover.server.codec import from_proto, to_proto
+from drover.server.state_store import Tables
+from drover.v1 import raft_pb2, structs_pb2
 
 
 def _sorted(values: Iterable[Any], key: Any) -> list[Any]:

@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 
 import immutables
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,

@@ -17,9 +17,8 @@ from typing import Final
 
 import structlog
 
-from drover.v1 import raft_pb2
-from scheduler.interfaces import SchedulerContext, SchedulerResult, seed_from
-from scheduler.structs import (
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, seed_from
+from drover.scheduler.structs import (
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_CANCELED,
     EVAL_STATUS_FAILED,
@@ -29,12 +28,13 @@ from scheduler.structs import (
     JOB_TYPE_SYSTEM,
     Evaluation,
 )
-from server.broker import BrokerDisabledError, EvalBroker
-from server.clock import Clock, IdSource
-from server.codec import to_proto
-from server.fsm import encode_entry
-from server.plan_apply import PlanQueue
-from server.state_store import Snapshot, StateStore
+from drover.server.broker import BrokerDisabledError, EvalBroker
+from drover.server.clock import Clock, IdSource
+from drover.server.codec import to_proto
+from drover.server.fsm import encode_entry
+from drover.server.plan_apply import PlanQueue
+from drover.server.state_store import Snapshot, StateStore
+from drover.v1 import raft_pb2
 
 log = structlog.get_logger("drover.worker")
 
@@ -46,8 +46,8 @@ SchedulerFn = Callable[[Evaluation, Snapshot, SchedulerContext], SchedulerResult
 
 
 def scheduler_for(job_type: str) -> SchedulerFn:
-    from scheduler.generic import compute_generic
-    from scheduler.system import compute_system
+    from drover.scheduler.generic import compute_generic
+    from drover.scheduler.system import compute_system
 
     table: dict[str, SchedulerFn] = {
         JOB_TYPE_SERVICE: compute_generic,

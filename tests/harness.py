@@ -19,9 +19,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from scheduler.interfaces import SchedulerContext, SchedulerResult
-from scheduler.structs import Allocation, Evaluation, Job, Node
-from server.state_store import Snapshot, StateStore, Tables, Txn
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult
+from drover.scheduler.structs import Allocation, Evaluation, Job, Node
+from drover.server.state_store import Snapshot, StateStore, Tables, Txn
 
 NOW = 1_700_000_000_000_000_000
 

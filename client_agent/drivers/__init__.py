@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from client_agent.clock import Clock
-from client_agent.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec, parse_config_json
-from client_agent.drivers.mock import MockDriver
-from client_agent.drivers.raw_exec import RawExecDriver
+from drover.client.clock import Clock
+from drover.client.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec, parse_config_json
+from drover.client.drivers.mock import MockDriver
+from drover.client.drivers.raw_exec import RawExecDriver
 
 __all__ = [
     "Driver",

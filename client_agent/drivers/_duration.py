@@ -1,14 +1,14 @@
 """A driver config's durations: Go durations ("250ms", "30s", "1h30m") or numbers of seconds.
 
-The syntax and its rounding are common.duration's (Go's ``time.ParseDuration``); what is
+The syntax and its rounding are drover.common.duration's (Go's ``time.ParseDuration``); what is
 added here is the driver's policy: a bare number means seconds, and a negative duration
 is refused with an error naming the config key.
 """
 
 from __future__ import annotations
 
-from client_agent.errors import DriverConfigError
-from common.duration import parse_duration
+from drover.client.errors import DriverConfigError
+from drover.common.duration import parse_duration
 
 __all__ = ["parse_duration_ns"]
 

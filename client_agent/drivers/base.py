@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from client_agent.errors import DriverConfigError
+from drover.client.errors import DriverConfigError
 
 __all__ = ["Driver", "ExitResult", "TaskHandle", "TaskSpec", "parse_config_json"]
 

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from client_agent.clock import Clock, SystemClock
-from client_agent.drivers._duration import parse_duration_ns
-from client_agent.drivers.base import ExitResult, TaskSpec
-from client_agent.errors import DriverConfigError, TaskStartError
+from drover.client.clock import Clock, SystemClock
+from drover.client.drivers._duration import parse_duration_ns
+from drover.client.drivers.base import ExitResult, TaskSpec
+from drover.client.errors import DriverConfigError, TaskStartError
 
 __all__ = ["MockConfig", "MockDriver", "MockHandle", "parse_mock_config"]
 

@@ -33,9 +33,9 @@ from typing import Any, Final
 import psutil
 import structlog
 
-from client_agent.drivers.base import ExitResult, TaskSpec
-from client_agent.errors import DriverConfigError, TaskStartError
-from client_agent.taskenv import dir_env
+from drover.client.drivers.base import ExitResult, TaskSpec
+from drover.client.errors import DriverConfigError, TaskStartError
+from drover.client.taskenv import dir_env
 
 __all__ = ["RawExecDriver", "RawExecHandle", "reap_registered_children"]
 

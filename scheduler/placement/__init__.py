@@ -24,13 +24,19 @@ Layout (one concept per module):
 - ``scores``: the score formulas (binpack, spread, affinities, anti-affinity, penalties).
 - ``ports``: static ports as asked, dynamic ports free in the node's range.
 
-Fit is decided by ``scheduler.fit.allocs_fit``, the same function the plan applier uses.
+Fit is decided by ``drover.scheduler.fit.allocs_fit``, the same function the plan applier uses.
 """
 
-from scheduler.placement.feasible import feasible_nodes
-from scheduler.placement.plan import PlanBuilder, new_alloc
-from scheduler.placement.ports import assign_ports
-from scheduler.placement.ranking import NodeChoice, PlacementStats, place_on_node, score_node, select_node
+from drover.scheduler.placement.feasible import feasible_nodes
+from drover.scheduler.placement.plan import PlanBuilder, new_alloc
+from drover.scheduler.placement.ports import assign_ports
+from drover.scheduler.placement.ranking import (
+    NodeChoice,
+    PlacementStats,
+    place_on_node,
+    score_node,
+    select_node,
+)
 
 __all__ = [
     "NodeChoice",

@@ -5,7 +5,7 @@ datacenter matches one of the job's (``*`` and fnmatch globs allowed) and it pas
 constraint of the job, the group and the group's tasks. ``distinct_hosts`` and
 ``distinct_property`` depend on where the plan has put other allocs, so they are only
 *described* here (``distinct_hosts_scope``, ``distinct_properties``) and checked by
-``scheduler.placement`` against the plan's proposed view.
+``drover.scheduler.placement`` against the plan's proposed view.
 
 Everything is compiled once per (job, group) into closures over a ``Node``
 (``compile_feasibility``): the schedulers test thousands of nodes against the same
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler.interfaces import State
-from scheduler.structs import Constraint, Job, Node, TaskGroup
+from drover.scheduler.interfaces import State
+from drover.scheduler.structs import Constraint, Job, Node, TaskGroup
 
 __all__ = [
     "DISTINCT_HOSTS",

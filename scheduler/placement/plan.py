@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from scheduler.fit import allocs_fit
-from scheduler.placement.ranking import NodeChoice, PlacementStats, PreparedGroups
-from scheduler.placement.views import NodeViews, view_fits
-from scheduler.structs import (
+from drover.scheduler.fit import allocs_fit
+from drover.scheduler.placement.ranking import NodeChoice, PlacementStats, PreparedGroups
+from drover.scheduler.placement.views import NodeViews, view_fits
+from drover.scheduler.structs import (
     ALLOC_CLIENT_PENDING,
     ALLOC_DESIRED_RUN,
     ALLOC_DESIRED_STOP,
@@ -38,7 +38,7 @@ from scheduler.structs import (
 )
 
 if TYPE_CHECKING:
-    from scheduler.interfaces import SchedulerContext, State
+    from drover.scheduler.interfaces import SchedulerContext, State
 
 __all__ = ["PlanBuilder", "new_alloc"]
 
@@ -52,7 +52,7 @@ class PlanBuilder:
     """Accumulates stops and placements for one eval and answers "what is on node N now".
 
     ``views`` (the proposed view of every node), ``groups`` (each placed group, compiled
-    once) and ``stats`` are for ``scheduler.placement.ranking``; callers change the plan
+    once) and ``stats`` are for ``drover.scheduler.placement.ranking``; callers change the plan
     only through ``stop``, ``place`` and ``update_status``.
     """
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import TYPE_CHECKING, Final
 
-from scheduler.structs import AllocatedPort, AllocatedResources, Node, NodeResources, Port, TaskGroup
+from drover.scheduler.structs import AllocatedPort, AllocatedResources, Node, NodeResources, Port, TaskGroup
 
 if TYPE_CHECKING:  # the caller's seeded Random; scheduler/ never imports random at run time
     import random

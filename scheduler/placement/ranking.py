@@ -17,7 +17,7 @@ its own view loses an alloc (a stop, an in-place replacement); every node comes 
 a distinct_property count drops. Pass the same candidate list object to every call of a
 pass: a different list starts a new ring.
 
-*Scores.* The formulas are in ``scheduler.placement.scores``: binpack (or spread, per the scheduler
+*Scores.* The formulas are in ``drover.scheduler.placement.scores``: binpack (or spread, per the scheduler
 config), job anti-affinity, affinities, spread blocks and the reschedule penalty, averaged
 over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
 """
@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.fit import allocs_fit
-from scheduler.placement import scores
-from scheduler.placement.feasible import (
+from drover.scheduler.fit import allocs_fit
+from drover.scheduler.placement import scores
+from drover.scheduler.placement.feasible import (
     DISTINCT_HOSTS_GROUP,
     DISTINCT_HOSTS_JOB,
     Feasibility,
@@ -39,9 +39,9 @@ from scheduler.placement.feasible import (
     distinct_hosts_scope,
     distinct_properties,
 )
-from scheduler.placement.ports import group_ports, pick_port_values, reuse_ports
-from scheduler.placement.views import NodeCaps, NodeView, NodeViews, PropertyCounter, view_fits
-from scheduler.structs import (
+from drover.scheduler.placement.ports import group_ports, pick_port_values, reuse_ports
+from drover.scheduler.placement.views import NodeCaps, NodeView, NodeViews, PropertyCounter, view_fits
+from drover.scheduler.structs import (
     SCHEDULER_ALGORITHM_SPREAD,
     AllocatedPort,
     AllocatedResources,
@@ -54,8 +54,8 @@ from scheduler.structs import (
 if TYPE_CHECKING:  # the caller's seeded Random; scheduler/ never imports random at run time
     import random
 
-    from scheduler.interfaces import SchedulerContext, State
-    from scheduler.placement.plan import PlanBuilder
+    from drover.scheduler.interfaces import SchedulerContext, State
+    from drover.scheduler.placement.plan import PlanBuilder
 
 __all__ = [
     "CandidateRing",

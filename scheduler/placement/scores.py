@@ -28,8 +28,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from scheduler.placement.feasible import compile_predicate
-from scheduler.structs import Affinity, Node
+from drover.scheduler.placement.feasible import compile_predicate
+from drover.scheduler.structs import Affinity, Node
 
 __all__ = [
     "BINPACK_MAX_FIT",

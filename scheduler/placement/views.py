@@ -12,7 +12,7 @@ Counters of a job's live allocs per value of a node property (spread, distinct_p
 are kept the same way, for the whole job, from the first time a group asks for one.
 
 Where room may have appeared is recorded for the candidate rings of
-``scheduler.placement.ranking``: ``freed`` lists, in order, the nodes whose view lost an
+``drover.scheduler.placement.ranking``: ``freed`` lists, in order, the nodes whose view lost an
 alloc, and ``epoch`` counts changes of a distinct_property count (which can free any node).
 """
 
@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
-from scheduler.fit import node_capacity
-from scheduler.placement.feasible import Getter, compile_target
-from scheduler.structs import Allocation, Node, NodeResources
+from drover.scheduler.fit import node_capacity
+from drover.scheduler.placement.feasible import Getter, compile_target
+from drover.scheduler.structs import Allocation, Node, NodeResources
 
 if TYPE_CHECKING:
-    from scheduler.interfaces import State
+    from drover.scheduler.interfaces import State
 
 __all__ = ["NodeCaps", "NodeView", "NodeViews", "PropertyCounter", "view_fits"]
 

@@ -1,6 +1,6 @@
 """The reconcilers: a job's allocs against what the job asks for, sorted into named buckets
 (Nomad's ``scheduler/reconciler``). Pure functions of values: no clock, no IDs, no state
-store; the schedulers (``scheduler.generic``, ``scheduler.system``) read the snapshot,
+store; the schedulers (``drover.scheduler.generic``, ``drover.scheduler.system``) read the snapshot,
 call them, and turn the buckets into a plan.
 
 Layout:
@@ -18,10 +18,16 @@ Layout:
   ``SystemDiff``.
 """
 
-from scheduler.reconciler.generic import DelayedReschedule, GroupResult, Placement, Stop, reconcile_group
-from scheduler.reconciler.reschedule import RescheduleDecision, next_delay, next_reschedule
-from scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
-from scheduler.reconciler.vocabulary import Rule, classify, max_parallel, stagger_ns, tasks_updated
+from drover.scheduler.reconciler.generic import (
+    DelayedReschedule,
+    GroupResult,
+    Placement,
+    Stop,
+    reconcile_group,
+)
+from drover.scheduler.reconciler.reschedule import RescheduleDecision, next_delay, next_reschedule
+from drover.scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
+from drover.scheduler.reconciler.vocabulary import Rule, classify, max_parallel, stagger_ns, tasks_updated
 
 __all__ = [
     "AllocTuple",

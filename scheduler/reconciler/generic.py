@@ -11,7 +11,7 @@ into a plan. The identity of a unit of work is its *slot*: the name index ``i`` 
 takes over the slot of the alloc it replaces and points back to it with
 ``previous_allocation``; that link is how later passes know a slot was already handed over.
 The words (buckets, node situations, rules, descriptions, ``tasks_updated``) are
-``scheduler.reconciler.vocabulary``'s; the reschedule policy is ``reconciler.reschedule``.
+``drover.scheduler.reconciler.vocabulary``'s; the reschedule policy is ``reconciler.reschedule``.
 
 The steps, in order (each is one function below):
 
@@ -52,13 +52,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Final
 
-from scheduler.reconciler.reschedule import (
+from drover.scheduler.reconciler.reschedule import (
     RESCHEDULE_WINDOW_NS,
     RescheduleDecision,
     next_reschedule,
     replacement_events,
 )
-from scheduler.reconciler.vocabulary import (
+from drover.scheduler.reconciler.vocabulary import (
     AT_DISCONNECTED,
     AT_DRAINING,
     AT_ELSEWHERE,
@@ -94,7 +94,7 @@ from scheduler.reconciler.vocabulary import (
     tainted_situation,
     tasks_updated,
 )
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_PENDING,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     DELAY_CONSTANT,
     DELAY_EXPONENTIAL,
     DELAY_FIBONACCI,

@@ -8,7 +8,7 @@ node of its datacenters that passes the group's constraints. The identity of an 
 input as a value (the job, the nodes, the job's allocs, the time) and returns named buckets
 (``SystemDiff``); ``scheduler/system.py`` turns the buckets into a plan. Nothing here reads a
 clock, mints an ID or touches the state store. The words (buckets, node situations, rules,
-descriptions, ``tasks_updated``) are ``scheduler.reconciler.vocabulary``'s.
+descriptions, ``tasks_updated``) are ``drover.scheduler.reconciler.vocabulary``'s.
 
 The steps, in order:
 
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Final
 
-from scheduler.reconciler.vocabulary import (
+from drover.scheduler.reconciler.vocabulary import (
     AT_DISCONNECTED,
     AT_DRAINING,
     AT_ELSEWHERE,
@@ -76,7 +76,7 @@ from scheduler.reconciler.vocabulary import (
     tainted_situation,
     tasks_updated,
 )
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_CLIENT_PENDING,
     ALLOC_CLIENT_RUNNING,
     ALLOC_CLIENT_UNKNOWN,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     NODE_STATUS_DISCONNECTED,
     NODE_STATUS_DOWN,

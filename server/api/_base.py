@@ -17,13 +17,13 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from drover.scheduler import validate
+from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
+from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
-from scheduler import validate
-from server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
-from server.state_store import Snapshot
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
+    from drover.server.core import ServerCore
 
 log = structlog.get_logger("drover.api")
 

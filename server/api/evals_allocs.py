@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from drover.scheduler.structs import DEFAULT_NAMESPACE
+from drover.server.api._base import get_by_id, query, rpc
+from drover.server.codec import to_proto
+from drover.server.errors import ValidationError
+from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2, api_pb2_grpc
-from scheduler.structs import DEFAULT_NAMESPACE
-from server.api._base import get_by_id, query, rpc
-from server.codec import to_proto
-from server.errors import ValidationError
-from server.state_store import Snapshot
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
+    from drover.server.core import ServerCore
 
 
 class EvalsServicer(api_pb2_grpc.EvalsServicer):

@@ -9,15 +9,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
+from drover.server.api.jobs import JobsServicer
+from drover.server.api.nodes import NodesServicer
+from drover.server.api.operator import OperatorServicer
 from drover.v1 import api_pb2, api_pb2_grpc
-from server.api.evals_allocs import AllocsServicer, EvalsServicer
-from server.api.jobs import JobsServicer
-from server.api.nodes import NodesServicer
-from server.api.operator import OperatorServicer
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
+    from drover.server.core import ServerCore
 
 # Blocking queries and alloc watches park a thread each; size the pool for many clients.
 MAX_WORKERS: Final = 256

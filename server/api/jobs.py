@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from drover.scheduler.structs import DEFAULT_NAMESPACE, Job
+from drover.server.api._base import meta_for, query, rpc, write_meta
+from drover.server.codec import from_proto, to_proto
+from drover.server.errors import NotFoundError, ValidationError
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
-from scheduler.structs import DEFAULT_NAMESPACE, Job
-from server.api._base import meta_for, query, rpc, write_meta
-from server.codec import from_proto, to_proto
-from server.errors import NotFoundError, ValidationError
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
+    from drover.server.core import ServerCore
 
 S = "Jobs"
 

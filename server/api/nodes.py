@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from drover.scheduler.structs import Node
+from drover.server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
+from drover.server.codec import from_proto, to_proto
+from drover.server.endpoints import decode_drain
+from drover.server.errors import ValidationError
+from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2, api_pb2_grpc
-from scheduler.structs import Node
-from server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
-from server.codec import from_proto, to_proto
-from server.endpoints import decode_drain
-from server.errors import ValidationError
-from server.state_store import Snapshot
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
+    from drover.server.core import ServerCore
 
 S = "Nodes"
 

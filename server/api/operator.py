@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 import grpc
 from prometheus_client import generate_latest
 
+from drover.server.api._base import meta_for, query, rpc, write_meta
+from drover.server.errors import ValidationError
+from drover.server.invariants import check_invariants
+from drover.server.snapshot import state_digest, to_snapshot
 from drover.v1 import api_pb2, api_pb2_grpc
-from server.api._base import meta_for, query, rpc, write_meta
-from server.errors import ValidationError
-from server.invariants import check_invariants
-from server.snapshot import state_digest, to_snapshot
 
 if TYPE_CHECKING:
-    from server.core import ServerCore
+    from drover.server.core import ServerCore
 
 
 class OperatorServicer(api_pb2_grpc.OperatorServicer):

@@ -23,7 +23,7 @@ package imports pysyncobj (tests/unit/test_purity.py), and no module but ``patch
 names a private pysyncobj attribute (tests/unit/test_raft_patches.py).
 """
 
-from server.raft.node import RaftNode
-from server.raft.tuning import RaftTuning, tuned_conf
+from drover.server.raft.node import RaftNode
+from drover.server.raft.tuning import RaftTuning, tuned_conf
 
 __all__ = ["RaftNode", "RaftTuning", "tuned_conf"]

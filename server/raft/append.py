@@ -16,7 +16,7 @@ suite:
   back up: it walks back one entry at a time and can stay behind for minutes.
 
 :func:`plan_append` decides, from the follower's log and the message alone, what the
-follower does instead; ``server.raft.patches`` carries it out around pysyncobj's handler.
+follower does instead; ``drover.server.raft.patches`` carries it out around pysyncobj's handler.
 Pure, so it is tested exhaustively against a model log (tests/unit/test_raft_append.py).
 """
 

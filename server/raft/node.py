@@ -6,7 +6,7 @@ the tuned configuration (tuning.py), the snapshot writer (snapshot_writer.py) an
 patches (patches.py, where every private pysyncobj name lives) together.
 
 The transport unpickles whatever a peer sends: a non-loopback raft bind requires a cluster
-key (``password``), enforced by ``server.core``.
+key (``password``), enforced by ``drover.server.core``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any, Final
 from pysyncobj import SyncObj, replicated
 from pysyncobj.config import FAIL_REASON
 
-from server.errors import CommitTimeoutError, NoLeaderError, NotLeaderError, RaftError
-from server.fsm import FSM, ApplyResult
-from server.raft import patches
-from server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
-from server.raft.snapshot_writer import SnapshotWriter
-from server.raft.tuning import RaftTuning, tuned_conf
+from drover.server.errors import CommitTimeoutError, NoLeaderError, NotLeaderError, RaftError
+from drover.server.fsm import FSM, ApplyResult
+from drover.server.raft import patches
+from drover.server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
+from drover.server.raft.snapshot_writer import SnapshotWriter
+from drover.server.raft.tuning import RaftTuning, tuned_conf
 
 __all__ = ["RaftNode"]
 

@@ -41,10 +41,10 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from drover.server.raft.append import plan_append
+from drover.server.raft.journal import command_bytes
+from drover.server.raft.tuning import RaftTuning
 from drover.v1 import raft_pb2
-from server.raft.append import plan_append
-from server.raft.journal import command_bytes
-from server.raft.tuning import RaftTuning
 
 __all__ = [
     "SUPPORTED_PYSYNCOBJ",

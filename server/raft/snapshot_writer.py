@@ -24,9 +24,9 @@ import structlog
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
+from drover.server.fsm import FSM
+from drover.server.snapshot import from_snapshot, to_snapshot
 from drover.v1 import raft_pb2
-from server.fsm import FSM
-from server.snapshot import from_snapshot, to_snapshot
 
 __all__ = ["SnapshotWriter"]
 

@@ -1,6 +1,6 @@
 """``python -m tests.bench._agent agent -server ...``: drover's agent, for the benchmark's cluster.
 
-It runs ``server.cli.main`` unchanged, plus the benchmark's watchdog: should the benchmark
+It runs ``drover.cli.main`` unchanged, plus the benchmark's watchdog: should the benchmark
 process die without stopping its cluster, each agent shuts itself down (SIGTERM to itself,
 which the agent handles cleanly) once its parent is gone or its lifetime is over. The
 agents run in their own sessions, so nothing else would stop them after a SIGKILL.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
-from server.cli import main
+from drover.cli import main
 from tests.bench._procs import start_watchdog
 
 

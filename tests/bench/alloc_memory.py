@@ -54,15 +54,15 @@ from typing import Any, Final
 import psutil
 from pysyncobj import pickle as raft_pickle
 
-from scheduler.interfaces import SchedulerContext, seed_from
-from scheduler.structs import JOB_TYPE_SERVICE, JOB_TYPE_SYSTEM, Allocation, Job, Node, PlanResult
-from server.clock import UuidIds
-from server.codec import from_proto
-from server.endpoints import Endpoints
-from server.fsm import FSM, ApplyResult
-from server.plan_apply import PendingPlan, PlanApplier, PlanQueue
-from server.state_store import StateStore
-from server.worker import scheduler_for, write_evals
+from drover.scheduler.interfaces import SchedulerContext, seed_from
+from drover.scheduler.structs import JOB_TYPE_SERVICE, JOB_TYPE_SYSTEM, Allocation, Job, Node, PlanResult
+from drover.server.clock import UuidIds
+from drover.server.codec import from_proto
+from drover.server.endpoints import Endpoints
+from drover.server.fsm import FSM, ApplyResult
+from drover.server.plan_apply import PendingPlan, PlanApplier, PlanQueue
+from drover.server.state_store import StateStore
+from drover.server.worker import scheduler_for, write_evals
 from tests.bench._procs import REPO_ROOT
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node

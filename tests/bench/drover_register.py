@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from deploy.cluster import LocalCluster
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient, DroverError
 from tests.bench._load import Operation, closed_loop
 from tests.bench._procs import MAX_SECONDS_ENV, PARENT_PID_ENV, BenchError
 from tests.bench._pyspy import recording, thread_cpu_by_role

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import grpc
 
-from common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from tests.bench._load import Operation, closed_loop
 from tests.bench._procs import (
     children_stopped_on_exit,

@@ -60,10 +60,10 @@ from typing import Any, Final
 import grpc
 
 from deploy.cluster import LocalCluster
+from drover.sdk import DroverClient, DroverError
+from drover.server.codec import to_proto
+from drover.server.jobspec import parse_jobspec
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
-from server.codec import to_proto
-from server.jobspec import parse_jobspec
-from server.sdk import DroverClient, DroverError
 from tests.bench._procs import (
     MAX_SECONDS_ENV,
     PARENT_PID_ENV,

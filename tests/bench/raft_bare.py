@@ -25,7 +25,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
 
 from deploy.cluster import pick_free_ports
-from server.raft.tuning import RaftTuning, tuned_conf
+from drover.server.raft.tuning import RaftTuning, tuned_conf
 from tests.bench._procs import (
     Child,
     children_stopped_on_exit,
@@ -44,7 +44,7 @@ GO_FILE: Final = "go.json"
 
 
 def make_conf(tuning: RaftTuning, data_dir: Path) -> SyncObjConf:
-    """The SyncObjConf of server.raft.RaftNode, minus drover's snapshot hooks."""
+    """The SyncObjConf of drover.server.raft.RaftNode, minus drover's snapshot hooks."""
     return tuned_conf(
         tuning, journal_file=str(data_dir / "journal.bin"), full_dump_file=str(data_dir / "dump.bin")
     )

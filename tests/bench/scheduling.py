@@ -62,10 +62,9 @@ from typing import Any, Final, TypeVar
 import psutil
 
 from deploy.cluster import LocalCluster
-from drover.v1 import raft_pb2, structs_pb2
-from scheduler.generic import compute_generic
-from scheduler.interfaces import SchedulerContext, SchedulerResult, seed_from
-from scheduler.structs import (
+from drover.scheduler.generic import compute_generic
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, seed_from
+from drover.scheduler.structs import (
     EVAL_STATUS_PENDING,
     JOB_TYPE_SERVICE,
     JOB_TYPE_SYSTEM,
@@ -76,14 +75,15 @@ from scheduler.structs import (
     RejectionTrackerConfig,
     job_eval,
 )
-from scheduler.system import compute_system
-from scheduler.validate import canonicalize_job
-from server.clock import UuidIds
-from server.codec import from_proto
-from server.fsm import FSM, apply_plan_results, encode_entry
-from server.plan_apply import RejectionTracker, evaluate_plan
-from server.sdk import DroverClient, DroverError
-from server.state_store import Snapshot, StateStore, Txn
+from drover.scheduler.system import compute_system
+from drover.scheduler.validate import canonicalize_job
+from drover.sdk import DroverClient, DroverError
+from drover.server.clock import UuidIds
+from drover.server.codec import from_proto
+from drover.server.fsm import FSM, apply_plan_results, encode_entry
+from drover.server.plan_apply import RejectionTracker, evaluate_plan
+from drover.server.state_store import Snapshot, StateStore, Txn
+from drover.v1 import raft_pb2, structs_pb2
 from tests.bench._procs import MAX_SECONDS_ENV, PARENT_PID_ENV, BenchError
 from tests.bench._pyspy import py_spy_path, python_thread_names, thread_role
 from tests.bench._stats import CpuProbe, wait_quiet

@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from drover.scheduler.structs import Job
+from drover.server.clock import SystemClock, UuidIds
+from drover.server.codec import from_proto
+from drover.server.endpoints import Endpoints
+from drover.server.fsm import FSM, ApplyResult
+from drover.server.state_store import StateStore
 from drover.v1 import api_pb2
-from scheduler.structs import Job
-from server.clock import SystemClock, UuidIds
-from server.codec import from_proto
-from server.endpoints import Endpoints
-from server.fsm import FSM, ApplyResult
-from server.state_store import StateStore
 from tests.bench.drover_register import JOB_IDS, bench_job
 
 ROUNDS: Final = 3

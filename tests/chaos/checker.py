@@ -27,11 +27,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from scheduler.structs import EVAL_STATUS_BLOCKED, EVAL_STATUS_PENDING, EVAL_TERMINAL, Job, Node
-from server.invariants import INVARIANT_SYSTEM_ALLOCS, check_invariants
-from server.raft_tools import OfflineError, open_data_dir, replay
-from server.snapshot import state_digest
-from server.state_store import Tables
+from drover.scheduler.structs import EVAL_STATUS_BLOCKED, EVAL_STATUS_PENDING, EVAL_TERMINAL, Job, Node
+from drover.server.invariants import INVARIANT_SYSTEM_ALLOCS, check_invariants
+from drover.server.raft_tools import OfflineError, open_data_dir, replay
+from drover.server.snapshot import state_digest
+from drover.server.state_store import Tables
 from tests.chaos.clients import TaskSeen, Window
 from tests.chaos.history import History, Op
 from tests.chaos.workload import (

@@ -6,7 +6,7 @@ IDs and processes) is about
 what an agent does with its tasks when it loses the servers and finds them again, which
 only a real agent running real processes can show.
 
-Each agent (``c1``, ``c2``, ...) is a ``server.cli agent -client`` process the LocalCluster
+Each agent (``c1``, ``c2``, ...) is a ``drover.cli agent -client`` process the LocalCluster
 starts (``add_client``) with its own ``TcpProxy`` instances as ``-servers``, one in front of
 each server's gRPC port (tests/cluster/proxy.py): cutting them partitions that client alone,
 while the servers and the other client go on. The agents are in datacenter ``dc2``, so the
@@ -39,10 +39,10 @@ from typing import Any, Final, TypeVar
 import psutil
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient, DroverError
+from drover.server.codec import to_proto
+from drover.server.jobspec import parse_jobspec
 from drover.v1 import structs_pb2
-from server.codec import to_proto
-from server.jobspec import parse_jobspec
-from server.sdk import DroverClient, DroverError
 from tests.chaos.workload import Caller, WorkloadConfig
 from tests.cluster.proxy import TcpProxy, proxies_for
 

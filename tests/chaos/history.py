@@ -4,11 +4,16 @@ An ``Op`` is one SDK call: when it was invoked and when it completed (seconds si
 run started, monotonic), what it asked for, and how it ended:
 
 * ``ok``: acknowledged, with the raft index of the write (``WriteMeta.index``);
-* ``info``: failed in a way that does not say whether it was applied (Jepsen's "info").
-  Every error counts as one here: a write whose attempt reached the leader may have
-  committed although the caller saw UNAVAILABLE or DEADLINE_EXCEEDED, and even NOT_FOUND
-  can be the retry of a purge that succeeded. The checker treats these as concurrent with
-  everything after their invocation: they may or may not have happened, at any time.
+* ``fail``: definitely not applied (Jepsen's "fail"): the only attempt the SDK made was
+  answered with an error the servers give before anything is committed, or for an entry
+  the FSM refused, which leaves the state untouched (``DEFINITE_ERRORS``: INVALID_ARGUMENT,
+  NOT_FOUND, FAILED_PRECONDITION, ...). The checker holds these to "never happened";
+* ``info``: failed in a way that does not say whether it was applied. A write whose
+  attempt reached the leader may have committed although the caller saw UNAVAILABLE or
+  DEADLINE_EXCEEDED; and a definite error after a retried attempt says nothing about the
+  earlier attempt (NOT_FOUND can be the retry of a purge that succeeded). The checker
+  treats these as concurrent with everything after their invocation: they may or may not
+  have happened, at any time.
 
 Jobs and nodes are partitioned between workload threads, so the operations on one key are
 sequential (except ``info`` ones, which stay open).
@@ -20,10 +25,26 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 OK = "ok"
+FAIL = "fail"
 INFO = "info"
+# Errors that say the write was not applied, when they answer the call's only attempt:
+# the servers raise them before proposing (validation, missing objects, check-and-set), or
+# for an entry the FSM refused (which changes nothing, on every server alike).
+DEFINITE_ERRORS: Final = frozenset(
+    {
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "FAILED_PRECONDITION",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+    }
+)
 
 
 @dataclass(slots=True)
@@ -42,6 +63,17 @@ class Op:
     @property
     def ok(self) -> bool:
         return self.outcome == OK
+
+    @property
+    def failed(self) -> bool:
+        """Definitely not applied."""
+        return self.outcome == FAIL
+
+    @property
+    def unknown(self) -> bool:
+        """May or may not have been applied, at any time after its invocation (an op still
+        open when the run ended counts too)."""
+        return self.outcome not in (OK, FAIL)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,10 +119,11 @@ class History:
         op.t_complete = self.now()
         op.outcome = OK
 
-    def fail(self, op: Op, error: str) -> None:
+    def fail(self, op: Op, error: str, *, definite: bool = False) -> None:
+        """The call failed: definitely not applied (``definite``), or outcome unknown."""
         op.error = error
         op.t_complete = self.now()
-        op.outcome = INFO
+        op.outcome = FAIL if definite else INFO
 
     def ops(self) -> list[Op]:
         """A copy of the ops so far, in invocation order."""

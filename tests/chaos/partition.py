@@ -6,7 +6,7 @@ shares 127.0.0.1, so firewall rules cannot tell which server an outgoing connect
 from (ephemeral source ports, one uid); and network namespaces would take the cluster off
 loopback. So the cut is made where identity is exact: at pysyncobj's transport, inside
 each server process, by a test-only wrapper (``python -m tests.chaos.partition_agent``,
-which installs the hook and then runs the ordinary ``server.cli`` agent; product code is
+which installs the hook and then runs the ordinary ``drover.cli`` agent; product code is
 untouched).
 
 The hook drops every raft message sent to, or received from, a blocked peer: TCP

@@ -1,6 +1,6 @@
 """``python -m tests.chaos.partition_agent agent ...``: the drover agent, partitionable.
 
-The ordinary ``server.cli`` entry point with tests/chaos/partition.py's raft transport
+The ordinary ``drover.cli`` entry point with tests/chaos/partition.py's raft transport
 hook installed first (when ``DROVER_CHAOS_PARTITION_FILE`` is set). Test-only.
 """
 
@@ -16,7 +16,7 @@ def main() -> int:
     path = os.environ.get(ENV)
     if path:
         install(path)
-    from server.cli import main as agent_main
+    from drover.cli import main as agent_main
 
     return agent_main()
 

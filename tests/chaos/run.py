@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from deploy.cluster import REPO_ROOT, ClusterError, LocalCluster, wait_for
-from scheduler.structs import EVAL_STATUS_PENDING, RejectionTrackerConfig
-from server.sdk import DroverClient
-from server.snapshot import from_snapshot
-from server.state_store import Tables
+from drover.scheduler.structs import EVAL_STATUS_PENDING, RejectionTrackerConfig
+from drover.sdk import DroverClient
+from drover.server.snapshot import from_snapshot
+from drover.server.state_store import Tables
 from tests.chaos import checker
 from tests.chaos.checker import CheckResult
 from tests.chaos.clients import SERVER_ARGS as CLIENT_SERVER_ARGS
@@ -150,7 +150,7 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
     partition_file = base_dir / "partition.json"
     cluster_dir = base_dir / "cluster"
     env = {PARTITION_ENV: str(partition_file)} if config.partitions else None
-    module = "tests.chaos.partition_agent" if config.partitions else "server.cli"
+    module = "tests.chaos.partition_agent" if config.partitions else "drover.cli"
     workload_config = WorkloadConfig(seed=config.seed, **config.workload)
     checks: list[CheckResult] = []
     server_args = CLIENT_SERVER_ARGS if config.clients else ()

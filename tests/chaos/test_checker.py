@@ -17,9 +17,9 @@ import immutables
 import pytest
 
 from deploy.cluster import wait_for
-from scheduler.structs import Job
-from server.codec import from_proto
-from server.state_store import Tables
+from drover.scheduler.structs import Job
+from drover.server.codec import from_proto
+from drover.server.state_store import Tables
 from tests.chaos import checker
 from tests.chaos.clients import LOST_AFTER_S, TaskSeen, Window
 from tests.chaos.history import INFO, OK, History, Op

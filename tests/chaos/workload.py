@@ -36,8 +36,8 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient, DroverError
 from tests.chaos.history import History, Op
 from tests.cluster.nodes import simulated_node
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import LocalCluster, wait_for
-from server.sdk import DroverClient
+from drover.sdk import DroverClient
 
 
 def wait_settled(cluster: LocalCluster, timeout: float = 60) -> None:

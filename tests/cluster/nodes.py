@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient
 
 
 def simulated_node(node_id: str, *, cpu: int = 4000, memory: int = 8192) -> structs_pb2.Node:

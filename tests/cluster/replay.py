@@ -17,11 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drover.scheduler.structs import JobChildrenSummary
+from drover.server.raft.journal import RECORD_COMMAND
+from drover.server.raft_tools import open_data_dir, replay
+from drover.server.snapshot import state_digest
 from drover.v1 import raft_pb2
-from scheduler.structs import JobChildrenSummary
-from server.raft.journal import RECORD_COMMAND
-from server.raft_tools import open_data_dir, replay
-from server.snapshot import state_digest
 from tests.fixtures import mock
 
 ET = raft_pb2.EntryType

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from server.sdk import DroverClient
+from drover.sdk import DroverClient
 from tests.cluster.jobs import periodic_job
 
 JOB_IDS = 500

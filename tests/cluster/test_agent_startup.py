@@ -19,7 +19,7 @@ def _start_server(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[st
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "drover.cli",
             "agent",
             "-server",
             "-node-name",

@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from deploy.cluster import LocalCluster
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient, DroverError
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 
@@ -135,7 +135,7 @@ def test_bad_input__cli_job_run__exit_1_one_line_and_writes_nothing(
     path.write_text(text)
     before = _state(server)
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "job", "run", "-detach", str(path)],
+        [sys.executable, "-m", "drover.cli", "job", "run", "-detach", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

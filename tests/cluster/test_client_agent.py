@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient
 from tests.cluster.jobs import service_job
 
 

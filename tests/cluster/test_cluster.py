@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from deploy.cluster import LocalCluster, wait_for
-from server.sdk import DroverClient
+from drover.sdk import DroverClient
 from tests.cluster.jobs import service_job
 
 JOBS = 50

@@ -34,10 +34,10 @@ import psutil
 import pytest
 
 from deploy.cluster import LocalCluster, client_argv, wait_for
+from drover.sdk import DroverClient, DroverError
+from drover.server.codec import to_proto
+from drover.server.jobspec import parse_jobspec
 from drover.v1 import structs_pb2
-from server.codec import to_proto
-from server.jobspec import parse_jobspec
-from server.sdk import DroverClient, DroverError
 from tests.cluster.conftest import wait_settled
 from tests.cluster.proxy import BLACKHOLE, REFUSE, TcpProxy, proxies_for
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.cluster import LocalCluster
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 
@@ -41,7 +41,7 @@ def _children(server: LocalCluster) -> list[str]:
 
 def _cli_dispatch(server: LocalCluster, *extra: str) -> dict[str, object]:
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "job", "dispatch", "-detach", "-json", *extra, "resize"],
+        [sys.executable, "-m", "drover.cli", "job", "dispatch", "-detach", "-json", *extra, "resize"],
         capture_output=True,
         text=True,
         timeout=60,

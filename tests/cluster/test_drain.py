@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient
 
 _TASK = """
     task "t" {
@@ -65,7 +65,7 @@ def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
 
 def _cli(cluster: LocalCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "drover.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

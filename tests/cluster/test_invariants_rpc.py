@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
 from drover.v1 import raft_pb2
-from server.sdk import DroverClient
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import register_nodes
 
 
 def _cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "drover.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

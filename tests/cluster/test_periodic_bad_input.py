@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient, DroverError
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import periodic_job, service_job
 

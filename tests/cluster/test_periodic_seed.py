@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.scheduler.periodic import SECOND_NS, launch_ns_from_id, prev_periodic_launch
+from drover.scheduler.structs import PeriodicConfig
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from scheduler.periodic import SECOND_NS, launch_ns_from_id, prev_periodic_launch
-from scheduler.structs import PeriodicConfig
-from server.sdk import DroverClient
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.replay import ReplayReport, assert_servers_agree, check_every_index
@@ -223,7 +223,7 @@ def test_periodic_and_dispatch__cli_end_to_end__and_offline_tools_refuse_while_r
 
         def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-m", "server.cli", *args],
+                [sys.executable, "-m", "drover.cli", *args],
                 capture_output=True,
                 text=stdin is None,
                 input=stdin,

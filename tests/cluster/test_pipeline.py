@@ -9,8 +9,8 @@ from __future__ import annotations
 import signal
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.sdk import DroverClient
 
 SECOND = 1_000_000_000
 # The scheduler reschedules a failure due within this window at once (scheduler/reconciler/reschedule.py).
@@ -77,7 +77,7 @@ job "{job_id}" {{
 
 def _cli(cluster: LocalCluster, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "drover.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

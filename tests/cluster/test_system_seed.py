@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
 from drover.v1 import raft_pb2, structs_pb2
-from server.sdk import DroverClient
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import register_nodes
@@ -35,7 +35,7 @@ def system_job(job_id: str, port: int) -> structs_pb2.Job:
 
 def _cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "drover.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

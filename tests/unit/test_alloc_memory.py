@@ -53,7 +53,7 @@ def test_alloc_memory__repeated_values__are_shared_by_the_stored_allocs(
 
 
 def test_alloc_memory__census__counts_a_shared_object_once() -> None:
-    from scheduler.structs import AllocatedResources, Allocation
+    from drover.scheduler.structs import AllocatedResources, Allocation
 
     shared = AllocatedResources(cpu_mhz=100, memory_mb=64, disk_mb=1)
     own = [AllocatedResources(cpu_mhz=100, memory_mb=64, disk_mb=1) for _ in range(2)]

@@ -7,10 +7,10 @@ from typing import Any, cast
 
 import pytest
 
+from drover.server.api._base import get_by_id
+from drover.server.errors import NotFoundError, ValidationError
+from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
-from server.api._base import get_by_id
-from server.errors import NotFoundError, ValidationError
-from server.state_store import Snapshot
 from tests.fixtures import mock
 from tests.harness import Harness
 

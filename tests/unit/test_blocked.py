@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     EVAL_STATUS_BLOCKED,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
@@ -17,7 +17,7 @@ from scheduler.structs import (
     TRIGGER_QUEUED_ALLOCS,
     Evaluation,
 )
-from server.blocked import BlockedEvals
+from drover.server.blocked import BlockedEvals
 
 INDEX = 100
 

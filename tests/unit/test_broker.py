@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduler.structs import Evaluation
-from server.broker import (
+from drover.scheduler.structs import Evaluation
+from drover.server.broker import (
     DEFAULT_DELIVERY_LIMIT,
     DEFAULT_NACK_TIMEOUT_NS,
     INITIAL_NACK_DELAY_NS,

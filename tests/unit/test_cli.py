@@ -25,12 +25,12 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
+from drover import sdk
+from drover.cli import format_table, main, parse_duration_ns
+from drover.scheduler import structs
+from drover.server.codec import to_proto
+from drover.server.config import ServerConfig
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
-from scheduler import structs
-from server import sdk
-from server.cli import format_table, main, parse_duration_ns
-from server.codec import to_proto
-from server.config import ServerConfig
 
 EVAL_ID = "6f1c2d3e-0000-4000-8000-000000000001"
 EVAL_ID_2 = "6f1c9999-0000-4000-8000-000000000002"
@@ -311,9 +311,9 @@ def periodic_job() -> structs.Job:
 
 @pytest.fixture
 def fake_jobspec(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A stand-in ``server.jobspec``: "web N" parses to web_job(N), "periodic" to periodic_job(),
+    """A stand-in ``drover.server.jobspec``: "web N" parses to web_job(N), "periodic" to periodic_job(),
     "bad" raises JobspecError."""
-    mod = types.ModuleType("server.jobspec")
+    mod = types.ModuleType("drover.server.jobspec")
 
     class JobspecError(ValueError):
         pass
@@ -328,7 +328,7 @@ def fake_jobspec(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
     mod.JobspecError = JobspecError  # type: ignore[attr-defined]
     mod.parse_jobspec = parse_jobspec  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "server.jobspec", mod)
+    monkeypatch.setitem(sys.modules, "drover.server.jobspec", mod)
     return mod
 
 
@@ -346,7 +346,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[
 def test_job_run__detach__sends_the_parsed_job(
     fake: tuple[FakeDrover, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    jobspec = pytest.importorskip("server.jobspec")
+    jobspec = pytest.importorskip("drover.server.jobspec")
     state, addr = fake
     path = tmp_path / "web.hcl"
     path.write_text(
@@ -587,7 +587,7 @@ def test_job_run__periodic_job__nothing_to_monitor(
 
 
 def test_job_run__default_monitor_timeout_is_60s() -> None:
-    from server.cli import build_parser
+    from drover.cli import build_parser
 
     args = build_parser().parse_args(["job", "run", "web.hcl"])
     assert args.monitor_timeout == 60.0
@@ -1250,13 +1250,13 @@ def fake_agents(monkeypatch: pytest.MonkeyPatch) -> list[object]:
         started.append(cfg)
         return 0
 
-    server_mod = types.ModuleType("server.agent")
+    server_mod = types.ModuleType("drover.server.agent")
     server_mod.run_server = record  # type: ignore[attr-defined]
     server_mod.run_dev = record  # type: ignore[attr-defined]
-    client_mod = types.ModuleType("client_agent.agent")
+    client_mod = types.ModuleType("drover.client.agent")
     client_mod.run_client = record  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "server.agent", server_mod)
-    monkeypatch.setitem(sys.modules, "client_agent.agent", client_mod)
+    monkeypatch.setitem(sys.modules, "drover.server.agent", server_mod)
+    monkeypatch.setitem(sys.modules, "drover.client.agent", client_mod)
     return started
 
 

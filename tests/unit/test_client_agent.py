@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client_agent.agent import AgentTuning, ClientAgent
-from client_agent.drivers import raw_exec
+from drover.client.agent import AgentTuning, ClientAgent
+from drover.client.drivers import raw_exec
 from drover.v1 import structs_pb2
 from tests.unit.test_client_fake_server import (
     FakeNodes,
@@ -537,7 +537,7 @@ def test_run_client__sigterm__exits_zero_leaving_tasks(tmp_path: Path, server: F
     script = textwrap.dedent(
         f"""
         from dataclasses import dataclass, field
-        from client_agent.agent import run_client
+        from drover.client.agent import run_client
 
         @dataclass(frozen=True)
         class Cfg:

@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client_agent.drivers import ExitResult, MockDriver, RawExecDriver, TaskHandle, TaskSpec
-from client_agent.drivers.raw_exec import reap_registered_children
-from client_agent.errors import DriverConfigError, TaskStartError
+from drover.client.drivers import ExitResult, MockDriver, RawExecDriver, TaskHandle, TaskSpec
+from drover.client.drivers.raw_exec import reap_registered_children
+from drover.client.errors import DriverConfigError, TaskStartError
 from tests.unit.test_client_fake_server import wait_until
 
 S = 1_000_000_000

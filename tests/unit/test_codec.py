@@ -22,10 +22,10 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drover.scheduler import structs
+from drover.server import codec
+from drover.server.codec import from_proto, to_proto
 from drover.v1 import raft_pb2, structs_pb2
-from scheduler import structs
-from server import codec
-from server.codec import from_proto, to_proto
 from tests.fixtures import mock
 
 # Dataclasses with no message of their own: scheduler-internal values never sent or stored.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "common"
+PACKAGE = Path(__file__).resolve().parents[2] / "proto" / "drover" / "common"
 THIRD_PARTY = {"structlog"}
 
 
@@ -16,13 +16,19 @@ def _modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def _part(name: str) -> str:
+    """The top-level package; for ours, the part of the drover namespace (drover.server)."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "drover" else parts[0]
+
+
 def _top_level_imports(source: str) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            names |= {_part(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(_part(node.module))
     return names
 
 
@@ -32,12 +38,12 @@ def test_boundary__common__imports_only_stdlib_and_third_party(path: Path) -> No
 
     ours = {name for name in imports if name not in sys.stdlib_module_names and name not in THIRD_PARTY}
 
-    assert ours <= {"common"}, f"{path.name} imports {sorted(ours)}"
+    assert ours <= {"drover.common"}, f"{path.name} imports {sorted(ours)}"
 
 
 def test_boundary__common__checker_catches_an_import_of_ours() -> None:
-    assert _top_level_imports("from server.fsm import FSM\nimport client_agent.rpc") == {
-        "server",
-        "client_agent",
+    assert _top_level_imports("from drover.server.fsm import FSM\nimport drover.client.rpc") == {
+        "drover.server",
+        "drover.client",
     }
     assert "logs.py" in {p.name for p in _modules()}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import (
+from drover.server.config import (
     ClientConfig,
     ConfigError,
     DevConfig,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import load_server_config
+from drover.server.config import load_server_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "config"
 CLUSTERS = {

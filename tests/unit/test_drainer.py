@@ -1,4 +1,4 @@
-"""server.drainer: when a drain has nothing left to move (pure, on mock records)."""
+"""drover.server.drainer: when a drain has nothing left to move (pure, on mock records)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.structs import ALLOC_CLIENT_COMPLETE, ALLOC_CLIENT_RUNNING, ALLOC_DESIRED_STOP, DrainStrategy
-from server.drainer import drain_complete, drain_remaining
+from drover.scheduler.structs import (
+    ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_RUNNING,
+    ALLOC_DESIRED_STOP,
+    DrainStrategy,
+)
+from drover.server.drainer import drain_complete, drain_remaining
 from tests.fixtures import mock
 
 NODE = replace(mock.node(id="n1"), drain_strategy=DrainStrategy())

@@ -1,4 +1,4 @@
-"""common.duration against Go's own table for ``time.ParseDuration`` (src/time/time_test.go).
+"""drover.common.duration against Go's own table for ``time.ParseDuration`` (src/time/time_test.go).
 
 Every row here is a case Go's test suite pins, so drover reads a duration exactly as Nomad
 (a Go program) does, rounding included.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.duration import parse_duration
+from drover.common.duration import parse_duration
 
 NS = 1
 US = 1_000

@@ -1,4 +1,4 @@
-"""scheduler.placement.feasible: readiness, datacenters and constraints, node by node."""
+"""drover.scheduler.placement.feasible: readiness, datacenters and constraints, node by node."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.placement.feasible import (
+from drover.scheduler.placement.feasible import (
     DistinctProperty,
     check_operator,
     compile_datacenters,
@@ -19,7 +19,7 @@ from scheduler.placement.feasible import (
     parse_version,
     version_matches,
 )
-from scheduler.structs import (
+from drover.scheduler.structs import (
     NODE_INELIGIBLE,
     NODE_STATUS_DOWN,
     NODE_STATUS_INIT,

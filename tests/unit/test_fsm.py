@@ -13,9 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from drover.v1 import raft_pb2
-from scheduler import validate
-from scheduler.structs import (
+from drover.scheduler import validate
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,
@@ -42,10 +41,11 @@ from scheduler.structs import (
     SchedulerConfig,
     TaskGroupSummary,
 )
-from server.codec import to_proto
-from server.fsm import FSM, ApplyResult, encode_entry
-from server.snapshot import state_digest
-from server.state_store import TABLES, TRACKED_JOB_VERSIONS, Snapshot, StateStore, Tables
+from drover.server.codec import to_proto
+from drover.server.fsm import FSM, ApplyResult, encode_entry
+from drover.server.snapshot import state_digest
+from drover.server.state_store import TABLES, TRACKED_JOB_VERSIONS, Snapshot, StateStore, Tables
+from drover.v1 import raft_pb2
 from tests.fixtures import mock
 
 ET = raft_pb2.EntryType

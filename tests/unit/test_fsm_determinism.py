@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from drover.v1 import raft_pb2
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_CLIENT_STATUSES,
     ALLOC_DESIRED_EVICT,
     ALLOC_DESIRED_RUN,
@@ -50,9 +49,10 @@ from scheduler.structs import (
     RejectionTrackerConfig,
     SchedulerConfig,
 )
-from server.fsm import FSM
-from server.snapshot import from_snapshot, state_digest, to_snapshot
-from server.state_store import StateStore, Tables
+from drover.server.fsm import FSM
+from drover.server.snapshot import from_snapshot, state_digest, to_snapshot
+from drover.server.state_store import StateStore, Tables
+from drover.v1 import raft_pb2
 from tests.fixtures import mock
 
 ET = raft_pb2.EntryType
@@ -474,9 +474,9 @@ def test_fsm__same_log_under_other_hash_seeds__same_digest(log: list[Entry], tmp
 _REPLAY_SCRIPT = """
 import sys, structlog
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-from server.fsm import FSM
-from server.snapshot import state_digest
-from server.state_store import StateStore
+from drover.server.fsm import FSM
+from drover.server.snapshot import state_digest
+from drover.server.state_store import StateStore
 data = open(sys.argv[1], "rb").read()
 store, pos, index = StateStore(), 0, 0
 fsm = FSM(store)

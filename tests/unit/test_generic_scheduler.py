@@ -22,12 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drover.v1 import raft_pb2
-from scheduler.generic import batch_followups, compute_generic
-from scheduler.interfaces import SchedulerResult
-from scheduler.reconciler.generic import DelayedReschedule
-from scheduler.reconciler.vocabulary import DESC_RECONNECT_LOSER, DESC_RESCHEDULED
-from scheduler.structs import (
+from drover.scheduler.generic import batch_followups, compute_generic
+from drover.scheduler.interfaces import SchedulerResult
+from drover.scheduler.reconciler.generic import DelayedReschedule
+from drover.scheduler.reconciler.vocabulary import DESC_RECONNECT_LOSER, DESC_RESCHEDULED
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,
@@ -65,8 +64,9 @@ from scheduler.structs import (
     TaskState,
     UpdateStrategy,
 )
-from server.fsm import FSM, encode_entry
-from server.plan_apply import RejectionTracker, evaluate_plan
+from drover.server.fsm import FSM, encode_entry
+from drover.server.plan_apply import RejectionTracker, evaluate_plan
+from drover.v1 import raft_pb2
 from tests.fixtures import mock
 from tests.harness import Harness
 from tests.unit.test_reconcile import Expect, destructive_change, with_group

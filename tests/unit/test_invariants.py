@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.structs import Job, JobChildrenSummary, JobSummary, Node, TaskGroupSummary
-from server.fsm import FSM
-from server.invariants import INVARIANT_SUMMARIES, INVARIANT_SYSTEM_ALLOCS, check_invariants
-from server.state_store import StateStore, Tables, Txn
+from drover.scheduler.structs import Job, JobChildrenSummary, JobSummary, Node, TaskGroupSummary
+from drover.server.fsm import FSM
+from drover.server.invariants import INVARIANT_SUMMARIES, INVARIANT_SYSTEM_ALLOCS, check_invariants
+from drover.server.state_store import StateStore, Tables, Txn
 from tests.fixtures import mock
 
 

@@ -1,4 +1,4 @@
-"""server.jobspec: HCL and JSON jobspecs to canonical jobs, and errors that name the place."""
+"""drover.server.jobspec: HCL and JSON jobspecs to canonical jobs, and errors that name the place."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from google.protobuf import json_format
 from hypothesis import given
 from hypothesis import strategies as st
 
-from drover.v1 import structs_pb2
-from scheduler.structs import (
+from drover.scheduler.structs import (
     JOB_TYPES,
     Constraint,
     Job,
@@ -26,9 +25,10 @@ from scheduler.structs import (
     TaskGroup,
     UpdateStrategy,
 )
-from scheduler.validate import canonicalize_job, validate_job
-from server.codec import to_proto
-from server.jobspec import JobspecError, parse_duration, parse_jobspec
+from drover.scheduler.validate import canonicalize_job, validate_job
+from drover.server.codec import to_proto
+from drover.server.jobspec import JobspecError, parse_duration, parse_jobspec
+from drover.v1 import structs_pb2
 
 JOBS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "jobs"
 SECOND = 1_000_000_000

@@ -58,7 +58,7 @@ def test_peers__exclude_self() -> None:
     assert peer_addresses(specs, 0) == ["127.0.0.1:5003", "127.0.0.1:5005"]
     assert peer_addresses(specs, 1) == ["127.0.0.1:5001", "127.0.0.1:5005"]
     argv = server_argv(specs[2], Path("/d/s3"), peer_addresses(specs, 2))
-    assert argv[1:3] == ["-m", "server.cli"]
+    assert argv[1:3] == ["-m", "drover.cli"]
     assert argv[argv.index("-peers") + 1] == "127.0.0.1:5001,127.0.0.1:5003"
     assert argv[argv.index("-raft-port") + 1] == "5005"
     assert argv[argv.index("-grpc-port") + 1] == "5004"
@@ -72,7 +72,7 @@ def test_peers__single_server_has_no_peers_flag() -> None:
 def test_cluster_json__round_trip(tmp_path: Path) -> None:
     record = ClusterRecord(
         base_dir=str(tmp_path),
-        servers=(_record(11, ["py", "-m", "server.cli"]), _record(12, ["py"], name="s2")),
+        servers=(_record(11, ["py", "-m", "drover.cli"]), _record(12, ["py"], name="s2")),
         clients=(ProcessRecord(name="c1", pid=13, argv=("py",), data_dir="/d/c1", log="/d/c1.log"),),
     )
     path = tmp_path / "cluster.json"
@@ -98,7 +98,7 @@ def test_stop__refuses_a_pid_that_runs_something_else(tmp_path: Path) -> None:
     try:
         wait_for(lambda: process_cmdline(sleeper.pid) == ["sleep", "30"], timeout=10, message="sleep to exec")
         path = tmp_path / "cluster.json"
-        argv = [sys.executable, "-m", "server.cli", "agent", "-server", "-data-dir", "/tmp/x/s1"]
+        argv = [sys.executable, "-m", "drover.cli", "agent", "-server", "-data-dir", "/tmp/x/s1"]
         ClusterRecord(base_dir=str(tmp_path), servers=(_record(sleeper.pid, argv),)).save(path)
         assert stop_recorded(path, timeout=1.0) == {"s1": "foreign"}
         assert sleeper.poll() is None, "a pid whose cmdline does not match must not be signalled"
@@ -109,7 +109,7 @@ def test_stop__refuses_a_pid_that_runs_something_else(tmp_path: Path) -> None:
 
 
 def test_stop__ends_a_matching_process(tmp_path: Path) -> None:
-    argv = [sys.executable, "-c", "import time; time.sleep(30)", "server.cli"]
+    argv = [sys.executable, "-c", "import time; time.sleep(30)", "drover.cli"]
     proc = subprocess.Popen(argv)
     try:
         wait_for(lambda: process_cmdline(proc.pid) == argv, timeout=10, message="the child to exec")

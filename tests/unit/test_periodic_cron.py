@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduler.periodic import (
+from drover.scheduler.periodic import (
     CronError,
     cron_error,
     derive_dispatched_child,
@@ -24,7 +24,7 @@ from scheduler.periodic import (
     periodic_child_id,
     prev_launch,
 )
-from scheduler.structs import JOB_STATUS_RUNNING, PeriodicConfig
+from drover.scheduler.structs import JOB_STATUS_RUNNING, PeriodicConfig
 from tests.fixtures import mock
 
 NY = "America/New_York"

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from drover.v1 import raft_pb2
-from scheduler.periodic import derive_dispatched_child, periodic_child_id
-from scheduler.structs import (
+from drover.scheduler.periodic import derive_dispatched_child, periodic_child_id
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_RUNNING,
     EVAL_STATUS_COMPLETE,
@@ -31,11 +30,11 @@ from scheduler.structs import (
     PeriodicConfig,
     TaskGroupSummary,
 )
-from server.codec import to_proto
-from server.endpoints import Endpoints
-from server.errors import ConflictError, NotFoundError, ValidationError
-from server.fsm import FSM, ApplyResult, encode_entry
-from server.periodic import (
+from drover.server.codec import to_proto
+from drover.server.endpoints import Endpoints
+from drover.server.errors import ConflictError, NotFoundError, ValidationError
+from drover.server.fsm import FSM, ApplyResult, encode_entry
+from drover.server.periodic import (
     LAUNCHED,
     SKIPPED_OVERLAP,
     LaunchOutcome,
@@ -43,8 +42,9 @@ from server.periodic import (
     force_launch_ns,
     launch_entry,
 )
-from server.snapshot import state_digest
-from server.state_store import Snapshot, StateStore, Txn
+from drover.server.snapshot import state_digest
+from drover.server.state_store import Snapshot, StateStore, Txn
+from drover.v1 import raft_pb2
 from tests.fixtures import mock
 
 ET = raft_pb2.EntryType
@@ -193,7 +193,7 @@ def test_dispatcher__registered_after_a_slot__does_not_launch_it(cluster: Cluste
 def test_dispatcher__re_registered_before_its_next_slot__next_slot_kept_without_recomputing(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import server.periodic as periodic_module
+    import drover.server.periodic as periodic_module
 
     calls: list[int] = []
     real = periodic_module.next_periodic_launch

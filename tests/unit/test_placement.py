@@ -1,4 +1,4 @@
-"""scheduler.placement: the plan under construction and choosing nodes against it."""
+"""drover.scheduler.placement: the plan under construction and choosing nodes against it."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.fit import allocs_fit, proposed_allocs
-from scheduler.interfaces import SchedulerContext
-from scheduler.placement import PlanBuilder, assign_ports, place_on_node, select_node
-from scheduler.structs import (
+from drover.scheduler.fit import allocs_fit, proposed_allocs
+from drover.scheduler.interfaces import SchedulerContext
+from drover.scheduler.placement import PlanBuilder, assign_ports, place_on_node, select_node
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,

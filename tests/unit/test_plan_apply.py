@@ -2,7 +2,7 @@
 the rejection tracker, fault injection, the plan queue, and the applier thread end to end.
 
 State is a real ``StateStore`` built through ``tests.harness.Harness`` (``Txn``, the code
-the FSM uses); committed entries are applied with the real ``server.fsm.FSM``. The end to
+the FSM uses); committed entries are applied with the real ``drover.server.fsm.FSM``. The end to
 end part runs ``PlanApplier`` in-process, no raft: a fake ``propose_async`` applies the entry
 bytes through the FSM on the same store, either at once or from a thread that waits on a
 gate (raft latency), which is what exercises the pipelined overlay view.
@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from drover.v1 import raft_pb2
-from scheduler.fit import allocs_fit
-from scheduler.structs import (
+from drover.scheduler.fit import allocs_fit
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_RUNNING,
     ALLOC_DESIRED_STOP,
@@ -42,10 +41,10 @@ from scheduler.structs import (
     RejectionTrackerConfig,
     SchedulerConfig,
 )
-from server import plan_apply
-from server.broker import EvalBroker
-from server.fsm import FSM, ApplyResult, encode_entry
-from server.plan_apply import (
+from drover.server import plan_apply
+from drover.server.broker import EvalBroker
+from drover.server.fsm import FSM, ApplyResult, encode_entry
+from drover.server.plan_apply import (
     FAULT_REJECT_NODES_ENV,
     Evaluated,
     PendingPlan,
@@ -55,7 +54,8 @@ from server.plan_apply import (
     RejectionTracker,
     evaluate_plan,
 )
-from server.state_store import Snapshot
+from drover.server.state_store import Snapshot
+from drover.v1 import raft_pb2
 from tests.fixtures import mock
 from tests.harness import Harness
 
@@ -1081,8 +1081,8 @@ def test_applier__pipelined__inflight_plan_fails__next_plan_not_committed_on_its
 
 
 def test_split_entry__big_plan__stops_first_chunks_bounded_evals_last() -> None:
+    from drover.server.plan_apply import MAX_ALLOCS_PER_ENTRY, split_entry
     from drover.v1 import raft_pb2 as rpb
-    from server.plan_apply import MAX_ALLOCS_PER_ENTRY, split_entry
 
     entry = rpb.ApplyPlanResultsEntry(eval_id="e1", updated_at_ns=5)
     for i in range(3):

@@ -1,4 +1,4 @@
-"""scheduler.placement.ports: static ports exactly, dynamic ports free in the node's range, no collisions."""
+"""drover.scheduler.placement.ports: static ports exactly, dynamic ports free in the node's range, no collisions."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.fit import allocs_fit
-from scheduler.interfaces import SchedulerContext
-from scheduler.placement import PlanBuilder, place_on_node, select_node
-from scheduler.placement.ports import assign_ports, reuse_ports
-from scheduler.structs import (
+from drover.scheduler.fit import allocs_fit
+from drover.scheduler.interfaces import SchedulerContext
+from drover.scheduler.placement import PlanBuilder, place_on_node, select_node
+from drover.scheduler.placement.ports import assign_ports, reuse_ports
+from drover.scheduler.structs import (
     AllocatedPort,
     AllocatedResources,
     Job,

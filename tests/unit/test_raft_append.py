@@ -2,7 +2,7 @@
 
 The model follows pysyncobj 0.3.17's append_entries branch line by line (reset replies,
 truncate-after-prevLogIdx, append, reply with the last new index) and runs it on the plan
-that server.raft.patches hands it. Logs are generated to satisfy Raft's Log Matching property: a
+that drover.server.raft.patches hands it. Logs are generated to satisfy Raft's Log Matching property: a
 follower shares a prefix with the leader and may carry a stale tail from a term the leader
 never had.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.raft.append import Entry, plan_append
+from drover.server.raft.append import Entry, plan_append
 
 Log = list[int]  # terms; index i (1-based) is Log[i - 1]
 
@@ -164,8 +164,8 @@ def test_a_divergence_below_the_applied_floor_is_left_for_pysyncobj_to_report():
 
 
 def test_followers_elect_in_address_order_after_the_leader_socket_closes():
-    from server.raft.patches import leader_lost_delay
-    from server.raft.tuning import RaftTuning
+    from drover.server.raft.patches import leader_lost_delay
+    from drover.server.raft.tuning import RaftTuning
 
     tuning = RaftTuning()
     members = ["127.0.0.1:7003", "127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7005", "127.0.0.1:7004"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pysyncobj.pickle as sync_pickle
 from pysyncobj.syncobj import _COMMAND_TYPE
 
+from drover.server.fsm import encode_entry
+from drover.server.raft.patches import forwardable
 from drover.v1 import raft_pb2
-from server.fsm import encode_entry
-from server.raft.patches import forwardable
 
 
 def _forwarded(entry_type: int, payload: object) -> bytes:

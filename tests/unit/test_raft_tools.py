@@ -17,14 +17,21 @@ import pytest
 from pysyncobj.journal import FileJournal
 from pysyncobj.syncobj import _COMMAND_TYPE
 
+from drover.cli import main
+from drover.scheduler.structs import JobChildrenSummary
+from drover.server.datadir import DataDirLock
+from drover.server.fsm import FSM
+from drover.server.raft_tools import (
+    OfflineError,
+    inspect_snapshot,
+    log_entries,
+    open_data_dir,
+    replay,
+    state_json,
+)
+from drover.server.snapshot import to_snapshot
+from drover.server.state_store import StateStore, Tables
 from drover.v1 import raft_pb2
-from scheduler.structs import JobChildrenSummary
-from server.cli import main
-from server.datadir import DataDirLock
-from server.fsm import FSM
-from server.raft_tools import OfflineError, inspect_snapshot, log_entries, open_data_dir, replay, state_json
-from server.snapshot import to_snapshot
-from server.state_store import StateStore, Tables
 from tests.fixtures import mock
 
 PARENT = mock.periodic_job(id="cron")

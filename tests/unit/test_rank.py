@@ -1,4 +1,4 @@
-"""scheduler.placement.scores: the score components, and how they steer select_node."""
+"""drover.scheduler.placement.scores: the score components, and how they steer select_node."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.interfaces import SchedulerContext
-from scheduler.placement import NodeChoice, PlanBuilder, score_node, select_node
-from scheduler.placement import scores as rank
-from scheduler.structs import (
+from drover.scheduler.interfaces import SchedulerContext
+from drover.scheduler.placement import NodeChoice, PlanBuilder, score_node, select_node
+from drover.scheduler.placement import scores as rank
+from drover.scheduler.structs import (
     Affinity,
     AllocatedResources,
     Job,
@@ -21,7 +21,7 @@ from scheduler.structs import (
     SchedulerConfig,
     Spread,
 )
-from server.state_store import Txn
+from drover.server.state_store import Txn
 from tests.fixtures import mock
 from tests.harness import Harness
 

@@ -1,4 +1,4 @@
-"""scheduler.reconciler.generic: one group's allocs into named buckets, with no state store and no clock.
+"""drover.scheduler.reconciler.generic: one group's allocs into named buckets, with no state store and no clock.
 
 Most tests are one row of ``CASES``: a situation (built from mock objects, changing only the
 field it is about) and the bucket counts it must produce (``Expect``, Nomad's
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.reconciler.generic import GroupResult, reconcile_group
-from scheduler.reconciler.reschedule import next_delay, next_reschedule
-from scheduler.reconciler.vocabulary import DESC_LOST, DESC_RECONNECT_LOSER, DESC_RESCHEDULED
-from scheduler.structs import (
+from drover.scheduler.reconciler.generic import GroupResult, reconcile_group
+from drover.scheduler.reconciler.reschedule import next_delay, next_reschedule
+from drover.scheduler.reconciler.vocabulary import DESC_LOST, DESC_RECONNECT_LOSER, DESC_RESCHEDULED
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler import structs
-from scheduler._records import replacer, slot_setters
-from server.codec import from_proto, to_proto
-from server.fsm import _spec_equal
+from drover.scheduler import structs
+from drover.scheduler._records import replacer, slot_setters
+from drover.server.codec import from_proto, to_proto
+from drover.server.fsm import _spec_equal
 from tests.unit.test_codec import DATACLASSES, WIRE_CLASSES, assert_identical, message_class, values
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,6 +147,6 @@ def test_spec_equal__bookkeeping_only_change__is_equal(job: structs.Job, bookkee
 
 
 def test_spec_equal__bookkeeping_fields__are_the_ones_the_fsm_ignores() -> None:
-    from server import fsm
+    from drover.server import fsm
 
     assert set(fsm._JOB_BOOKKEEPING) == set(_BOOKKEEPING)

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
-from scheduler.validate import validate_job
-from server.jobspec import parse_jobspec
+from drover.scheduler.validate import validate_job
+from drover.server.jobspec import parse_jobspec
 
 REPO: Final = Path(__file__).resolve().parents[2]
 # Built from parts so this file does not mention what it forbids.

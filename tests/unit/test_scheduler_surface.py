@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 
-import scheduler
+from drover import scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "scheduler"
 # Modules that need no __all__: the private generated-code helper and the data model,
 # whose every public name is the surface.
-WITHOUT_ALL = frozenset({"scheduler._records", "scheduler.structs"})
+WITHOUT_ALL = frozenset({"drover.scheduler._records", "drover.scheduler.structs"})
 
 
 def _modules() -> list[str]:
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(REPO).with_suffix("").parts
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        names.append("drover." + ".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
 
 
@@ -35,7 +35,11 @@ MODULES = _modules()
 
 
 def test_surface__every_module_is_found() -> None:
-    assert {"scheduler", "scheduler.placement", "scheduler.reconciler.vocabulary"} <= set(MODULES)
+    assert {
+        "drover.scheduler",
+        "drover.scheduler.placement",
+        "drover.scheduler.reconciler.vocabulary",
+    } <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", [m for m in MODULES if m not in WITHOUT_ALL])
@@ -61,13 +65,11 @@ def test_surface__unknown_name__attribute_error() -> None:
 
 
 def test_surface__importing_the_model__loads_no_scheduler() -> None:
-    """Every drover process imports scheduler.structs; the schedulers load only when used."""
-    probe = (
-        "import sys, scheduler.structs; print(sorted(m for m in sys.modules if m.startswith('scheduler')))"
-    )
+    """Every drover process imports drover.scheduler.structs; the schedulers load only when used."""
+    probe = "import sys, drover.scheduler.structs; print(sorted(m for m in sys.modules if m.startswith('drover.scheduler')))"
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
     ).stdout
 
-    assert "scheduler.generic" not in out and "scheduler.placement" not in out, out
-    assert "scheduler.structs" in out
+    assert "drover.scheduler.generic" not in out and "drover.scheduler.placement" not in out, out
+    assert "drover.scheduler.structs" in out

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
@@ -22,7 +22,7 @@ from scheduler.structs import (
     Job,
     ServerMember,
 )
-from server.state_store import TABLES, Snapshot, StateStore, Tables, Txn
+from drover.server.state_store import TABLES, Snapshot, StateStore, Tables, Txn
 from tests.fixtures import mock
 
 DEADLINE_S = 10.0

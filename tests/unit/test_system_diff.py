@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.reconciler.system import (
+from drover.scheduler.reconciler.system import (
     CLASSIFICATION_RULES,
     KEEP_RULES,
     SYSTEM_BUCKETS,
@@ -23,8 +23,8 @@ from scheduler.reconciler.system import (
     diff_system_allocs,
     rank_duplicates,
 )
-from scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, IGNORE, tasks_updated
-from scheduler.structs import (
+from drover.scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, IGNORE, tasks_updated
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from scheduler.fit import allocs_fit, proposed_allocs
-from scheduler.interfaces import SchedulerResult
-from scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, DESC_UNKNOWN
-from scheduler.structs import (
+from drover.scheduler.fit import allocs_fit, proposed_allocs
+from drover.scheduler.interfaces import SchedulerResult
+from drover.scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, DESC_UNKNOWN
+from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_LOST,
@@ -53,7 +53,7 @@ from scheduler.structs import (
     Port,
     UpdateStrategy,
 )
-from scheduler.system import compute_sysbatch, compute_system
+from drover.scheduler.system import compute_sysbatch, compute_system
 from tests.fixtures import mock
 from tests.harness import Harness
 from tests.unit.test_system_diff import Expect, bump, running, with_group

@@ -1,8 +1,8 @@
-"""client_agent.taskenv: the variables a task starts with (pure, no process started)."""
+"""drover.client.taskenv: the variables a task starts with (pure, no process started)."""
 
 from __future__ import annotations
 
-from client_agent.taskenv import dir_env, task_env
+from drover.client.taskenv import dir_env, task_env
 from drover.v1 import structs_pb2
 
 

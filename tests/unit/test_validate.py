@@ -1,4 +1,4 @@
-"""scheduler.validate: every rule reports the field path it is about, and all rules run."""
+"""drover.scheduler.validate: every rule reports the field path it is about, and all rules run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.structs import (
+from drover.scheduler.structs import (
     DEFAULT_NAMESPACE,
     DEFAULT_PRIORITY,
     JOB_TYPES,
@@ -32,7 +32,7 @@ from scheduler.structs import (
     TaskGroup,
     UpdateStrategy,
 )
-from scheduler.validate import (
+from drover.scheduler.validate import (
     ANY_DATACENTER,
     FieldError,
     ValidationError,

@@ -7,9 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from drover.v1 import raft_pb2
-from scheduler.interfaces import SchedulerResult
-from scheduler.structs import (
+from drover.scheduler.interfaces import SchedulerResult
+from drover.scheduler.structs import (
     EVAL_STATUS_BLOCKED,
     EVAL_STATUS_CANCELED,
     EVAL_STATUS_COMPLETE,
@@ -19,9 +18,10 @@ from scheduler.structs import (
     Evaluation,
     Plan,
 )
-from server.fsm import FSM
-from server.state_store import StateStore
-from server.worker import reblocked, write_evals
+from drover.server.fsm import FSM
+from drover.server.state_store import StateStore
+from drover.server.worker import reblocked, write_evals
+from drover.v1 import raft_pb2
 from tests.fixtures import mock
 
 JOB = mock.job(id="web")

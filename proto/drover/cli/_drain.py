@@ -15,11 +15,11 @@ import sys
 import time
 from typing import Final
 
-from scheduler.structs import Allocation, Node
-from server.cli._args import display_id
-from server.codec import from_proto
-from server.drainer import drain_remaining
-from server.sdk import DroverClient, DroverError
+from drover.cli._args import display_id
+from drover.scheduler.structs import Allocation, Node
+from drover.sdk import DroverClient, DroverError
+from drover.server.codec import from_proto
+from drover.server.drainer import drain_remaining
 
 __all__ = ["follow_drain"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from drover.cli._format import fmt_duration, fmt_time
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.cli._format import fmt_duration, fmt_time
-from server.sdk import DroverClient, DroverError
 
 __all__ = ["attempts_text", "awaiting_rows", "eligibility_text"]
 

@@ -33,16 +33,16 @@ Shared, private:
 - ``_format``: tables, key = value lists, JSON, times, durations; nothing there talks to
   a server.
 
-The SDK the commands call is ``server.sdk``, a module of its own.
+The SDK the commands call is ``drover.sdk``, a module of its own.
 """
 
 from __future__ import annotations
 
 import sys
 
-from server.cli._errors import CLIError, Handler, run_handler
-from server.cli._format import format_table, parse_duration_ns
-from server.cli._parser import build_parser
+from drover.cli._errors import CLIError, Handler, run_handler
+from drover.cli._format import format_table, parse_duration_ns
+from drover.cli._parser import build_parser
 
 __all__ = ["CLIError", "build_parser", "format_table", "main", "parse_duration_ns"]
 

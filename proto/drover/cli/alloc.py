@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from drover.cli._args import Subcommands, add_command, add_group, display_id, read_flags
+from drover.cli._connect import ALLOCS, connect, find
+from drover.cli._format import fmt_duration, fmt_time, print_json, print_kv, print_table
+from drover.cli._reschedule import attempts_text, eligibility_text
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.cli._args import Subcommands, add_command, add_group, display_id, read_flags
-from server.cli._connect import ALLOCS, connect, find
-from server.cli._format import fmt_duration, fmt_time, print_json, print_kv, print_table
-from server.cli._reschedule import attempts_text, eligibility_text
-from server.sdk import DroverClient, DroverError
 
 __all__ = ["register"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from server.cli._args import Subcommands, add_command, add_group, conn_flags, flag
-from server.cli._connect import connect
-from server.cli._format import print_json
+from drover.cli._args import Subcommands, add_command, add_group, conn_flags, flag
+from drover.cli._connect import connect
+from drover.cli._format import print_json
 
 __all__ = ["register"]
 

@@ -6,8 +6,7 @@ import argparse
 import sys
 from typing import Final
 
-from drover.v1 import structs_pb2
-from server.cli._args import (
+from drover.cli._args import (
     Subcommands,
     add_command,
     add_group,
@@ -17,10 +16,10 @@ from server.cli._args import (
     read_flags,
     write_flags,
 )
-from server.cli._connect import UUID_LEN, connect, no_unique_match
-from server.cli._drain import follow_drain
-from server.cli._errors import CLIError
-from server.cli._format import (
+from drover.cli._connect import UUID_LEN, connect, no_unique_match
+from drover.cli._drain import follow_drain
+from drover.cli._errors import CLIError
+from drover.cli._format import (
     fmt_duration,
     fmt_time,
     parse_duration_ns,
@@ -29,7 +28,8 @@ from server.cli._format import (
     print_kv,
     print_table,
 )
-from server.sdk import DroverClient
+from drover.sdk import DroverClient
+from drover.v1 import structs_pb2
 
 __all__ = ["register"]
 

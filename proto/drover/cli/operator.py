@@ -11,12 +11,12 @@ from typing import Final, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from drover.cli._args import Subcommands, add_command, add_group, address, conn_flags, flag, read_flags
+from drover.cli._connect import connect
+from drover.cli._errors import CLIError, fail
+from drover.cli._format import print_json, print_kv, print_table
+from drover.sdk import DroverClient, DroverError, parse_addresses
 from drover.v1 import api_pb2, raft_pb2
-from server.cli._args import Subcommands, add_command, add_group, address, conn_flags, flag, read_flags
-from server.cli._connect import connect
-from server.cli._errors import CLIError, fail
-from server.cli._format import print_json, print_kv, print_table
-from server.sdk import DroverClient, DroverError, parse_addresses
 
 __all__ = ["register"]
 
@@ -157,8 +157,8 @@ def _cmd_snapshot_restore(args: argparse.Namespace) -> int:
 
 def _offline(fn: Callable[[], int]) -> int:
     """Run an offline tool: its errors are one-line CLI errors; logs go to stderr."""
-    from common.logs import configure_logging
-    from server.raft_tools import OfflineError
+    from drover.common.logs import configure_logging
+    from drover.server.raft_tools import OfflineError
 
     configure_logging(level="error")
     try:
@@ -170,7 +170,7 @@ def _offline(fn: Callable[[], int]) -> int:
 def _cmd_raft_logs(args: argparse.Namespace) -> int:
     import json
 
-    from server.raft_tools import log_entries, open_data_dir
+    from drover.server.raft_tools import log_entries, open_data_dir
 
     def run() -> int:
         with open_data_dir(args.data_dir) as data:
@@ -184,7 +184,7 @@ def _cmd_raft_logs(args: argparse.Namespace) -> int:
 def _cmd_raft_state(args: argparse.Namespace) -> int:
     import json
 
-    from server.raft_tools import open_data_dir, state_json
+    from drover.server.raft_tools import open_data_dir, state_json
 
     def run() -> int:
         with open_data_dir(args.data_dir) as data:
@@ -198,7 +198,7 @@ def _cmd_raft_state(args: argparse.Namespace) -> int:
 def _cmd_snapshot_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from server.raft_tools import inspect_snapshot
+    from drover.server.raft_tools import inspect_snapshot
 
     def run() -> int:
         info = inspect_snapshot(args.file)

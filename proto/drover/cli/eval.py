@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from drover.cli._args import Subcommands, add_command, add_group, display_id, flag, is_verbose, read_flags
+from drover.cli._connect import EVALS, connect, find
+from drover.cli._format import fmt_time, print_allocs_table, print_json, print_kv, print_table
 from drover.v1 import structs_pb2
-from server.cli._args import Subcommands, add_command, add_group, display_id, flag, is_verbose, read_flags
-from server.cli._connect import EVALS, connect, find
-from server.cli._format import fmt_time, print_allocs_table, print_json, print_kv, print_table
 
 __all__ = ["register"]
 

@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from server.config import ConfigError
-from server.sdk import DroverError
+from drover.sdk import DroverError
+from drover.server.config import ConfigError
 
 __all__ = ["CLIError", "Handler", "fail", "run_handler"]
 

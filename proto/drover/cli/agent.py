@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from server.cli._args import Subcommands, add_command, flag, parse_meta
-from server.cli._errors import CLIError
-from server.config import load_client_config, load_dev_config, load_server_config
+from drover.cli._args import Subcommands, add_command, flag, parse_meta
+from drover.cli._errors import CLIError
+from drover.server.config import load_client_config, load_dev_config, load_server_config
 
 __all__ = ["register"]
 
@@ -83,15 +83,15 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     # Imported here: the agents pull in raft and the drivers, which other commands never need.
     rc: int
     if mode == "dev":
-        from server.agent import run_dev  # type: ignore[import-not-found, unused-ignore]
+        from drover.server.agent import run_dev  # type: ignore[import-not-found, unused-ignore]
 
         rc = run_dev(load_dev_config(flags, args.config))
     elif mode == "server":
-        from server.agent import run_server  # type: ignore[import-not-found, unused-ignore]
+        from drover.server.agent import run_server  # type: ignore[import-not-found, unused-ignore]
 
         rc = run_server(load_server_config(flags, args.config))
     else:
-        from client_agent.agent import run_client  # type: ignore[import-not-found, unused-ignore]
+        from drover.client.agent import run_client  # type: ignore[import-not-found, unused-ignore]
 
         rc = run_client(load_client_config(flags, args.config))
     return rc

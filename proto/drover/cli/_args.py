@@ -12,8 +12,8 @@ import os
 from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
 
-from server.cli._errors import CLIError, Handler
-from server.cli._format import short_id
+from drover.cli._errors import CLIError, Handler
+from drover.cli._format import short_id
 
 __all__ = [
     "ADDRESS_ENV",

@@ -11,10 +11,10 @@ from typing import Final, Generic, NoReturn, TypeVar
 
 import grpc
 
+from drover.cli._args import address
+from drover.cli._errors import CLIError
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from server.cli._args import address
-from server.cli._errors import CLIError
-from server.sdk import DroverClient, DroverError
 
 __all__ = ["ALLOCS", "EVALS", "UUID_LEN", "RecordKind", "connect", "find", "no_unique_match"]
 

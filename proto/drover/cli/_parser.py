@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from server.cli import agent, alloc, job, node, operator, system
-from server.cli import eval as eval_group
+from drover.cli import agent, alloc, job, node, operator, system
+from drover.cli import eval as eval_group
 
 __all__ = ["build_parser"]
 

@@ -10,9 +10,7 @@ from typing import Final
 
 import grpc
 
-from drover.v1 import api_pb2, structs_pb2
-from scheduler.structs import Job
-from server.cli._args import (
+from drover.cli._args import (
     Subcommands,
     add_command,
     add_group,
@@ -24,9 +22,9 @@ from server.cli._args import (
     read_flags,
     write_flags,
 )
-from server.cli._connect import connect, no_unique_match
-from server.cli._errors import CLIError
-from server.cli._format import (
+from drover.cli._connect import connect, no_unique_match
+from drover.cli._errors import CLIError
+from drover.cli._format import (
     fmt_duration,
     fmt_time,
     plan_header,
@@ -36,10 +34,12 @@ from server.cli._format import (
     print_kv,
     print_table,
 )
-from server.cli._monitor import monitor_eval
-from server.cli._reschedule import awaiting_rows
-from server.codec import to_proto
-from server.sdk import DroverClient, DroverError
+from drover.cli._monitor import monitor_eval
+from drover.cli._reschedule import awaiting_rows
+from drover.scheduler.structs import Job
+from drover.sdk import DroverClient, DroverError
+from drover.server.codec import to_proto
+from drover.v1 import api_pb2, structs_pb2
 
 __all__ = ["register"]
 
@@ -233,19 +233,19 @@ def _load_job_file(path: str) -> structs_pb2.Job:
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     try:
-        from server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
+        from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
             JobspecError,
             parse_jobspec,
         )
     except ModuleNotFoundError as exc:
-        if exc.name != "server.jobspec":
+        if exc.name != "drover.server.jobspec":
             raise
-        raise CLIError("cannot read job files: server.jobspec is not available") from exc
+        raise CLIError("cannot read job files: drover.server.jobspec is not available") from exc
     try:
         job: Job = parse_jobspec(text, filename=path)
     except JobspecError as exc:
         raise CLIError(str(exc)) from exc
-    from scheduler.validate import ValidationError, canonicalize_job, validate_job
+    from drover.scheduler.validate import ValidationError, canonicalize_job, validate_job
 
     try:
         # The server canonicalizes too; the job is sent as parsed.
@@ -327,9 +327,9 @@ def _print_parent_status(
 ) -> None:
     """A periodic or parameterized parent: its schedule or parameters, children counts and
     its most recent children (all of them with -verbose)."""
-    from scheduler.periodic import SECOND_NS, launch_ns_from_id, next_periodic_launch
-    from scheduler.structs import PeriodicConfig
-    from server.codec import from_proto
+    from drover.scheduler.periodic import SECOND_NS, launch_ns_from_id, next_periodic_launch
+    from drover.scheduler.structs import PeriodicConfig
+    from drover.server.codec import from_proto
 
     if kind == "periodic":
         periodic = from_proto(job.periodic, PeriodicConfig)

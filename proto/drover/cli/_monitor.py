@@ -8,10 +8,10 @@ import argparse
 import time
 from typing import Final
 
+from drover.cli._args import display_id
+from drover.cli._errors import CLIError
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from server.cli._args import display_id
-from server.cli._errors import CLIError
-from server.sdk import DroverClient
 
 __all__ = ["monitor_eval"]
 

@@ -25,7 +25,7 @@ from typing import Final, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
 __all__ = ["DroverClient", "DroverError"]

@@ -14,9 +14,9 @@ from typing import Final
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from common.duration import parse_duration
+from drover.cli._errors import CLIError
+from drover.common.duration import parse_duration
 from drover.v1 import structs_pb2
-from server.cli._errors import CLIError
 
 __all__ = [
     "ALLOC_HEADERS",
@@ -119,7 +119,7 @@ def fmt_time(ns: int) -> str:
 
 
 def parse_duration_ns(text: str) -> int:
-    """A Go duration ("1h30m", "90s", "-1s") in nanoseconds (common.duration's rules)."""
+    """A Go duration ("1h30m", "90s", "-1s") in nanoseconds (drover.common.duration's rules)."""
     try:
         return parse_duration(text)
     except ValueError:
