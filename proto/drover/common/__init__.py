@@ -6,6 +6,7 @@ Layout:
 - ``duration``: Go's ``time.ParseDuration``, the one duration syntax of job files, agent
   flags, driver configs and the CLI.
 - ``grpc_options``: the gRPC options both ends of every drover connection must agree on.
+- ``secrets``: bearer secrets (tokens, node secrets): made, hashed for storage, compared.
 
 Its own package because the client agent may not import ``server`` (nor ``scheduler``):
 this package imports only the standard library and third-party libraries, so each of them
