@@ -1681,3 +1681,501 @@ class InvariantsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InvariantsResponse: _TypeAlias = InvariantsResponse  # noqa: Y015
+
+@_typing.final
+class ACLToken(_message.Message):
+    """A token as the API shows it. The server stores only a hash of the secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESSOR_ID_FIELD_NUMBER: _builtins.int
+    SECRET_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_NS_FIELD_NUMBER: _builtins.int
+    CREATE_INDEX_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    accessor_id: _builtins.str
+    secret_id: _builtins.str
+    """Set only in the answers of Bootstrap and CreateToken: it can not be read back later."""
+    name: _builtins.str
+    type: _builtins.str
+    """"client" or "management"."""
+    create_time_ns: _builtins.int
+    create_index: _builtins.int
+    modify_index: _builtins.int
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        accessor_id: _builtins.str = ...,
+        secret_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        policies: _abc.Iterable[_builtins.str] | None = ...,
+        create_time_ns: _builtins.int = ...,
+        create_index: _builtins.int = ...,
+        modify_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accessor_id", b"accessor_id", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "modify_index", b"modify_index", "name", b"name", "policies", b"policies", "secret_id", b"secret_id", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLToken: _TypeAlias = ACLToken  # noqa: Y015
+
+@_typing.final
+class ACLBootstrapRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BOOTSTRAP_SECRET_FIELD_NUMBER: _builtins.int
+    bootstrap_secret: _builtins.str
+    """Optional: the secret the management token gets (a UUID), as Nomad's
+    `acl bootstrap FILE` allows; empty: the leader makes one.
+    """
+    def __init__(
+        self,
+        *,
+        bootstrap_secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap_secret", b"bootstrap_secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLBootstrapRequest: _TypeAlias = ACLBootstrapRequest  # noqa: Y015
+
+@_typing.final
+class ACLBootstrapResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    @_builtins.property
+    def token(self) -> Global___ACLToken: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        token: Global___ACLToken | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLBootstrapResponse: _TypeAlias = ACLBootstrapResponse  # noqa: Y015
+
+@_typing.final
+class ACLPolicyUpsertRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    RULES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    rules: _builtins.str
+    """Nomad's policy HCL: namespace "NAME" { policy capabilities }, node, agent, operator."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        rules: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "rules", b"rules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyUpsertRequest: _TypeAlias = ACLPolicyUpsertRequest  # noqa: Y015
+
+@_typing.final
+class ACLPolicyUpsertResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyUpsertResponse: _TypeAlias = ACLPolicyUpsertResponse  # noqa: Y015
+
+@_typing.final
+class ACLPolicyDeleteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyDeleteRequest: _TypeAlias = ACLPolicyDeleteRequest  # noqa: Y015
+
+@_typing.final
+class ACLPolicyDeleteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyDeleteResponse: _TypeAlias = ACLPolicyDeleteResponse  # noqa: Y015
+
+@_typing.final
+class ACLPolicyListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyListRequest: _TypeAlias = ACLPolicyListRequest  # noqa: Y015
+
+@_typing.final
+class ACLPolicyListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[_raft_pb2.ACLPolicy]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        policies: _abc.Iterable[_raft_pb2.ACLPolicy] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "policies", b"policies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyListResponse: _TypeAlias = ACLPolicyListResponse  # noqa: Y015
+
+@_typing.final
+class ACLPolicyGetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyGetRequest: _TypeAlias = ACLPolicyGetRequest  # noqa: Y015
+
+@_typing.final
+class ACLPolicyGetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def policy(self) -> _raft_pb2.ACLPolicy: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        policy: _raft_pb2.ACLPolicy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyGetResponse: _TypeAlias = ACLPolicyGetResponse  # noqa: Y015
+
+@_typing.final
+class ACLTokenCreateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    type: _builtins.str
+    """"client" (the default; needs at least one policy) or "management" (no policies)."""
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        policies: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "policies", b"policies", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenCreateRequest: _TypeAlias = ACLTokenCreateRequest  # noqa: Y015
+
+@_typing.final
+class ACLTokenCreateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    @_builtins.property
+    def token(self) -> Global___ACLToken: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        token: Global___ACLToken | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenCreateResponse: _TypeAlias = ACLTokenCreateResponse  # noqa: Y015
+
+@_typing.final
+class ACLTokenDeleteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESSOR_ID_FIELD_NUMBER: _builtins.int
+    accessor_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        accessor_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accessor_id", b"accessor_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenDeleteRequest: _TypeAlias = ACLTokenDeleteRequest  # noqa: Y015
+
+@_typing.final
+class ACLTokenDeleteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenDeleteResponse: _TypeAlias = ACLTokenDeleteResponse  # noqa: Y015
+
+@_typing.final
+class ACLTokenListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenListRequest: _TypeAlias = ACLTokenListRequest  # noqa: Y015
+
+@_typing.final
+class ACLTokenListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLToken]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        tokens: _abc.Iterable[Global___ACLToken] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenListResponse: _TypeAlias = ACLTokenListResponse  # noqa: Y015
+
+@_typing.final
+class ACLTokenGetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESSOR_ID_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    accessor_id: _builtins.str
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        accessor_id: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accessor_id", b"accessor_id", "options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenGetRequest: _TypeAlias = ACLTokenGetRequest  # noqa: Y015
+
+@_typing.final
+class ACLTokenGetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def token(self) -> Global___ACLToken: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        token: Global___ACLToken | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenGetResponse: _TypeAlias = ACLTokenGetResponse  # noqa: Y015
+
+@_typing.final
+class ACLTokenSelfRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenSelfRequest: _TypeAlias = ACLTokenSelfRequest  # noqa: Y015
+
+@_typing.final
+class ACLTokenSelfResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def token(self) -> Global___ACLToken: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        token: Global___ACLToken | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenSelfResponse: _TypeAlias = ACLTokenSelfResponse  # noqa: Y015

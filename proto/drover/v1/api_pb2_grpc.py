@@ -1429,3 +1429,478 @@ class Operator:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ACLStub:
+    """ACLs, Nomad's model (server/acl/). With -acl-enabled every call needs a token that allows
+    it, sent as gRPC metadata `x-drover-token` (server/acl/rights.py maps each RPC to what it
+    needs), except Bootstrap (which works once) and the node RPCs a client agent makes (the
+    node's own secret authenticates those). Refusals are PERMISSION_DENIED.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Bootstrap = channel.unary_unary(
+                '/drover.v1.ACL/Bootstrap',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLBootstrapRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLBootstrapResponse.FromString,
+                _registered_method=True)
+        self.UpsertPolicy = channel.unary_unary(
+                '/drover.v1.ACL/UpsertPolicy',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyUpsertRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyUpsertResponse.FromString,
+                _registered_method=True)
+        self.DeletePolicy = channel.unary_unary(
+                '/drover.v1.ACL/DeletePolicy',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyDeleteRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyDeleteResponse.FromString,
+                _registered_method=True)
+        self.ListPolicies = channel.unary_unary(
+                '/drover.v1.ACL/ListPolicies',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyListRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyListResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/drover.v1.ACL/GetPolicy',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyGetRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyGetResponse.FromString,
+                _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/drover.v1.ACL/CreateToken',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLTokenCreateRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenCreateResponse.FromString,
+                _registered_method=True)
+        self.DeleteToken = channel.unary_unary(
+                '/drover.v1.ACL/DeleteToken',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLTokenDeleteRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenDeleteResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/drover.v1.ACL/ListTokens',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLTokenListRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenListResponse.FromString,
+                _registered_method=True)
+        self.GetToken = channel.unary_unary(
+                '/drover.v1.ACL/GetToken',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLTokenGetRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenGetResponse.FromString,
+                _registered_method=True)
+        self.TokenSelf = channel.unary_unary(
+                '/drover.v1.ACL/TokenSelf',
+                request_serializer=drover_dot_v1_dot_api__pb2.ACLTokenSelfRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenSelfResponse.FromString,
+                _registered_method=True)
+
+
+class ACLServicer:
+    """ACLs, Nomad's model (server/acl/). With -acl-enabled every call needs a token that allows
+    it, sent as gRPC metadata `x-drover-token` (server/acl/rights.py maps each RPC to what it
+    needs), except Bootstrap (which works once) and the node RPCs a client agent makes (the
+    node's own secret authenticates those). Refusals are PERMISSION_DENIED.
+    """
+
+    def Bootstrap(self, request, context):
+        """Create the first management token. Works once per cluster: FAILED_PRECONDITION after.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpsertPolicy(self, request, context):
+        """Create or replace a policy (management only); the rules are checked before anything is written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeletePolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicies(self, request, context):
+        """Management tokens see every policy; a client token only the policies it holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TokenSelf(self, request, context):
+        """The token this call carries (any valid token may ask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ACLServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Bootstrap': grpc.unary_unary_rpc_method_handler(
+                    servicer.Bootstrap,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLBootstrapRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLBootstrapResponse.SerializeToString,
+            ),
+            'UpsertPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpsertPolicy,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyUpsertRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyUpsertResponse.SerializeToString,
+            ),
+            'DeletePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeletePolicy,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyDeleteRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyDeleteResponse.SerializeToString,
+            ),
+            'ListPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicies,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyListRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyListResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLPolicyGetRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLPolicyGetResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenCreateRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLTokenCreateResponse.SerializeToString,
+            ),
+            'DeleteToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteToken,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenDeleteRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLTokenDeleteResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenListRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLTokenListResponse.SerializeToString,
+            ),
+            'GetToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetToken,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenGetRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLTokenGetResponse.SerializeToString,
+            ),
+            'TokenSelf': grpc.unary_unary_rpc_method_handler(
+                    servicer.TokenSelf,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ACLTokenSelfRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ACLTokenSelfResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'drover.v1.ACL', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('drover.v1.ACL', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ACL:
+    """ACLs, Nomad's model (server/acl/). With -acl-enabled every call needs a token that allows
+    it, sent as gRPC metadata `x-drover-token` (server/acl/rights.py maps each RPC to what it
+    needs), except Bootstrap (which works once) and the node RPCs a client agent makes (the
+    node's own secret authenticates those). Refusals are PERMISSION_DENIED.
+    """
+
+    @staticmethod
+    def Bootstrap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/Bootstrap',
+            drover_dot_v1_dot_api__pb2.ACLBootstrapRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLBootstrapResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpsertPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/UpsertPolicy',
+            drover_dot_v1_dot_api__pb2.ACLPolicyUpsertRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLPolicyUpsertResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeletePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/DeletePolicy',
+            drover_dot_v1_dot_api__pb2.ACLPolicyDeleteRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLPolicyDeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/ListPolicies',
+            drover_dot_v1_dot_api__pb2.ACLPolicyListRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLPolicyListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/GetPolicy',
+            drover_dot_v1_dot_api__pb2.ACLPolicyGetRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLPolicyGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/CreateToken',
+            drover_dot_v1_dot_api__pb2.ACLTokenCreateRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLTokenCreateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/DeleteToken',
+            drover_dot_v1_dot_api__pb2.ACLTokenDeleteRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLTokenDeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/ListTokens',
+            drover_dot_v1_dot_api__pb2.ACLTokenListRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLTokenListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/GetToken',
+            drover_dot_v1_dot_api__pb2.ACLTokenGetRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLTokenGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenSelf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.ACL/TokenSelf',
+            drover_dot_v1_dot_api__pb2.ACLTokenSelfRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ACLTokenSelfResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

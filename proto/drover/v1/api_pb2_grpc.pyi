@@ -406,3 +406,136 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ACLStub:
+    """ACLs, Nomad's model (server/acl/). With -acl-enabled every call needs a token that allows
+    it, sent as gRPC metadata `x-drover-token` (server/acl/rights.py maps each RPC to what it
+    needs), except Bootstrap (which works once) and the node RPCs a client agent makes (the
+    node's own secret authenticates those). Refusals are PERMISSION_DENIED.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ACLAsyncStub: ...
+    Bootstrap: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLBootstrapRequest, _api_pb2.ACLBootstrapResponse]
+    """Create the first management token. Works once per cluster: FAILED_PRECONDITION after."""
+    UpsertPolicy: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyUpsertRequest, _api_pb2.ACLPolicyUpsertResponse]
+    """Create or replace a policy (management only); the rules are checked before anything is written."""
+    DeletePolicy: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyDeleteRequest, _api_pb2.ACLPolicyDeleteResponse]
+    ListPolicies: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyListRequest, _api_pb2.ACLPolicyListResponse]
+    """Management tokens see every policy; a client token only the policies it holds."""
+    GetPolicy: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyGetRequest, _api_pb2.ACLPolicyGetResponse]
+    CreateToken: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLTokenCreateRequest, _api_pb2.ACLTokenCreateResponse]
+    DeleteToken: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLTokenDeleteRequest, _api_pb2.ACLTokenDeleteResponse]
+    ListTokens: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLTokenListRequest, _api_pb2.ACLTokenListResponse]
+    GetToken: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLTokenGetRequest, _api_pb2.ACLTokenGetResponse]
+    TokenSelf: _grpc.UnaryUnaryMultiCallable[_api_pb2.ACLTokenSelfRequest, _api_pb2.ACLTokenSelfResponse]
+    """The token this call carries (any valid token may ask)."""
+
+@_typing.type_check_only
+class ACLAsyncStub(ACLStub):
+    """ACLs, Nomad's model (server/acl/). With -acl-enabled every call needs a token that allows
+    it, sent as gRPC metadata `x-drover-token` (server/acl/rights.py maps each RPC to what it
+    needs), except Bootstrap (which works once) and the node RPCs a client agent makes (the
+    node's own secret authenticates those). Refusals are PERMISSION_DENIED.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Bootstrap: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLBootstrapRequest, _api_pb2.ACLBootstrapResponse]  # type: ignore[assignment]
+    """Create the first management token. Works once per cluster: FAILED_PRECONDITION after."""
+    UpsertPolicy: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyUpsertRequest, _api_pb2.ACLPolicyUpsertResponse]  # type: ignore[assignment]
+    """Create or replace a policy (management only); the rules are checked before anything is written."""
+    DeletePolicy: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyDeleteRequest, _api_pb2.ACLPolicyDeleteResponse]  # type: ignore[assignment]
+    ListPolicies: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyListRequest, _api_pb2.ACLPolicyListResponse]  # type: ignore[assignment]
+    """Management tokens see every policy; a client token only the policies it holds."""
+    GetPolicy: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLPolicyGetRequest, _api_pb2.ACLPolicyGetResponse]  # type: ignore[assignment]
+    CreateToken: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLTokenCreateRequest, _api_pb2.ACLTokenCreateResponse]  # type: ignore[assignment]
+    DeleteToken: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLTokenDeleteRequest, _api_pb2.ACLTokenDeleteResponse]  # type: ignore[assignment]
+    ListTokens: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLTokenListRequest, _api_pb2.ACLTokenListResponse]  # type: ignore[assignment]
+    GetToken: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLTokenGetRequest, _api_pb2.ACLTokenGetResponse]  # type: ignore[assignment]
+    TokenSelf: _aio.UnaryUnaryMultiCallable[_api_pb2.ACLTokenSelfRequest, _api_pb2.ACLTokenSelfResponse]  # type: ignore[assignment]
+    """The token this call carries (any valid token may ask)."""
+
+class ACLServicer(metaclass=_abc_1.ABCMeta):
+    """ACLs, Nomad's model (server/acl/). With -acl-enabled every call needs a token that allows
+    it, sent as gRPC metadata `x-drover-token` (server/acl/rights.py maps each RPC to what it
+    needs), except Bootstrap (which works once) and the node RPCs a client agent makes (the
+    node's own secret authenticates those). Refusals are PERMISSION_DENIED.
+    """
+
+    @_abc_1.abstractmethod
+    def Bootstrap(
+        self,
+        request: _api_pb2.ACLBootstrapRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLBootstrapResponse, _abc.Awaitable[_api_pb2.ACLBootstrapResponse]]:
+        """Create the first management token. Works once per cluster: FAILED_PRECONDITION after."""
+
+    @_abc_1.abstractmethod
+    def UpsertPolicy(
+        self,
+        request: _api_pb2.ACLPolicyUpsertRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLPolicyUpsertResponse, _abc.Awaitable[_api_pb2.ACLPolicyUpsertResponse]]:
+        """Create or replace a policy (management only); the rules are checked before anything is written."""
+
+    @_abc_1.abstractmethod
+    def DeletePolicy(
+        self,
+        request: _api_pb2.ACLPolicyDeleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLPolicyDeleteResponse, _abc.Awaitable[_api_pb2.ACLPolicyDeleteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPolicies(
+        self,
+        request: _api_pb2.ACLPolicyListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLPolicyListResponse, _abc.Awaitable[_api_pb2.ACLPolicyListResponse]]:
+        """Management tokens see every policy; a client token only the policies it holds."""
+
+    @_abc_1.abstractmethod
+    def GetPolicy(
+        self,
+        request: _api_pb2.ACLPolicyGetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLPolicyGetResponse, _abc.Awaitable[_api_pb2.ACLPolicyGetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateToken(
+        self,
+        request: _api_pb2.ACLTokenCreateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLTokenCreateResponse, _abc.Awaitable[_api_pb2.ACLTokenCreateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteToken(
+        self,
+        request: _api_pb2.ACLTokenDeleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLTokenDeleteResponse, _abc.Awaitable[_api_pb2.ACLTokenDeleteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTokens(
+        self,
+        request: _api_pb2.ACLTokenListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLTokenListResponse, _abc.Awaitable[_api_pb2.ACLTokenListResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetToken(
+        self,
+        request: _api_pb2.ACLTokenGetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLTokenGetResponse, _abc.Awaitable[_api_pb2.ACLTokenGetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TokenSelf(
+        self,
+        request: _api_pb2.ACLTokenSelfRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ACLTokenSelfResponse, _abc.Awaitable[_api_pb2.ACLTokenSelfResponse]]:
+        """The token this call carries (any valid token may ask)."""
+
+def add_ACLServicer_to_server(servicer: ACLServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -50,6 +50,14 @@ class _EntryTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType.V
     ENTRY_TYPE_SNAPSHOT_RESTORE: _EntryType.ValueType  # 15
     ENTRY_TYPE_RECONCILE_SUMMARIES: _EntryType.ValueType  # 16
     """Recompute every job summary from allocs and children (`drover system reconcile summaries`)."""
+    ENTRY_TYPE_ACL_BOOTSTRAP: _EntryType.ValueType  # 17
+    """ACLs (server/acl/): bootstrap once, then policies and tokens. Token entries carry only
+    a hash of each secret; the leader minted the secret and returned it to the caller.
+    """
+    ENTRY_TYPE_ACL_POLICY_UPSERT: _EntryType.ValueType  # 18
+    ENTRY_TYPE_ACL_POLICY_DELETE: _EntryType.ValueType  # 19
+    ENTRY_TYPE_ACL_TOKEN_UPSERT: _EntryType.ValueType  # 20
+    ENTRY_TYPE_ACL_TOKEN_DELETE: _EntryType.ValueType  # 21
     ENTRY_TYPE_IGNORABLE_FLOAT: _EntryType.ValueType  # 1000
     """Entry types at or above this value may be skipped by an older server (logged, not
     applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -75,6 +83,14 @@ ENTRY_TYPE_SERVER_MEMBER: EntryType.ValueType  # 14
 ENTRY_TYPE_SNAPSHOT_RESTORE: EntryType.ValueType  # 15
 ENTRY_TYPE_RECONCILE_SUMMARIES: EntryType.ValueType  # 16
 """Recompute every job summary from allocs and children (`drover system reconcile summaries`)."""
+ENTRY_TYPE_ACL_BOOTSTRAP: EntryType.ValueType  # 17
+"""ACLs (server/acl/): bootstrap once, then policies and tokens. Token entries carry only
+a hash of each secret; the leader minted the secret and returned it to the caller.
+"""
+ENTRY_TYPE_ACL_POLICY_UPSERT: EntryType.ValueType  # 18
+ENTRY_TYPE_ACL_POLICY_DELETE: EntryType.ValueType  # 19
+ENTRY_TYPE_ACL_TOKEN_UPSERT: EntryType.ValueType  # 20
+ENTRY_TYPE_ACL_TOKEN_DELETE: EntryType.ValueType  # 21
 ENTRY_TYPE_IGNORABLE_FLOAT: EntryType.ValueType  # 1000
 """Entry types at or above this value may be skipped by an older server (logged, not
 applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -581,6 +597,189 @@ class ReconcileSummariesEntry(_message.Message):
 Global___ReconcileSummariesEntry: _TypeAlias = ReconcileSummariesEntry  # noqa: Y015
 
 @_typing.final
+class ACLPolicy(_message.Message):
+    """A named set of rules in Nomad's policy HCL (server/acl/policy.py parses and checks them
+    before the entry is proposed; the text is stored as the operator wrote it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    RULES_FIELD_NUMBER: _builtins.int
+    CREATE_INDEX_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    rules: _builtins.str
+    create_index: _builtins.int
+    modify_index: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        rules: _builtins.str = ...,
+        create_index: _builtins.int = ...,
+        modify_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_index", b"create_index", "description", b"description", "modify_index", b"modify_index", "name", b"name", "rules", b"rules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicy: _TypeAlias = ACLPolicy  # noqa: Y015
+
+@_typing.final
+class ACLTokenRecord(_message.Message):
+    """A token as the state stores it: never its secret, only hash_secret(secret)
+    (drover.common.secrets), so no snapshot, raft log or state dump holds a credential.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESSOR_ID_FIELD_NUMBER: _builtins.int
+    SECRET_HASH_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_NS_FIELD_NUMBER: _builtins.int
+    CREATE_INDEX_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    accessor_id: _builtins.str
+    secret_hash: _builtins.str
+    name: _builtins.str
+    type: _builtins.str
+    """"client" (its policies grant its rights) or "management" (every right, no policies)."""
+    create_time_ns: _builtins.int
+    create_index: _builtins.int
+    modify_index: _builtins.int
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        accessor_id: _builtins.str = ...,
+        secret_hash: _builtins.str = ...,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        policies: _abc.Iterable[_builtins.str] | None = ...,
+        create_time_ns: _builtins.int = ...,
+        create_index: _builtins.int = ...,
+        modify_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accessor_id", b"accessor_id", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "modify_index", b"modify_index", "name", b"name", "policies", b"policies", "secret_hash", b"secret_hash", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenRecord: _TypeAlias = ACLTokenRecord  # noqa: Y015
+
+@_typing.final
+class ACLBootstrapEntry(_message.Message):
+    """Refused once the cluster has been bootstrapped (StateSnapshot.acl_bootstrap_index != 0)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def token(self) -> Global___ACLTokenRecord: ...
+    def __init__(
+        self,
+        *,
+        token: Global___ACLTokenRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLBootstrapEntry: _TypeAlias = ACLBootstrapEntry  # noqa: Y015
+
+@_typing.final
+class ACLPolicyUpsertEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLPolicy]: ...
+    def __init__(
+        self,
+        *,
+        policies: _abc.Iterable[Global___ACLPolicy] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyUpsertEntry: _TypeAlias = ACLPolicyUpsertEntry  # noqa: Y015
+
+@_typing.final
+class ACLPolicyDeleteEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLPolicyDeleteEntry: _TypeAlias = ACLPolicyDeleteEntry  # noqa: Y015
+
+@_typing.final
+class ACLTokenUpsertEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLTokenRecord]: ...
+    def __init__(
+        self,
+        *,
+        tokens: _abc.Iterable[Global___ACLTokenRecord] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenUpsertEntry: _TypeAlias = ACLTokenUpsertEntry  # noqa: Y015
+
+@_typing.final
+class ACLTokenDeleteEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESSOR_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def accessor_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        accessor_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accessor_ids", b"accessor_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ACLTokenDeleteEntry: _TypeAlias = ACLTokenDeleteEntry  # noqa: Y015
+
+@_typing.final
 class SnapshotRestoreEntry(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -639,7 +838,12 @@ class StateSnapshot(_message.Message):
     SCHEDULER_CONFIG_FIELD_NUMBER: _builtins.int
     SERVERS_FIELD_NUMBER: _builtins.int
     TABLE_INDEX_FIELD_NUMBER: _builtins.int
+    ACL_POLICIES_FIELD_NUMBER: _builtins.int
+    ACL_TOKENS_FIELD_NUMBER: _builtins.int
+    ACL_BOOTSTRAP_INDEX_FIELD_NUMBER: _builtins.int
     index: _builtins.int
+    acl_bootstrap_index: _builtins.int
+    """The raft index of the ACL bootstrap; 0: not bootstrapped yet."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Node]: ...
     @_builtins.property
@@ -660,6 +864,10 @@ class StateSnapshot(_message.Message):
     def servers(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.ServerMember]: ...
     @_builtins.property
     def table_index(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def acl_policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLPolicy]: ...
+    @_builtins.property
+    def acl_tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLTokenRecord]: ...
     def __init__(
         self,
         *,
@@ -674,10 +882,13 @@ class StateSnapshot(_message.Message):
         scheduler_config: _structs_pb2.SchedulerConfig | None = ...,
         servers: _abc.Iterable[_structs_pb2.ServerMember] | None = ...,
         table_index: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        acl_policies: _abc.Iterable[Global___ACLPolicy] | None = ...,
+        acl_tokens: _abc.Iterable[Global___ACLTokenRecord] | None = ...,
+        acl_bootstrap_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["scheduler_config", b"scheduler_config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "evals", b"evals", "index", b"index", "job_summaries", b"job_summaries", "job_versions", b"job_versions", "jobs", b"jobs", "nodes", b"nodes", "periodic_launches", b"periodic_launches", "scheduler_config", b"scheduler_config", "servers", b"servers", "table_index", b"table_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl_bootstrap_index", b"acl_bootstrap_index", "acl_policies", b"acl_policies", "acl_tokens", b"acl_tokens", "allocs", b"allocs", "evals", b"evals", "index", b"index", "job_summaries", b"job_summaries", "job_versions", b"job_versions", "jobs", b"jobs", "nodes", b"nodes", "periodic_launches", b"periodic_launches", "scheduler_config", b"scheduler_config", "servers", b"servers", "table_index", b"table_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
