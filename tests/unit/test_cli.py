@@ -145,12 +145,6 @@ class _Jobs(api_pb2_grpc.JobsServicer):
         jobs = [j for j in self.fake.jobs.values() if j.id.startswith(request.prefix)]
         return api_pb2.JobListResponse(meta=api_pb2.QueryMeta(index=5), jobs=jobs)
 
-    def Versions(self, request: Any, context: grpc.ServicerContext) -> api_pb2.JobVersionsResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
-    def Summary(self, request: Any, context: grpc.ServicerContext) -> api_pb2.JobSummaryResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
     def Plan(self, request: Any, context: grpc.ServicerContext) -> api_pb2.JobPlanResponse:
         self.fake.enter("Jobs.Plan", request, context)
         return self.fake.plan_response
@@ -198,9 +192,6 @@ class _Allocs(api_pb2_grpc.AllocsServicer):
             ]
             return api_pb2.AllocListResponse(meta=api_pb2.QueryMeta(index=fake.allocs_index), allocs=allocs)
 
-    def Get(self, request: Any, context: grpc.ServicerContext) -> api_pb2.AllocGetResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
 
 class _Nodes(api_pb2_grpc.NodesServicer):
     def __init__(self, fake: FakeDrover) -> None:
@@ -228,23 +219,6 @@ class _Nodes(api_pb2_grpc.NodesServicer):
         self.fake.enter("Nodes.UpdateEligibility", request, context)
         return api_pb2.NodeUpdateEligibilityResponse(meta=api_pb2.WriteMeta(index=31))
 
-    def Register(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeRegisterResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
-    def UpdateStatus(self, request: Any, context: grpc.ServicerContext) -> api_pb2.NodeUpdateStatusResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
-    def GetClientAllocs(self, request: Any, context: grpc.ServicerContext) -> api_pb2.ClientAllocsResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
-    def WatchClientAllocs(
-        self, request: Any, context: grpc.ServicerContext
-    ) -> Iterator[api_pb2.ClientAllocsResponse]:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
-    def UpdateAllocs(self, request: Any, context: grpc.ServicerContext) -> api_pb2.AllocUpdateResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
-
 
 class _Operator(api_pb2_grpc.OperatorServicer):
     def __init__(self, fake: FakeDrover) -> None:
@@ -259,9 +233,6 @@ class _Operator(api_pb2_grpc.OperatorServicer):
     def SnapshotSave(self, request: Any, context: grpc.ServicerContext) -> api_pb2.SnapshotSaveResponse:
         self.fake.enter("Operator.SnapshotSave", request, context)
         return api_pb2.SnapshotSaveResponse(snapshot=snapshot_fixture())
-
-    def RaftPeers(self, request: Any, context: grpc.ServicerContext) -> api_pb2.RaftPeersResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
 
     def SnapshotRestore(self, request: Any, context: grpc.ServicerContext) -> api_pb2.SnapshotRestoreResponse:
         self.fake.enter("Operator.SnapshotRestore", request, context)
