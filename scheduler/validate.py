@@ -24,6 +24,7 @@ from typing import Final
 
 from drover.scheduler._records import replacer
 from drover.scheduler.periodic import cron_error, time_zone_error
+from drover.scheduler.regexp import regexp_error
 from drover.scheduler.structs import (
     DEFAULT_NAMESPACE,
     DEFAULT_PRIORITY,
@@ -485,10 +486,9 @@ def _operand_errors(operator: str, value: str, path: str) -> Iterator[FieldError
     if operator in _VALUE_OPERATORS and not value:
         yield FieldError(f"{path}.value", f"is required for operator {_q(operator)}")
     if operator == "regexp":
-        try:
-            re.compile(value)
-        except re.error as exc:
-            yield FieldError(f"{path}.value", f"invalid regular expression: {exc}")
+        error = regexp_error(value)
+        if error:
+            yield FieldError(f"{path}.value", f"invalid regular expression (RE2 syntax): {error}")
 
 
 def _update_errors(u: UpdateStrategy, path: str) -> Iterator[FieldError]:

@@ -20,6 +20,8 @@ Constraint semantics follow Nomad's ``checkConstraint``:
 * a target the node does not have is "missing": ``=`` and ordering fail, ``!=`` passes,
   ``is_set`` fails and ``is_not_set`` passes, every other operator fails;
 * ordering compares numerically when both sides parse as numbers, else as strings;
+* ``regexp`` is RE2 (Go's syntax, linear-time matching: ``drover.scheduler.regexp``), so
+  no pattern can stall the scheduler; a pattern RE2 refuses matches no node;
 * ``set_contains``/``set_contains_all``/``set_contains_any`` read comma-separated sets;
 * ``version`` and ``semver`` take ranges such as ``>= 1.2, < 2.0`` (``~>`` too). ``version``
   follows hashicorp/go-version: a prerelease only satisfies a clause whose version is a
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from drover.scheduler.interfaces import State
+from drover.scheduler.regexp import RegexpError, compile_regexp, matches
 from drover.scheduler.structs import Constraint, Job, Node, TaskGroup
 
 __all__ = [
@@ -319,8 +322,8 @@ def check_operator(op: str, lval: str | None, rval: str | None) -> bool:
         return False
     if op == "regexp":
         try:
-            return re.search(rval, lval) is not None
-        except re.error:
+            return matches(compile_regexp(rval), lval)
+        except RegexpError:
             return False
     if op in ("set_contains", "set_contains_all"):
         return _parse_set(rval) <= _parse_set(lval)
@@ -351,13 +354,13 @@ def compile_predicate(attribute: str, operator: str, value: str) -> Predicate:
 
     if operator == "regexp":
         try:
-            pattern = re.compile(value)
-        except re.error:
+            pattern = compile_regexp(value)
+        except RegexpError:
             return _never
 
         def regexp(n: Node) -> bool:
             lval = lget(n)
-            return lval is not None and pattern.search(lval) is not None
+            return lval is not None and matches(pattern, lval)
 
         return regexp
     if operator in ("set_contains", "set_contains_all", "set_contains_any"):
