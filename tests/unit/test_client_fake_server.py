@@ -6,7 +6,8 @@ query on a per-node index), and UpdateAllocs. Tests drive it like the leader wou
 ``place`` an alloc, ``set_desired`` it to stop, ``remove`` it (garbage collection),
 ``mark_down`` the node (after which it refuses the node's updates with FAILED_PRECONDITION
 until it registers again, as the real servers must), or make every RPC fail with
-UNAVAILABLE for a while (``set_unavailable``). Everything it received is recorded.
+UNAVAILABLE for a while (``set_unavailable``). Everything it received is recorded. The
+other Nodes RPCs answer UNIMPLEMENTED, from the generated servicer base class.
 
 This module also holds the builders and the wait helper the client tests share; its own
 tests check the fake's blocking-query contract, which the agent relies on.
@@ -207,11 +208,17 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
             self.calls.append((method, "UNAVAILABLE"))
             context.abort(grpc.StatusCode.UNAVAILABLE, "fake server: unavailable")
 
+    @contextmanager
+    def _serving(self, method: str, context: grpc.ServicerContext) -> Iterator[None]:
+        """One RPC under the lock, refused first while the fake plays unavailable."""
+        with self.cond:
+            self._gate(method, context)
+            yield
+
     def Register(
         self, request: api_pb2.NodeRegisterRequest, context: grpc.ServicerContext
     ) -> api_pb2.NodeRegisterResponse:
-        with self.cond:
-            self._gate("Register", context)
+        with self._serving("Register", context):
             node = request.node
             existing = self.nodes.get(node.id)
             if existing is not None and existing.secret_id != node.secret_id:
@@ -227,8 +234,7 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
     def UpdateStatus(
         self, request: api_pb2.NodeUpdateStatusRequest, context: grpc.ServicerContext
     ) -> api_pb2.NodeUpdateStatusResponse:
-        with self.cond:
-            self._gate("UpdateStatus", context)
+        with self._serving("UpdateStatus", context):
             node = self.nodes.get(request.node_id)
             if node is None:
                 self.calls.append(("UpdateStatus", "NOT_FOUND"))
@@ -259,8 +265,7 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
     ) -> api_pb2.ClientAllocsResponse:
         wait_s = request.options.wait_ns / 1e9 if request.options.wait_ns > 0 else 300.0
         deadline = time.monotonic() + wait_s
-        with self.cond:
-            self._gate("GetClientAllocs", context)
+        with self._serving("GetClientAllocs", context):
             while (
                 self.node_index.get(request.node_id, 0) <= request.options.min_index
                 and request.options.min_index > 0
@@ -275,35 +280,10 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
             self.calls.append(("GetClientAllocs", "OK"))
             return self._response(request.node_id)
 
-    def WatchClientAllocs(
-        self, request: api_pb2.ClientAllocsRequest, context: grpc.ServicerContext
-    ) -> Iterator[api_pb2.ClientAllocsResponse]:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake server: use GetClientAllocs")
-        yield api_pb2.ClientAllocsResponse()  # pragma: no cover
-
-    def List(
-        self, request: api_pb2.NodeListRequest, context: grpc.ServicerContext
-    ) -> api_pb2.NodeListResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake server: not for clients")
-
-    def Get(self, request: api_pb2.NodeGetRequest, context: grpc.ServicerContext) -> api_pb2.NodeGetResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake server: not for clients")
-
-    def UpdateDrain(
-        self, request: api_pb2.NodeUpdateDrainRequest, context: grpc.ServicerContext
-    ) -> api_pb2.NodeUpdateDrainResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake server: not for clients")
-
-    def UpdateEligibility(
-        self, request: api_pb2.NodeUpdateEligibilityRequest, context: grpc.ServicerContext
-    ) -> api_pb2.NodeUpdateEligibilityResponse:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake server: not for clients")
-
     def UpdateAllocs(
         self, request: api_pb2.AllocUpdateRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocUpdateResponse:
-        with self.cond:
-            self._gate("UpdateAllocs", context)
+        with self._serving("UpdateAllocs", context):
             node = self.nodes.get(request.node_id)
             if node is None or node.secret_id != request.secret_id:
                 self.calls.append(("UpdateAllocs", "PERMISSION_DENIED"))
