@@ -22,30 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drover.scheduler import structs
 from drover.scheduler.generic import batch_followups, compute_generic
 from drover.scheduler.interfaces import SchedulerResult
 from drover.scheduler.reconciler.generic import DelayedReschedule
 from drover.scheduler.reconciler.vocabulary import DESC_RECONNECT_LOSER, DESC_RESCHEDULED
 from drover.scheduler.structs import (
-    ALLOC_CLIENT_COMPLETE,
-    ALLOC_CLIENT_FAILED,
-    ALLOC_CLIENT_LOST,
-    ALLOC_CLIENT_PENDING,
-    ALLOC_CLIENT_RUNNING,
-    ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_RUN,
-    ALLOC_DESIRED_STOP,
-    EVAL_STATUS_BLOCKED,
-    EVAL_STATUS_COMPLETE,
-    EVAL_STATUS_FAILED,
-    EVAL_STATUS_PENDING,
-    NODE_INELIGIBLE,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
-    TRIGGER_NODE_UPDATE,
-    TRIGGER_QUEUED_ALLOCS,
-    TRIGGER_RETRY_FAILED_ALLOC,
-    TRIGGER_ROLLING_UPDATE,
     Affinity,
     AllocatedPort,
     AllocatedResources,
@@ -133,7 +115,7 @@ def place_all(h: Harness, job: Job) -> Job:
     job = h.add_job(job)
     run_and_commit(h, mock.eval_for(job))
     for a in live(h, job):
-        h.update_alloc(a.id, client_status=ALLOC_CLIENT_RUNNING)
+        h.update_alloc(a.id, client_status=structs.ALLOC_CLIENT_RUNNING)
     return job
 
 
@@ -155,9 +137,10 @@ def test_generic__initial_placement() -> None:
     assert sorted(a.index for a in allocs) == list(range(10))
     assert len({a.name for a in allocs}) == 10
     assert all(
-        a.desired_status == ALLOC_DESIRED_RUN and a.client_status == ALLOC_CLIENT_PENDING for a in allocs
+        a.desired_status == structs.ALLOC_DESIRED_RUN and a.client_status == structs.ALLOC_CLIENT_PENDING
+        for a in allocs
     )
-    assert result.eval_update.status == EVAL_STATUS_COMPLETE
+    assert result.eval_update.status == structs.EVAL_STATUS_COMPLETE
     assert result.eval_update.queued_allocations == {"web": 0}
     assert result.created_evals == ()
 
@@ -165,7 +148,7 @@ def test_generic__initial_placement() -> None:
 def test_generic__initial_placement__fixed_point() -> None:
     h, _ = cluster(3)
     job = place_all(h, mock.job())
-    again = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    again = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     assert again.plan is None
     expect(again, Expect(ignore=10))
 
@@ -211,7 +194,7 @@ def test_generic__inplace_update__same_alloc_new_version() -> None:
     assert {a.job_version for a in after.values()} == {1}
     # Ports and the client's view are kept.
     assert all(after[i].resources == before[i].resources for i in before)
-    assert {a.client_status for a in after.values()} == {ALLOC_CLIENT_RUNNING}
+    assert {a.client_status for a in after.values()} == {structs.ALLOC_CLIENT_RUNNING}
 
 
 def test_generic__destructive_update__stop_and_replace() -> None:
@@ -240,22 +223,22 @@ def test_generic__rolling_update__max_parallel_2_over_count_10() -> None:
     while True:
         result = run_and_commit(h, ev)
         passes += 1
-        rolling = [e for e in result.created_evals if e.triggered_by == TRIGGER_ROLLING_UPDATE]
+        rolling = [e for e in result.created_evals if e.triggered_by == structs.TRIGGER_ROLLING_UPDATE]
         if passes < 5:
             expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
             (nxt,) = rolling
             assert nxt.wait_until_ns == h.now_ns + 30 * SECOND
-            assert nxt.status == EVAL_STATUS_PENDING and nxt.previous_eval == ev.id
+            assert nxt.status == structs.EVAL_STATUS_PENDING and nxt.previous_eval == ev.id
             assert result.eval_update.next_eval == nxt.id
         else:
             expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
             assert rolling == []
             break
         # Any eval during the stagger (here a node update) changes nothing.
-        during = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+        during = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
         assert during.plan is None
         for a in live(h, job):
-            h.update_alloc(a.id, client_status=ALLOC_CLIENT_RUNNING)
+            h.update_alloc(a.id, client_status=structs.ALLOC_CLIENT_RUNNING)
         h.now_ns = nxt.wait_until_ns
         ev = nxt
     assert {a.job_version for a in live(h, job)} == {1}
@@ -269,19 +252,19 @@ def test_generic__failed_service_alloc__rescheduled_after_delay() -> None:
     victim = live(h, job)[0]
     h.update_alloc(
         victim.id,
-        client_status=ALLOC_CLIENT_FAILED,
+        client_status=structs.ALLOC_CLIENT_FAILED,
         task_states={"web": TaskState(state="dead", failed=True, finished_at_ns=h.now_ns)},
         modify_time_ns=h.now_ns,
     )
-    ev = mock.eval_for(job, triggered_by=TRIGGER_RETRY_FAILED_ALLOC)
+    ev = mock.eval_for(job, triggered_by=structs.TRIGGER_RETRY_FAILED_ALLOC)
     first = run_and_commit(h, ev)
     expect(first, Expect(reschedule_later=1, ignore=9))
     (followup,) = first.created_evals
-    assert followup.triggered_by == TRIGGER_RETRY_FAILED_ALLOC
+    assert followup.triggered_by == structs.TRIGGER_RETRY_FAILED_ALLOC
     assert followup.wait_until_ns == h.now_ns + 30 * SECOND
     assert h.snapshot().alloc(victim.id).followup_eval_id == followup.id  # type: ignore[union-attr]
     # Until the follow-up fires nothing changes, and no second follow-up is made.
-    again = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    again = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     assert again.plan is None and again.created_evals == ()
     h.now_ns = followup.wait_until_ns
     result = run_and_commit(h, followup)
@@ -306,13 +289,13 @@ def test_generic__failed_service_alloc__exponential_delay_grows() -> None:
     delays = []
     for _ in range(4):
         (alloc,) = live(h, job)
-        h.update_alloc(alloc.id, client_status=ALLOC_CLIENT_FAILED, modify_time_ns=h.now_ns)
-        first = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_RETRY_FAILED_ALLOC))
+        h.update_alloc(alloc.id, client_status=structs.ALLOC_CLIENT_FAILED, modify_time_ns=h.now_ns)
+        first = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_RETRY_FAILED_ALLOC))
         (followup,) = first.created_evals
         delays.append((followup.wait_until_ns - h.now_ns) // SECOND)
         h.now_ns = followup.wait_until_ns
         run_and_commit(h, followup)
-        h.update_alloc(live(h, job)[0].id, client_status=ALLOC_CLIENT_RUNNING)
+        h.update_alloc(live(h, job)[0].id, client_status=structs.ALLOC_CLIENT_RUNNING)
     assert delays == [30, 60, 120, 240]
 
 
@@ -320,8 +303,8 @@ def test_generic__batch_completed__not_rerun() -> None:
     h, _ = cluster(2)
     job = place_all(h, mock.batch_job())
     for a in live(h, job):
-        h.update_alloc(a.id, client_status=ALLOC_CLIENT_COMPLETE)
-    result = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+        h.update_alloc(a.id, client_status=structs.ALLOC_CLIENT_COMPLETE)
+    result = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     assert result.plan is None and result.created_evals == ()
     expect(result, Expect(ignore=10))
 
@@ -330,14 +313,18 @@ def test_generic__batch_failed__rescheduled_until_attempts_exhausted() -> None:
     h, _ = cluster(2)
     job = place_all(h, with_group(mock.batch_job(), count=1))
     (first_alloc,) = live(h, job)
-    h.update_alloc(first_alloc.id, client_status=ALLOC_CLIENT_FAILED, modify_time_ns=h.now_ns - 10 * SECOND)
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_RETRY_FAILED_ALLOC))
+    h.update_alloc(
+        first_alloc.id, client_status=structs.ALLOC_CLIENT_FAILED, modify_time_ns=h.now_ns - 10 * SECOND
+    )
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_RETRY_FAILED_ALLOC))
     expect(result, Expect(place=1, reschedule_now=1))
     (second_alloc,) = live(h, job)
     assert second_alloc.previous_allocation == first_alloc.id
     # The one attempt in 24h is used: the replacement's failure is final.
-    h.update_alloc(second_alloc.id, client_status=ALLOC_CLIENT_FAILED, modify_time_ns=h.now_ns - 10 * SECOND)
-    result = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_RETRY_FAILED_ALLOC))
+    h.update_alloc(
+        second_alloc.id, client_status=structs.ALLOC_CLIENT_FAILED, modify_time_ns=h.now_ns - 10 * SECOND
+    )
+    result = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_RETRY_FAILED_ALLOC))
     assert result.plan is None and result.created_evals == ()
     expect(result, Expect(ignore=1))
 
@@ -347,10 +334,10 @@ def test_generic__lost_node__stopped_lost_and_replaced_elsewhere() -> None:
     job = place_all(h, mock.job())
     dead = nodes[0]
     on_dead = {a.id for a in live(h, job) if a.node_id == dead.id}
-    h.add_node(replace(dead, status=NODE_STATUS_DOWN))
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    h.add_node(replace(dead, status=structs.NODE_STATUS_DOWN))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     expect(result, Expect(lost=len(on_dead), stop=len(on_dead), place=len(on_dead), ignore=10 - len(on_dead)))
-    assert {s.client_status for s in stopped(result).values()} == {ALLOC_CLIENT_LOST}
+    assert {s.client_status for s in stopped(result).values()} == {structs.ALLOC_CLIENT_LOST}
     assert all(a.node_id != dead.id for a in placed(result))
     assert {a.previous_allocation for a in placed(result)} == on_dead
     assert h.run(compute_generic, mock.eval_for(job)).plan is None
@@ -363,10 +350,12 @@ def test_generic__draining_node__migrates() -> None:
     on_drained = {a.id for a in live(h, job) if a.node_id == drained.id}
     h.add_node(
         replace(
-            drained, drain_strategy=DrainStrategy(deadline_ns=HOUR), scheduling_eligibility=NODE_INELIGIBLE
+            drained,
+            drain_strategy=DrainStrategy(deadline_ns=HOUR),
+            scheduling_eligibility=structs.NODE_INELIGIBLE,
         )
     )
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     n = len(on_drained)
     expect(result, Expect(migrate=n, stop=n, place=n, ignore=10 - n))
     assert all(a.node_id != drained.id for a in placed(result))
@@ -379,19 +368,19 @@ def test_generic__disconnected_node__unknown_and_replaced() -> None:
     job = place_all(h, mock.job())
     away = nodes[2]
     on_away = {a.id for a in live(h, job) if a.node_id == away.id}
-    h.add_node(replace(away, status=NODE_STATUS_DISCONNECTED))
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    h.add_node(replace(away, status=structs.NODE_STATUS_DISCONNECTED))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     n = len(on_away)
     expect(result, Expect(disconnecting=n, place=n, ignore=10 - n))
     marks = stopped(result)
     assert set(marks) == on_away
     assert {(m.desired_status, m.client_status) for m in marks.values()} == {
-        (ALLOC_DESIRED_RUN, ALLOC_CLIENT_UNKNOWN)
+        (structs.ALLOC_DESIRED_RUN, structs.ALLOC_CLIENT_UNKNOWN)
     }
     snap = h.snapshot()
-    assert {snap.alloc(i).client_status for i in on_away} == {ALLOC_CLIENT_UNKNOWN}  # type: ignore[union-attr]
+    assert {snap.alloc(i).client_status for i in on_away} == {structs.ALLOC_CLIENT_UNKNOWN}  # type: ignore[union-attr]
     # Kept, still desired to run, and replaced once.
-    again = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    again = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     assert again.plan is None
     assert len(live(h, job)) == 10 + n
 
@@ -404,11 +393,11 @@ def test_generic__disconnected_node__reconnect_keeps_original_stops_replacement(
     (original,) = live(h, job)
     node = h.snapshot().node(original.node_id)
     assert node is not None
-    h.add_node(replace(node, status=NODE_STATUS_DISCONNECTED))
-    run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    h.add_node(replace(node, status=structs.NODE_STATUS_DISCONNECTED))
+    run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     (replacement,) = [a for a in live(h, job) if a.id != original.id]
     h.add_node(node)  # back, ready
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     expect(result, Expect(reconnecting=1, stop=1))
     assert set(stopped(result)) == {replacement.id}
     assert [a.id for a in live(h, job)] == [original.id]
@@ -424,23 +413,23 @@ def test_generic__failed_replacement_of_reconnected_original__original_updated__
     v0 = h.add_job(with_group(mock.job(), count=2, update=None))
     new, _ = destructive_change(v0, update=None)
     job = register(h, new)
-    original = h.add_alloc(mock.alloc(v0, node, 0, id="original", client_status=ALLOC_CLIENT_RUNNING))
+    original = h.add_alloc(mock.alloc(v0, node, 0, id="original", client_status=structs.ALLOC_CLIENT_RUNNING))
     h.add_alloc(
         mock.alloc(
             job,
             node,
             0,
             id="failed-replacement",
-            client_status=ALLOC_CLIENT_FAILED,
+            client_status=structs.ALLOC_CLIENT_FAILED,
             previous_allocation=original.id,
         )
     )
-    h.add_alloc(mock.alloc(job, node, 1, id="waiting", client_status=ALLOC_CLIENT_FAILED))
+    h.add_alloc(mock.alloc(job, node, 1, id="waiting", client_status=structs.ALLOC_CLIENT_FAILED))
     first = run_and_commit(h, mock.eval_for(job))
     expect(first, Expect(update_destructive=1, stop=2, place=1, reschedule_later=1))
     assert stopped(first)["failed-replacement"].desired_description == DESC_RECONNECT_LOSER
-    assert h.snapshot().alloc("failed-replacement").desired_status == ALLOC_DESIRED_STOP  # type: ignore[union-attr]
-    second = h.run(compute_generic, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    assert h.snapshot().alloc("failed-replacement").desired_status == structs.ALLOC_DESIRED_STOP  # type: ignore[union-attr]
+    second = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     assert second.plan is None, second.annotations
     assert second.created_evals == ()
 
@@ -451,10 +440,10 @@ def _reconnect_race(h: Harness, job: Job) -> tuple[Job, Allocation, Allocation]:
     (original,) = live(h, job)
     node = h.snapshot().node(original.node_id)
     assert node is not None
-    h.add_node(replace(node, status=NODE_STATUS_DISCONNECTED))
-    run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    h.add_node(replace(node, status=structs.NODE_STATUS_DISCONNECTED))
+    run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     (replacement,) = [a for a in live(h, job) if a.id != original.id]
-    h.update_alloc(replacement.id, client_status=ALLOC_CLIENT_RUNNING)
+    h.update_alloc(replacement.id, client_status=structs.ALLOC_CLIENT_RUNNING)
     h.add_node(node)
     return job, original, replacement
 
@@ -463,7 +452,7 @@ def test_generic__reconnect__best_score_tie__original_kept() -> None:
     h, _ = cluster(2)
     job = place_all(h, with_group(mock.job(), count=1))
     job, original, replacement = _reconnect_race(h, job)
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     assert set(stopped(result)) == {replacement.id}
     assert [a.id for a in live(h, job)] == [original.id]
 
@@ -477,7 +466,7 @@ def test_generic__reconnect__best_score__better_ranked_replacement_kept() -> Non
     h.add_node(replace(other, meta={"rack": "r9"}))  # the replacement's node becomes preferred
     job, original, replacement = _reconnect_race(h, job)
     assert replacement.node_id == other.id
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     expect(result, Expect(stop=1, ignore=1))
     assert set(stopped(result)) == {original.id}
     assert [a.id for a in live(h, job)] == [replacement.id]
@@ -488,8 +477,8 @@ def test_generic__disconnected_node__replace_false__kept_without_replacement() -
     job = place_all(h, with_group(mock.job(), disconnect=DisconnectStrategy(replace=False)))
     away = nodes[0]
     n = sum(1 for a in live(h, job) if a.node_id == away.id)
-    h.add_node(replace(away, status=NODE_STATUS_DISCONNECTED))
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=TRIGGER_NODE_UPDATE))
+    h.add_node(replace(away, status=structs.NODE_STATUS_DISCONNECTED))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     expect(result, Expect(disconnecting=n, ignore=10 - n))
     assert placed_or_empty(result) == []
 
@@ -537,11 +526,11 @@ def test_generic__ports_exhausted__one_blocked_eval() -> None:
     expect(result, Expect(place=7))
     assert len(placed(result)) == 5
     (blocked,) = result.created_evals
-    assert blocked.status == EVAL_STATUS_BLOCKED
-    assert blocked.triggered_by == TRIGGER_QUEUED_ALLOCS
+    assert blocked.status == structs.EVAL_STATUS_BLOCKED
+    assert blocked.triggered_by == structs.TRIGGER_QUEUED_ALLOCS
     assert blocked.previous_eval == ev.id
     assert blocked.queued_allocations == {"web": 2}
-    assert result.eval_update.status == EVAL_STATUS_COMPLETE
+    assert result.eval_update.status == structs.EVAL_STATUS_COMPLETE
     assert result.eval_update.blocked_eval == blocked.id
     assert result.eval_update.queued_allocations == {"web": 2}
     assert result.queued == {"web": 2}
@@ -596,7 +585,7 @@ def test_generic__system_job__eval_failed() -> None:
     job = h.add_job(mock.system_job())
     result = h.run(compute_generic, mock.eval_for(job))
     assert result.plan is None
-    assert result.eval_update.status == EVAL_STATUS_FAILED
+    assert result.eval_update.status == structs.EVAL_STATUS_FAILED
 
 
 def test_generic__constraint_change__allocs_on_now_infeasible_nodes_move() -> None:
@@ -617,7 +606,7 @@ def test_generic__ineligible_node__outdated_allocs_wait() -> None:
     """The applier rejects any upsert on an ineligible node: no in-place update there."""
     h, nodes = cluster(2)
     job = place_all(h, mock.job())
-    h.add_node(replace(nodes[0], scheduling_eligibility=NODE_INELIGIBLE))
+    h.add_node(replace(nodes[0], scheduling_eligibility=structs.NODE_INELIGIBLE))
     job = register(h, with_group(replace(job, version=1), meta={"elb_check_type": "tcp"}))
     result = run_and_commit(h, mock.eval_for(job))  # commit() asserts nothing was rejected
     on_ineligible = sum(1 for a in live(h, job) if a.node_id == nodes[0].id)
@@ -667,14 +656,14 @@ def histories(draw: st.DrawFn) -> tuple[Harness, Job]:
         # Sometimes small (two allocs each): placements block, and the rest must still hold.
         "n-a": _sized_node("n-a", draw(st.sampled_from((4000, 1200)))),
         "n-b": _sized_node("n-b", draw(st.sampled_from((4000, 1200)))),
-        "n-down": mock.node(id="n-down", status=NODE_STATUS_DOWN),
+        "n-down": mock.node(id="n-down", status=structs.NODE_STATUS_DOWN),
         "n-drain": mock.node(
             id="n-drain",
             drain_strategy=DrainStrategy(deadline_ns=HOUR),
-            scheduling_eligibility=NODE_INELIGIBLE,
+            scheduling_eligibility=structs.NODE_INELIGIBLE,
         ),
-        "n-away": mock.node(id="n-away", status=NODE_STATUS_DISCONNECTED),
-        "n-inel": mock.node(id="n-inel", scheduling_eligibility=NODE_INELIGIBLE),
+        "n-away": mock.node(id="n-away", status=structs.NODE_STATUS_DISCONNECTED),
+        "n-inel": mock.node(id="n-inel", scheduling_eligibility=structs.NODE_INELIGIBLE),
     }
     for node in nodes.values():
         h.add_node(node)
@@ -705,11 +694,11 @@ def histories(draw: st.DrawFn) -> tuple[Harness, Job]:
         status = draw(
             st.sampled_from(
                 (
-                    ALLOC_CLIENT_PENDING,
-                    ALLOC_CLIENT_RUNNING,
-                    ALLOC_CLIENT_COMPLETE,
-                    ALLOC_CLIENT_FAILED,
-                    ALLOC_CLIENT_UNKNOWN,
+                    structs.ALLOC_CLIENT_PENDING,
+                    structs.ALLOC_CLIENT_RUNNING,
+                    structs.ALLOC_CLIENT_COMPLETE,
+                    structs.ALLOC_CLIENT_FAILED,
+                    structs.ALLOC_CLIENT_UNKNOWN,
                 )
             )
         )
@@ -720,7 +709,9 @@ def histories(draw: st.DrawFn) -> tuple[Harness, Job]:
             id=f"a{i}",
             eval_id="e0",
             client_status=status,
-            desired_status=ALLOC_DESIRED_STOP if draw(st.integers(0, 4)) == 0 else ALLOC_DESIRED_RUN,
+            desired_status=structs.ALLOC_DESIRED_STOP
+            if draw(st.integers(0, 4)) == 0
+            else structs.ALLOC_DESIRED_RUN,
             previous_allocation=draw(st.sampled_from(["", *(a.id for a in allocs)])),
             modify_time_ns=NOW - draw(st.sampled_from((0, 10 * SECOND, 2 * HOUR))),
             create_time_ns=NOW - HOUR,
@@ -733,7 +724,7 @@ def histories(draw: st.DrawFn) -> tuple[Harness, Job]:
 
 
 def _live_by_group(h: Harness, job: Job) -> Counter[str]:
-    away = {n.id for n in h.snapshot().nodes() if n.status == NODE_STATUS_DISCONNECTED}
+    away = {n.id for n in h.snapshot().nodes() if n.status == structs.NODE_STATUS_DISCONNECTED}
     return Counter(a.task_group for a in live(h, job) if a.node_id not in away)
 
 
@@ -754,11 +745,11 @@ def test_generic__property__fixed_point_and_never_more_than_count(case: tuple[Ha
     counts = _live_by_group(h, job)
     for group in job.groups:
         assert counts[group.name] <= (0 if job.stop else group.count)
-    second = h.run(compute_generic, mock.eval_for(job, id="e2", triggered_by=TRIGGER_NODE_UPDATE))
+    second = h.run(compute_generic, mock.eval_for(job, id="e2", triggered_by=structs.TRIGGER_NODE_UPDATE))
     delayed = first.eval_update.blocked_eval or first.eval_update.next_eval
     if not delayed:
         assert second.plan is None, second.annotations
-        assert all(e.triggered_by == TRIGGER_RETRY_FAILED_ALLOC for e in first.created_evals)
+        assert all(e.triggered_by == structs.TRIGGER_RETRY_FAILED_ALLOC for e in first.created_evals)
         assert second.created_evals == ()
 
 

@@ -19,20 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drover.scheduler import structs
 from drover.scheduler.reconciler.generic import GroupResult, reconcile_group
 from drover.scheduler.reconciler.reschedule import next_delay, next_reschedule
 from drover.scheduler.reconciler.vocabulary import DESC_LOST, DESC_RECONNECT_LOSER, DESC_RESCHEDULED
 from drover.scheduler.structs import (
-    ALLOC_CLIENT_COMPLETE,
-    ALLOC_CLIENT_FAILED,
-    ALLOC_CLIENT_LOST,
-    ALLOC_CLIENT_PENDING,
-    ALLOC_CLIENT_RUNNING,
-    ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_RUN,
-    ALLOC_DESIRED_STOP,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
     Allocation,
     AllocStateChange,
     DisconnectStrategy,
@@ -94,7 +85,7 @@ def with_group(job: Job, **changes: Any) -> Job:
 
 
 def running(job: Job, node: Node, indexes: Sequence[int], **overrides: Any) -> list[Allocation]:
-    overrides.setdefault("client_status", ALLOC_CLIENT_RUNNING)
+    overrides.setdefault("client_status", structs.ALLOC_CLIENT_RUNNING)
     return [mock.alloc(job, node, i, **overrides) for i in indexes]
 
 
@@ -104,11 +95,11 @@ def by_id(scores: Mapping[str, float]) -> Callable[[Allocation], float | None]:
 
 
 def down(node: Node) -> Node:
-    return replace(node, status=NODE_STATUS_DOWN)
+    return replace(node, status=structs.NODE_STATUS_DOWN)
 
 
 def disconnected(node: Node) -> Node:
-    return replace(node, status=NODE_STATUS_DISCONNECTED)
+    return replace(node, status=structs.NODE_STATUS_DISCONNECTED)
 
 
 def draining(node: Node) -> Node:
@@ -130,7 +121,7 @@ def failed(alloc: Allocation, at_ns: int, **overrides: Any) -> Allocation:
     state = TaskState(state="dead", failed=True, started_at_ns=at_ns - MINUTE, finished_at_ns=at_ns)
     return replace(
         alloc,
-        client_status=ALLOC_CLIENT_FAILED,
+        client_status=structs.ALLOC_CLIENT_FAILED,
         task_states={"web": state},
         modify_time_ns=at_ns,
         **overrides,
@@ -243,7 +234,7 @@ def s_service_failed_already_replaced() -> Scenario:
     allocs = running(job, node, range(10))
     allocs[3] = failed(allocs[3], NOW - HOUR)
     allocs.append(
-        mock.alloc(job, node, 3, previous_allocation=allocs[3].id, client_status=ALLOC_CLIENT_RUNNING)
+        mock.alloc(job, node, 3, previous_allocation=allocs[3].id, client_status=structs.ALLOC_CLIENT_RUNNING)
     )
     return Scenario(job, allocs)
 
@@ -251,18 +242,18 @@ def s_service_failed_already_replaced() -> Scenario:
 def s_service_completed() -> Scenario:
     job, node = mock.job(), mock.node()
     allocs = running(job, node, range(10))
-    allocs[4] = replace(allocs[4], client_status=ALLOC_CLIENT_COMPLETE)
+    allocs[4] = replace(allocs[4], client_status=structs.ALLOC_CLIENT_COMPLETE)
     return Scenario(job, allocs)
 
 
 def s_batch_completed() -> Scenario:
     job, node = mock.batch_job(), mock.node()
-    return Scenario(job, running(job, node, range(10), client_status=ALLOC_CLIENT_COMPLETE))
+    return Scenario(job, running(job, node, range(10), client_status=structs.ALLOC_CLIENT_COMPLETE))
 
 
 def s_batch_half_completed() -> Scenario:
     job, node = mock.batch_job(), mock.node()
-    allocs = running(job, node, range(5), client_status=ALLOC_CLIENT_COMPLETE) + running(
+    allocs = running(job, node, range(5), client_status=structs.ALLOC_CLIENT_COMPLETE) + running(
         job, node, range(5, 10)
     )
     return Scenario(job, allocs)
@@ -270,7 +261,7 @@ def s_batch_half_completed() -> Scenario:
 
 def s_batch_completed_then_job_updated() -> Scenario:
     job, node = mock.batch_job(), mock.node()
-    allocs = running(job, node, range(10), client_status=ALLOC_CLIENT_COMPLETE)
+    allocs = running(job, node, range(10), client_status=structs.ALLOC_CLIENT_COMPLETE)
     new, versions = destructive_change(job)
     return Scenario(new, allocs, kwargs={"job_versions": versions})
 
@@ -321,7 +312,13 @@ def s_lost_node_stopping_alloc() -> Scenario:
     job, good, bad = mock.job(), mock.node(), mock.node()
     allocs = running(job, good, range(10))
     allocs.append(
-        mock.alloc(job, bad, 10, desired_status=ALLOC_DESIRED_STOP, client_status=ALLOC_CLIENT_RUNNING)
+        mock.alloc(
+            job,
+            bad,
+            10,
+            desired_status=structs.ALLOC_DESIRED_STOP,
+            client_status=structs.ALLOC_CLIENT_RUNNING,
+        )
     )
     return Scenario(job, allocs, {bad.id: down(bad)})
 
@@ -353,10 +350,10 @@ def s_disconnected_node_pending() -> Scenario:
 def s_disconnected_unknown_replaced() -> Scenario:
     job, good, away = mock.job(), mock.node(), mock.node()
     allocs = running(job, good, range(9))
-    original = mock.alloc(job, away, 9, client_status=ALLOC_CLIENT_UNKNOWN)
+    original = mock.alloc(job, away, 9, client_status=structs.ALLOC_CLIENT_UNKNOWN)
     allocs += [
         original,
-        mock.alloc(job, good, 9, client_status=ALLOC_CLIENT_RUNNING, previous_allocation=original.id),
+        mock.alloc(job, good, 9, client_status=structs.ALLOC_CLIENT_RUNNING, previous_allocation=original.id),
     ]
     return Scenario(job, allocs, {away.id: disconnected(away)})
 
@@ -364,29 +361,37 @@ def s_disconnected_unknown_replaced() -> Scenario:
 def s_disconnected_unknown_replacement_never_placed() -> Scenario:
     # Nomad #16644: the replacement was blocked; drover retries it on the next eval.
     job, good, away = mock.job(), mock.node(), mock.node()
-    allocs = [*running(job, good, range(9)), mock.alloc(job, away, 9, client_status=ALLOC_CLIENT_UNKNOWN)]
+    allocs = [
+        *running(job, good, range(9)),
+        mock.alloc(job, away, 9, client_status=structs.ALLOC_CLIENT_UNKNOWN),
+    ]
     return Scenario(job, allocs, {away.id: disconnected(away)})
 
 
 def s_disconnected_unknown_expired() -> Scenario:
     job, good, away = mock.job(), mock.node(), mock.node()
     job = with_group(job, disconnect=DisconnectStrategy(lost_after_ns=5 * MINUTE))
-    history = (AllocStateChange(field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=NOW - HOUR),)
-    unknown = mock.alloc(job, away, 9, client_status=ALLOC_CLIENT_UNKNOWN, state_history=history)
+    history = (
+        AllocStateChange(field="client_status", value=structs.ALLOC_CLIENT_UNKNOWN, time_ns=NOW - HOUR),
+    )
+    unknown = mock.alloc(job, away, 9, client_status=structs.ALLOC_CLIENT_UNKNOWN, state_history=history)
     return Scenario(job, [*running(job, good, range(9)), unknown], {away.id: disconnected(away)})
 
 
 def s_reconnect_no_replacement() -> Scenario:
     job, node = mock.job(), mock.node()
-    allocs = [*running(job, node, range(9)), mock.alloc(job, node, 9, client_status=ALLOC_CLIENT_UNKNOWN)]
+    allocs = [
+        *running(job, node, range(9)),
+        mock.alloc(job, node, 9, client_status=structs.ALLOC_CLIENT_UNKNOWN),
+    ]
     return Scenario(job, allocs)
 
 
 def s_reconnect_tie_keeps_original() -> Scenario:
     job, back, other = mock.job(), mock.node(), mock.node()
-    original = mock.alloc(job, back, 9, client_status=ALLOC_CLIENT_UNKNOWN)
+    original = mock.alloc(job, back, 9, client_status=structs.ALLOC_CLIENT_UNKNOWN)
     replacement = mock.alloc(
-        job, other, 9, client_status=ALLOC_CLIENT_RUNNING, previous_allocation=original.id
+        job, other, 9, client_status=structs.ALLOC_CLIENT_RUNNING, previous_allocation=original.id
     )
     return Scenario(job, [*running(job, other, range(9)), original, replacement])
 
@@ -394,7 +399,7 @@ def s_reconnect_tie_keeps_original() -> Scenario:
 def s_failed_replacement_original_back() -> Scenario:
     # The original came back from a disconnect and runs; its replacement failed meanwhile.
     job, back, other = mock.job(), mock.node(), mock.node()
-    original = mock.alloc(job, back, 9, client_status=ALLOC_CLIENT_RUNNING)
+    original = mock.alloc(job, back, 9, client_status=structs.ALLOC_CLIENT_RUNNING)
     replacement = failed(mock.alloc(job, other, 9, previous_allocation=original.id), NOW)
     return Scenario(job, [*running(job, other, range(9)), original, replacement])
 
@@ -409,9 +414,9 @@ def s_reconnect_better_replacement() -> Scenario:
 def s_reconnect_newer_replacement() -> Scenario:
     job, back, other = mock.job(), mock.node(), mock.node()
     new, versions = bumped(job, meta={"x": "y"})
-    original = mock.alloc(job, back, 9, client_status=ALLOC_CLIENT_UNKNOWN)
+    original = mock.alloc(job, back, 9, client_status=structs.ALLOC_CLIENT_UNKNOWN)
     replacement = mock.alloc(
-        new, other, 9, client_status=ALLOC_CLIENT_RUNNING, previous_allocation=original.id
+        new, other, 9, client_status=structs.ALLOC_CLIENT_RUNNING, previous_allocation=original.id
     )
     return Scenario(
         new, [*running(new, other, range(9)), original, replacement], kwargs={"job_versions": versions}
@@ -421,7 +426,7 @@ def s_reconnect_newer_replacement() -> Scenario:
 def s_reconnect_client_already_running() -> Scenario:
     # The client reported "running" before the scheduler saw the reconnect: the lineage tells.
     scenario = s_reconnect_tie_keeps_original()
-    scenario.allocs[-2] = replace(scenario.allocs[-2], client_status=ALLOC_CLIENT_RUNNING)
+    scenario.allocs[-2] = replace(scenario.allocs[-2], client_status=structs.ALLOC_CLIENT_RUNNING)
     return scenario
 
 
@@ -443,7 +448,11 @@ def s_periodic_parent() -> Scenario:
 def s_history_only() -> Scenario:
     job, node = mock.job(), mock.node()
     allocs = running(
-        job, node, range(10), desired_status=ALLOC_DESIRED_STOP, client_status=ALLOC_CLIENT_COMPLETE
+        job,
+        node,
+        range(10),
+        desired_status=structs.ALLOC_DESIRED_STOP,
+        client_status=structs.ALLOC_CLIENT_COMPLETE,
     )
     return Scenario(job, allocs)
 
@@ -685,7 +694,7 @@ def test_reconcile__service_failed__later_at_fail_time_plus_delay() -> None:
 
 def test_reconcile__lost_node__stops_carry_client_status_lost() -> None:
     result = s_lost_node().run()
-    assert {(s.client_status, s.description) for s in result.stop} == {(ALLOC_CLIENT_LOST, DESC_LOST)}
+    assert {(s.client_status, s.description) for s in result.stop} == {(structs.ALLOC_CLIENT_LOST, DESC_LOST)}
     assert sorted(p.index for p in result.place) == [7, 8, 9]
     assert {p.previous.id for p in result.place if p.previous} == {a.id for a in result.lost}
 
@@ -694,7 +703,7 @@ def test_reconcile__lost_node__scale_down_drops_lost_first() -> None:
     result = s_lost_node_scale_down().run()
     stopped = {s.alloc.index: s for s in result.stop}
     assert sorted(stopped) == [5, 6, 7, 8, 9]
-    assert all(stopped[i].client_status == ALLOC_CLIENT_LOST for i in (7, 8, 9))
+    assert all(stopped[i].client_status == structs.ALLOC_CLIENT_LOST for i in (7, 8, 9))
 
 
 def test_reconcile__reconnect__tie_stops_the_replacement() -> None:
@@ -720,9 +729,9 @@ def test_reconcile__reconnect__strategies(
 ) -> None:
     job, back, other = mock.job(), mock.node(), mock.node()
     job = with_group(job, count=1, disconnect=DisconnectStrategy(reconcile=strategy))
-    original = mock.alloc(job, back, 0, client_status=ALLOC_CLIENT_RUNNING)
+    original = mock.alloc(job, back, 0, client_status=structs.ALLOC_CLIENT_RUNNING)
     replacement = mock.alloc(
-        job, other, 0, client_status=ALLOC_CLIENT_PENDING, previous_allocation=original.id
+        job, other, 0, client_status=structs.ALLOC_CLIENT_PENDING, previous_allocation=original.id
     )
     result = reconcile_group(
         job,
@@ -746,7 +755,7 @@ def test_reconcile__disconnected_node__replacement_points_back() -> None:
 def test_reconcile__job_stopped__lost_allocs_stopped_as_lost() -> None:
     result = s_job_stopped().run()
     statuses = sorted(s.client_status for s in result.stop)
-    assert statuses == [""] * 8 + [ALLOC_CLIENT_LOST] * 2
+    assert statuses == [""] * 8 + [structs.ALLOC_CLIENT_LOST] * 2
 
 
 def test_reconcile__other_groups_allocs_are_skipped() -> None:
@@ -832,11 +841,11 @@ _NODES: Mapping[str, Node | None] = {
 }
 _NODE_IDS = ("n-ready", "n-ready-2", *_NODES)
 _STATUSES = (
-    ALLOC_CLIENT_PENDING,
-    ALLOC_CLIENT_RUNNING,
-    ALLOC_CLIENT_COMPLETE,
-    ALLOC_CLIENT_FAILED,
-    ALLOC_CLIENT_UNKNOWN,
+    structs.ALLOC_CLIENT_PENDING,
+    structs.ALLOC_CLIENT_RUNNING,
+    structs.ALLOC_CLIENT_COMPLETE,
+    structs.ALLOC_CLIENT_FAILED,
+    structs.ALLOC_CLIENT_UNKNOWN,
 )
 
 
@@ -871,7 +880,9 @@ def groups(draw: st.DrawFn) -> tuple[Job, list[Allocation], dict[int, Job]]:
             id=f"a{i}",
             eval_id="e0",
             client_status=status,
-            desired_status=ALLOC_DESIRED_STOP if draw(st.integers(0, 4)) == 0 else ALLOC_DESIRED_RUN,
+            desired_status=structs.ALLOC_DESIRED_STOP
+            if draw(st.integers(0, 4)) == 0
+            else structs.ALLOC_DESIRED_RUN,
             previous_allocation=prev,
             modify_time_ns=NOW - fail_ago,
             create_time_ns=NOW - HOUR,
@@ -896,12 +907,12 @@ def apply_result(
     for s in stops:
         a = by_id[s.alloc.id]
         by_id[a.id] = replace(
-            a, desired_status=ALLOC_DESIRED_STOP, client_status=s.client_status or a.client_status
+            a, desired_status=structs.ALLOC_DESIRED_STOP, client_status=s.client_status or a.client_status
         )
     for a in result.update_inplace:
         by_id[a.id] = replace(by_id[a.id], job_version=job.version)
     for a in result.disconnecting:
-        by_id[a.id] = replace(by_id[a.id], client_status=ALLOC_CLIENT_UNKNOWN)
+        by_id[a.id] = replace(by_id[a.id], client_status=structs.ALLOC_CLIENT_UNKNOWN)
     for d in result.reschedule_later:
         by_id[d.alloc.id] = replace(by_id[d.alloc.id], followup_eval_id="e-followup")
     out = list(by_id.values())

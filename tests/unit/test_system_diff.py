@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from drover.scheduler import structs
 from drover.scheduler.reconciler.system import (
     CLASSIFICATION_RULES,
     KEEP_RULES,
@@ -25,17 +26,6 @@ from drover.scheduler.reconciler.system import (
 )
 from drover.scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, IGNORE, tasks_updated
 from drover.scheduler.structs import (
-    ALLOC_CLIENT_COMPLETE,
-    ALLOC_CLIENT_FAILED,
-    ALLOC_CLIENT_LOST,
-    ALLOC_CLIENT_PENDING,
-    ALLOC_CLIENT_RUNNING,
-    ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_STOP,
-    NODE_INELIGIBLE,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
-    NODE_STATUS_INIT,
     AllocatedPort,
     AllocatedResources,
     Allocation,
@@ -82,16 +72,20 @@ def bump(job: Job, *, destructive: bool) -> Job:
 
 
 def running(job: Job, node: Node, index: int = 0, **overrides: Any) -> Allocation:
-    overrides.setdefault("client_status", ALLOC_CLIENT_RUNNING)
+    overrides.setdefault("client_status", structs.ALLOC_CLIENT_RUNNING)
     return mock.alloc(job, node, index, **overrides)
 
 
 def unknown_since(job: Job, node: Node, since_ns: int, **overrides: Any) -> Allocation:
     history = (
-        AllocStateChange(field="client_status", value=ALLOC_CLIENT_RUNNING, time_ns=since_ns - 60 * SECOND),
-        AllocStateChange(field="client_status", value=ALLOC_CLIENT_UNKNOWN, time_ns=since_ns),
+        AllocStateChange(
+            field="client_status", value=structs.ALLOC_CLIENT_RUNNING, time_ns=since_ns - 60 * SECOND
+        ),
+        AllocStateChange(field="client_status", value=structs.ALLOC_CLIENT_UNKNOWN, time_ns=since_ns),
     )
-    return mock.alloc(job, node, client_status=ALLOC_CLIENT_UNKNOWN, state_history=history, **overrides)
+    return mock.alloc(
+        job, node, client_status=structs.ALLOC_CLIENT_UNKNOWN, state_history=history, **overrides
+    )
 
 
 def ready_nodes(n: int, **overrides: object) -> list[Node]:
@@ -233,7 +227,7 @@ def s_unknown_old_version() -> Scenario:
 
 def s_node_down() -> Scenario:
     job = mock.system_job()
-    nodes = [*ready_nodes(2), mock.node(status=NODE_STATUS_DOWN)]
+    nodes = [*ready_nodes(2), mock.node(status=structs.NODE_STATUS_DOWN)]
     return Scenario(job, nodes, [running(job, n) for n in nodes])
 
 
@@ -247,31 +241,37 @@ def s_node_deregistered() -> Scenario:
 def s_stopping_on_down_node() -> Scenario:
     # Told to stop, the node died before the client said so: lost, not "stopping" forever.
     job = mock.system_job()
-    down = mock.node(status=NODE_STATUS_DOWN)
-    return Scenario(job, [down], [running(job, down, desired_status=ALLOC_DESIRED_STOP)])
+    down = mock.node(status=structs.NODE_STATUS_DOWN)
+    return Scenario(job, [down], [running(job, down, desired_status=structs.ALLOC_DESIRED_STOP)])
 
 
 def s_stopped_job_on_down_node() -> Scenario:
     job = mock.system_job()
-    down = mock.node(status=NODE_STATUS_DOWN)
+    down = mock.node(status=structs.NODE_STATUS_DOWN)
     return Scenario(replace(job, stop=True), [down], [running(job, down)])
 
 
 def s_disconnected_running() -> Scenario:
     job = mock.system_job()
-    nodes = [mock.node(), mock.node(status=NODE_STATUS_DISCONNECTED)]
+    nodes = [mock.node(), mock.node(status=structs.NODE_STATUS_DISCONNECTED)]
     return Scenario(job, nodes, [running(job, n) for n in nodes])
 
 
 def s_disconnected_pending_and_unknown() -> Scenario:
     job = mock.system_job()
-    a, b = mock.node(status=NODE_STATUS_DISCONNECTED), mock.node(status=NODE_STATUS_DISCONNECTED)
+    a, b = (
+        mock.node(status=structs.NODE_STATUS_DISCONNECTED),
+        mock.node(status=structs.NODE_STATUS_DISCONNECTED),
+    )
     return Scenario(job, [a, b], [mock.alloc(job, a), unknown_since(job, b, NOW - 10 * SECOND)])
 
 
 def s_disconnected_expired() -> Scenario:
     job = with_group(mock.system_job(), disconnect=DisconnectStrategy(lost_after_ns=60 * SECOND))
-    a, b = mock.node(status=NODE_STATUS_DISCONNECTED), mock.node(status=NODE_STATUS_DISCONNECTED)
+    a, b = (
+        mock.node(status=structs.NODE_STATUS_DISCONNECTED),
+        mock.node(status=structs.NODE_STATUS_DISCONNECTED),
+    )
     old = unknown_since(job, a, NOW - 61 * SECOND)
     fresh = unknown_since(job, b, NOW - 59 * SECOND)
     return Scenario(job, [a, b], [old, fresh])
@@ -285,7 +285,7 @@ def s_reconnect() -> Scenario:
 
 def s_reconnect_ineligible() -> Scenario:
     job = mock.system_job()
-    back = mock.node(scheduling_eligibility=NODE_INELIGIBLE)
+    back = mock.node(scheduling_eligibility=structs.NODE_INELIGIBLE)
     return Scenario(job, [back], [unknown_since(job, back, NOW - 10 * SECOND)])
 
 
@@ -311,8 +311,8 @@ def s_ineligible() -> Scenario:
     v0 = mock.system_job()
     v1 = bump(v0, destructive=True)
     nodes = [
-        mock.node(scheduling_eligibility=NODE_INELIGIBLE),
-        mock.node(scheduling_eligibility=NODE_INELIGIBLE),
+        mock.node(scheduling_eligibility=structs.NODE_INELIGIBLE),
+        mock.node(scheduling_eligibility=structs.NODE_INELIGIBLE),
     ]
     # One keeps its (even outdated) alloc, the other gets nothing new.
     return Scenario(v1, nodes, [running(v0, nodes[0])], versions=[v0])
@@ -320,7 +320,7 @@ def s_ineligible() -> Scenario:
 
 def s_initializing() -> Scenario:
     job = mock.system_job()
-    node = mock.node(status=NODE_STATUS_INIT)
+    node = mock.node(status=structs.NODE_STATUS_INIT)
     return Scenario(job, [node], [running(job, node)])
 
 
@@ -351,7 +351,9 @@ def s_failed_system_alloc() -> Scenario:
     job = mock.system_job()
     nodes = ready_nodes(2)
     return Scenario(
-        job, nodes, [running(job, nodes[0]), mock.alloc(job, nodes[1], client_status=ALLOC_CLIENT_FAILED)]
+        job,
+        nodes,
+        [running(job, nodes[0]), mock.alloc(job, nodes[1], client_status=structs.ALLOC_CLIENT_FAILED)],
     )
 
 
@@ -371,7 +373,7 @@ def s_triplicate_mixed_versions() -> Scenario:
 
 def s_duplicates_disconnected() -> Scenario:
     job = mock.system_job()
-    node = mock.node(status=NODE_STATUS_DISCONNECTED)
+    node = mock.node(status=structs.NODE_STATUS_DISCONNECTED)
     return Scenario(job, [node], [running(job, node), running(job, node)])
 
 
@@ -384,8 +386,8 @@ def s_sysbatch_done() -> Scenario:
     job = mock.sysbatch_job()
     nodes = ready_nodes(3)
     allocs = [
-        mock.alloc(job, nodes[0], client_status=ALLOC_CLIENT_COMPLETE),
-        mock.alloc(job, nodes[1], client_status=ALLOC_CLIENT_FAILED),
+        mock.alloc(job, nodes[0], client_status=structs.ALLOC_CLIENT_COMPLETE),
+        mock.alloc(job, nodes[1], client_status=structs.ALLOC_CLIENT_FAILED),
     ]
     return Scenario(job, nodes, allocs)
 
@@ -394,7 +396,9 @@ def s_sysbatch_inplace_change_no_rerun() -> Scenario:
     v0 = mock.sysbatch_job()
     v1 = bump(v0, destructive=False)
     node = mock.node()
-    return Scenario(v1, [node], [mock.alloc(v0, node, client_status=ALLOC_CLIENT_COMPLETE)], versions=[v0])
+    return Scenario(
+        v1, [node], [mock.alloc(v0, node, client_status=structs.ALLOC_CLIENT_COMPLETE)], versions=[v0]
+    )
 
 
 def s_sysbatch_destructive_rerun() -> Scenario:
@@ -402,7 +406,7 @@ def s_sysbatch_destructive_rerun() -> Scenario:
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(2)
     allocs = [
-        mock.alloc(v0, nodes[0], client_status=ALLOC_CLIENT_COMPLETE),
+        mock.alloc(v0, nodes[0], client_status=structs.ALLOC_CLIENT_COMPLETE),
         running(v0, nodes[1]),
     ]
     return Scenario(v1, nodes, allocs, versions=[v0])
@@ -515,15 +519,15 @@ def test_diff__sysbatch_old_terminal_and_new_live__live_wins() -> None:
     # A name that has a live alloc is never re-placed, whatever ran there before.
     job = mock.sysbatch_job()
     node = mock.node()
-    allocs = [mock.alloc(job, node, client_status=ALLOC_CLIENT_FAILED), running(job, node)]
+    allocs = [mock.alloc(job, node, client_status=structs.ALLOC_CLIENT_FAILED), running(job, node)]
     Expect(ignore=1).check(Scenario(job, [node], allocs).run())
 
 
 def test_diff__newest_terminal_is_the_previous() -> None:
     job = mock.system_job()
     node = mock.node()
-    older = mock.alloc(job, node, client_status=ALLOC_CLIENT_FAILED, create_index=5)
-    newer = mock.alloc(job, node, client_status=ALLOC_CLIENT_LOST, create_index=9)
+    older = mock.alloc(job, node, client_status=structs.ALLOC_CLIENT_FAILED, create_index=5)
+    newer = mock.alloc(job, node, client_status=structs.ALLOC_CLIENT_LOST, create_index=9)
     diff = Scenario(job, [node], [newer, older]).run()
     assert [t.alloc for t in diff.place] == [newer]
 
@@ -538,7 +542,7 @@ def test_diff__reconnecting_on_ready_node_with_new_version_is_an_update() -> Non
 
 def test_diff__disconnected_without_lost_after_never_expires() -> None:
     job = mock.system_job()
-    node = mock.node(status=NODE_STATUS_DISCONNECTED)
+    node = mock.node(status=structs.NODE_STATUS_DISCONNECTED)
     diff = Scenario(job, [node], [unknown_since(job, node, NOW - 10_000 * SECOND)]).run()
     Expect(ignore=1).check(diff)
 
@@ -546,7 +550,7 @@ def test_diff__disconnected_without_lost_after_never_expires() -> None:
 def test_diff__disconnected_node_with_unrelated_job_change__no_update() -> None:
     v0 = mock.system_job()
     v1 = bump(v0, destructive=True)
-    node = mock.node(status=NODE_STATUS_DISCONNECTED)
+    node = mock.node(status=structs.NODE_STATUS_DISCONNECTED)
     diff = Scenario(v1, [node], [running(v0, node)], versions=[v0]).run()
     Expect(disconnecting=1).check(diff)
 
@@ -583,24 +587,27 @@ def _a(alloc_id: str, **overrides: Any) -> Allocation:
     ("allocs", "winner"),
     [
         (
-            [_a("a", job_version=0, client_status=ALLOC_CLIENT_RUNNING), _a("b", job_version=1)],
+            [_a("a", job_version=0, client_status=structs.ALLOC_CLIENT_RUNNING), _a("b", job_version=1)],
             "b",
         ),
         (
-            [_a("a", client_status=ALLOC_CLIENT_RUNNING, create_index=1), _a("b", create_index=9)],
+            [_a("a", client_status=structs.ALLOC_CLIENT_RUNNING, create_index=1), _a("b", create_index=9)],
             "a",
         ),
         (
-            [_a("a", client_status=ALLOC_CLIENT_UNKNOWN), _a("b", client_status=ALLOC_CLIENT_PENDING)],
+            [
+                _a("a", client_status=structs.ALLOC_CLIENT_UNKNOWN),
+                _a("b", client_status=structs.ALLOC_CLIENT_PENDING),
+            ],
             "a",
         ),
         ([_a("a", create_index=3), _a("b", create_index=2)], "a"),
         ([_a("a", create_index=3), _a("b", create_index=3)], "b"),
         (
             [
-                _a("a", job_version=1, client_status=ALLOC_CLIENT_PENDING, create_index=1),
-                _a("b", job_version=1, client_status=ALLOC_CLIENT_RUNNING, create_index=0),
-                _a("c", job_version=0, client_status=ALLOC_CLIENT_RUNNING, create_index=99),
+                _a("a", job_version=1, client_status=structs.ALLOC_CLIENT_PENDING, create_index=1),
+                _a("b", job_version=1, client_status=structs.ALLOC_CLIENT_RUNNING, create_index=0),
+                _a("c", job_version=0, client_status=structs.ALLOC_CLIENT_RUNNING, create_index=99),
             ],
             "b",
         ),
@@ -704,7 +711,7 @@ def test_diff__max_parallel__placements_stops_and_lost_are_free() -> None:
     v0 = rolling(mock.system_job(), 1)
     v1 = bump(v0, destructive=True)
     up = ready_nodes(3)
-    down = mock.node(status=NODE_STATUS_DOWN)
+    down = mock.node(status=structs.NODE_STATUS_DOWN)
     east = mock.node(datacenter="east")
     allocs = [running(v0, up[0]), running(v0, up[1]), running(v0, down), running(v0, east)]
     diff = Scenario(v1, [*up, down], allocs, versions=[v0], other_dc=[east]).run()
@@ -727,7 +734,7 @@ def test_diff__max_parallel__duplicate_taking_the_only_running_alloc_is_charged(
     v0 = rolling(mock.system_job(), 1)
     v1 = bump(v0, destructive=True)
     a, b = mock.node(id="node-a"), mock.node(id="node-b")
-    allocs = [mock.alloc(v1, a, client_status=ALLOC_CLIENT_PENDING), running(v0, a), running(v0, b)]
+    allocs = [mock.alloc(v1, a, client_status=structs.ALLOC_CLIENT_PENDING), running(v0, a), running(v0, b)]
     diff = Scenario(v1, [a, b], allocs, versions=[v0]).run()
     Expect(ignore=1, stop=1, deferred=1).check(diff)
     assert node_ids(diff.deferred) == ["node-b"]

@@ -19,30 +19,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from drover.scheduler import structs
 from drover.scheduler.fit import allocs_fit, proposed_allocs
 from drover.scheduler.interfaces import SchedulerResult
 from drover.scheduler.reconciler.vocabulary import DESC_DUPLICATE, DESC_LOST, DESC_UNKNOWN
 from drover.scheduler.structs import (
-    ALLOC_CLIENT_COMPLETE,
-    ALLOC_CLIENT_FAILED,
-    ALLOC_CLIENT_LOST,
-    ALLOC_CLIENT_PENDING,
-    ALLOC_CLIENT_RUNNING,
-    ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_RUN,
-    ALLOC_DESIRED_STOP,
-    EVAL_STATUS_BLOCKED,
-    EVAL_STATUS_COMPLETE,
-    EVAL_STATUS_FAILED,
-    EVAL_STATUS_PENDING,
-    JOB_TYPE_SYSBATCH,
-    JOB_TYPE_SYSTEM,
-    NODE_INELIGIBLE,
-    NODE_STATUS_DISCONNECTED,
-    NODE_STATUS_DOWN,
-    NODE_STATUS_READY,
-    TRIGGER_QUEUED_ALLOCS,
-    TRIGGER_ROLLING_UPDATE,
     AllocatedPort,
     AllocatedResources,
     Allocation,
@@ -114,7 +95,7 @@ def live_by_slot(h: Harness, job: Job) -> Counter[tuple[str, str]]:
     return Counter(
         (a.task_group, a.node_id)
         for a in h.snapshot().allocs_by_job(job.namespace, job.id)
-        if a.desired_status == ALLOC_DESIRED_RUN and not a.client_terminal()
+        if a.desired_status == structs.ALLOC_DESIRED_RUN and not a.client_terminal()
     )
 
 
@@ -127,7 +108,9 @@ def assert_plan_fits(h: Harness, plan: Plan | None) -> None:
         node = snap.node(node_id)
         assert node is not None
         stopped = [
-            s.alloc_id for s in plan.node_update.get(node_id, ()) if s.desired_status != ALLOC_DESIRED_RUN
+            s.alloc_id
+            for s in plan.node_update.get(node_id, ())
+            if s.desired_status != structs.ALLOC_DESIRED_RUN
         ]
         proposed = proposed_allocs(snap.allocs_by_node(node_id), stopped, allocs)
         fit = allocs_fit(node, proposed)
@@ -159,9 +142,11 @@ def test_system__new_job__one_alloc_per_node() -> None:
     allocs = placed(result)
     assert sorted(a.node_id for a in allocs) == sorted(n.id for n in nodes)
     assert {a.name for a in allocs} == {f"{job.id}.web[0]"}
-    assert all(a.job_version == job.version and a.client_status == ALLOC_CLIENT_PENDING for a in allocs)
+    assert all(
+        a.job_version == job.version and a.client_status == structs.ALLOC_CLIENT_PENDING for a in allocs
+    )
     assert all([p.value for p in a.resources.ports] == [8080] for a in allocs if a.resources)
-    assert result.eval_update.status == EVAL_STATUS_COMPLETE
+    assert result.eval_update.status == structs.EVAL_STATUS_COMPLETE
     assert result.eval_update.queued_allocations == {"web": 0}
     assert result.created_evals == ()
 
@@ -193,7 +178,7 @@ def test_system__constraint_filtered_node__no_alloc_no_block() -> None:
 def test_system__failed_alloc_is_replaced_with_previous_allocation() -> None:
     h, nodes = cluster(1)
     job = h.add_job(mock.system_job())
-    failed = h.add_alloc(mock.alloc(job, nodes[0], client_status=ALLOC_CLIENT_FAILED))
+    failed = h.add_alloc(mock.alloc(job, nodes[0], client_status=structs.ALLOC_CLIENT_FAILED))
     result = run(h, job)
     expect(result, Expect(place=1))
     assert [a.previous_allocation for a in placed(result)] == [failed.id]
@@ -204,7 +189,7 @@ def test_system__wrong_job_type__eval_fails() -> None:
     job = h.add_job(mock.job())
     result = run(h, job)
     assert result.plan is None
-    assert result.eval_update.status == EVAL_STATUS_FAILED
+    assert result.eval_update.status == structs.EVAL_STATUS_FAILED
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,8 +274,8 @@ def test_system__seed_000__max_parallel_1__destructive_plus_newer_inplace_on_one
 
     expect(result, Expect(inplace=1, stop=1, destructive=1))
     assert stops(result) == {
-        a_old.id: (ALLOC_DESIRED_STOP, DESC_DUPLICATE, ""),
-        b_old.id: (ALLOC_DESIRED_STOP, "alloc is being updated due to job update", ""),
+        a_old.id: (structs.ALLOC_DESIRED_STOP, DESC_DUPLICATE, ""),
+        b_old.id: (structs.ALLOC_DESIRED_STOP, "alloc is being updated due to job update", ""),
     }
     by_id = {x.id: x for x in placed(result)}
     assert by_id.pop(a_new.id).job_version == v2.version  # in place, same ID
@@ -323,12 +308,12 @@ def test_system__stagger__follow_up_eval_for_the_rest() -> None:
         if not result.created_evals:
             break
         [follow] = result.created_evals
-        assert follow.triggered_by == TRIGGER_ROLLING_UPDATE
-        assert follow.status == EVAL_STATUS_PENDING
+        assert follow.triggered_by == structs.TRIGGER_ROLLING_UPDATE
+        assert follow.status == structs.EVAL_STATUS_PENDING
         assert follow.wait_until_ns == NOW + 45 * SECOND
         assert follow.previous_eval == ev.id
         assert result.eval_update.next_eval == follow.id
-        assert result.eval_update.status == EVAL_STATUS_COMPLETE
+        assert result.eval_update.status == structs.EVAL_STATUS_COMPLETE
         ev = follow
     assert batches == [2, 2, 1]
     assert run(h, v1).plan is None
@@ -350,11 +335,11 @@ def test_system__duplicates_on_static_port__one_survives_nothing_replaced() -> N
     second = h.add_alloc(running(job, node, resources=holding(9100), create_index=2))
     result = run(h, job)
     expect(result, Expect(stop=1, ignore=1))
-    assert stops(result) == {first.id: (ALLOC_DESIRED_STOP, DESC_DUPLICATE, "")}
+    assert stops(result) == {first.id: (structs.ALLOC_DESIRED_STOP, DESC_DUPLICATE, "")}
     assert placed(result) == []
     h.commit(result)
     assert live_by_slot(h, job) == {("web", node.id): 1}
-    assert h.snapshot().alloc(second.id).desired_status == ALLOC_DESIRED_RUN  # type: ignore[union-attr]
+    assert h.snapshot().alloc(second.id).desired_status == structs.ALLOC_DESIRED_RUN  # type: ignore[union-attr]
     assert run(h, job).plan is None
 
 
@@ -378,7 +363,9 @@ def test_system__port_held_by_another_job__blocked_not_placed_twice() -> None:
     h, nodes = cluster(3)
     squatter_job = h.add_job(mock.job(id="squatter"))
     h.add_alloc(
-        mock.alloc(squatter_job, nodes[0], resources=holding(9100), client_status=ALLOC_CLIENT_RUNNING)
+        mock.alloc(
+            squatter_job, nodes[0], resources=holding(9100), client_status=structs.ALLOC_CLIENT_RUNNING
+        )
     )
     job = h.add_job(with_port(mock.system_job(), 9100))
     ev = mock.eval_for(job)
@@ -390,11 +377,11 @@ def test_system__port_held_by_another_job__blocked_not_placed_twice() -> None:
     assert result.queued == {"web": 1}
     [blocked] = result.created_evals
     assert (blocked.status, blocked.triggered_by, blocked.previous_eval) == (
-        EVAL_STATUS_BLOCKED,
-        TRIGGER_QUEUED_ALLOCS,
+        structs.EVAL_STATUS_BLOCKED,
+        structs.TRIGGER_QUEUED_ALLOCS,
         ev.id,
     )
-    assert result.eval_update.status == EVAL_STATUS_COMPLETE
+    assert result.eval_update.status == structs.EVAL_STATUS_COMPLETE
     assert result.eval_update.blocked_eval == blocked.id
     assert result.eval_update.queued_allocations == {"web": 1}
     assert nodes[0].id in result.eval_update.failed_tg_allocs["web"]
@@ -402,7 +389,7 @@ def test_system__port_held_by_another_job__blocked_not_placed_twice() -> None:
     h.commit(result)
     again = run(h, job)
     assert again.plan is None  # no loop: nothing to submit while the port stays taken
-    assert [e.status for e in again.created_evals] == [EVAL_STATUS_BLOCKED]
+    assert [e.status for e in again.created_evals] == [structs.EVAL_STATUS_BLOCKED]
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,10 +400,10 @@ def test_system__node_down__allocs_lost_not_replaced() -> None:
     h, nodes = cluster(2)
     job = h.add_job(mock.system_job())
     allocs = [h.add_alloc(running(job, n)) for n in nodes]
-    h.add_node(replace(nodes[1], status=NODE_STATUS_DOWN))
+    h.add_node(replace(nodes[1], status=structs.NODE_STATUS_DOWN))
     result = run(h, job, triggered_by="node-update", node_id=nodes[1].id)
     expect(result, Expect(lost=1, ignore=1))
-    assert stops(result) == {allocs[1].id: (ALLOC_DESIRED_STOP, DESC_LOST, ALLOC_CLIENT_LOST)}
+    assert stops(result) == {allocs[1].id: (structs.ALLOC_DESIRED_STOP, DESC_LOST, structs.ALLOC_CLIENT_LOST)}
     assert placed(result) == []
     h.commit(result)
     assert run(h, job).plan is None
@@ -426,9 +413,9 @@ def test_system__node_back_after_down__replacement_follows_lost_alloc() -> None:
     h, [node] = cluster(1)
     job = h.add_job(mock.system_job())
     alloc = h.add_alloc(running(job, node))
-    h.add_node(replace(node, status=NODE_STATUS_DOWN))
+    h.add_node(replace(node, status=structs.NODE_STATUS_DOWN))
     h.commit(run(h, job))
-    h.add_node(replace(node, status=NODE_STATUS_READY))
+    h.add_node(replace(node, status=structs.NODE_STATUS_READY))
     result = run(h, job)
     expect(result, Expect(place=1))
     assert [a.previous_allocation for a in placed(result)] == [alloc.id]
@@ -439,14 +426,16 @@ def test_system__drain__system_allocs_leave_last() -> None:
     job = h.add_job(mock.system_job())
     ours = h.add_alloc(running(job, node))
     service = h.add_job(mock.job(id="svc"))
-    theirs = h.add_alloc(mock.alloc(service, node, client_status=ALLOC_CLIENT_RUNNING))
+    theirs = h.add_alloc(mock.alloc(service, node, client_status=structs.ALLOC_CLIENT_RUNNING))
     h.add_node(mock.drain_node(id=node.id))
 
     result = run(h, job, triggered_by="node-drain")
     expect(result, Expect(ignore=1))  # the drainer moves the service alloc first
     assert result.plan is None
 
-    h.update_alloc(theirs.id, desired_status=ALLOC_DESIRED_STOP, client_status=ALLOC_CLIENT_COMPLETE)
+    h.update_alloc(
+        theirs.id, desired_status=structs.ALLOC_DESIRED_STOP, client_status=structs.ALLOC_CLIENT_COMPLETE
+    )
     result = run(h, job, triggered_by="node-drain")
     expect(result, Expect(migrate=1))
     assert set(stops(result)) == {ours.id}
@@ -456,7 +445,7 @@ def test_system__drain__system_allocs_leave_last() -> None:
 
 
 def test_system__ineligible_node__keeps_its_alloc_gets_no_new_one() -> None:
-    h, nodes = cluster(2, scheduling_eligibility=NODE_INELIGIBLE)
+    h, nodes = cluster(2, scheduling_eligibility=structs.NODE_INELIGIBLE)
     job = h.add_job(mock.system_job())
     h.add_alloc(running(job, nodes[0]))
     result = run(h, job)
@@ -470,22 +459,27 @@ def test_system__disconnect_then_reconnect__same_alloc_never_restarted() -> None
     job = h.add_job(mock.system_job())
     alloc = h.add_alloc(running(job, node))
 
-    h.add_node(replace(node, status=NODE_STATUS_DISCONNECTED))
+    h.add_node(replace(node, status=structs.NODE_STATUS_DISCONNECTED))
     result = run(h, job, triggered_by="node-update")
     expect(result, Expect(disconnecting=1))
-    assert stops(result) == {alloc.id: (ALLOC_DESIRED_RUN, DESC_UNKNOWN, ALLOC_CLIENT_UNKNOWN)}
+    assert stops(result) == {
+        alloc.id: (structs.ALLOC_DESIRED_RUN, DESC_UNKNOWN, structs.ALLOC_CLIENT_UNKNOWN)
+    }
     assert placed(result) == []
     h.commit(result)
     marked = h.snapshot().alloc(alloc.id)
     assert marked is not None
-    assert (marked.desired_status, marked.client_status) == (ALLOC_DESIRED_RUN, ALLOC_CLIENT_UNKNOWN)
+    assert (marked.desired_status, marked.client_status) == (
+        structs.ALLOC_DESIRED_RUN,
+        structs.ALLOC_CLIENT_UNKNOWN,
+    )
     assert run(h, job).plan is None  # still away: wait
 
-    h.add_node(replace(node, status=NODE_STATUS_READY))
+    h.add_node(replace(node, status=structs.NODE_STATUS_READY))
     result = run(h, job, triggered_by="reconnect")
     expect(result, Expect(reconnecting=1))
     assert result.plan is None  # kept: no stop, no new alloc
-    h.update_alloc(alloc.id, client_status=ALLOC_CLIENT_RUNNING)
+    h.update_alloc(alloc.id, client_status=structs.ALLOC_CLIENT_RUNNING)
     result = run(h, job)
     expect(result, Expect(ignore=1))
     assert result.plan is None
@@ -506,7 +500,9 @@ def test_sysbatch__count_per_node_then_done() -> None:
     h.commit(result)
 
     for i, a in enumerate(h.snapshot().allocs_by_job(job.namespace, job.id)):
-        h.update_alloc(a.id, client_status=ALLOC_CLIENT_COMPLETE if i % 2 else ALLOC_CLIENT_FAILED)
+        h.update_alloc(
+            a.id, client_status=structs.ALLOC_CLIENT_COMPLETE if i % 2 else structs.ALLOC_CLIENT_FAILED
+        )
     result = h.run(compute_sysbatch, mock.eval_for(job))
     expect(result, Expect(ignore=4))
     assert result.plan is None
@@ -515,7 +511,7 @@ def test_sysbatch__count_per_node_then_done() -> None:
 def test_sysbatch__destructive_change_reruns_finished_allocs() -> None:
     h, nodes = cluster(2)
     v0 = h.add_job(mock.sysbatch_job())
-    done = {h.add_alloc(mock.alloc(v0, n, client_status=ALLOC_CLIENT_COMPLETE)).id for n in nodes}
+    done = {h.add_alloc(mock.alloc(v0, n, client_status=structs.ALLOC_CLIENT_COMPLETE)).id for n in nodes}
     v1 = h.add_job(bump(v0, destructive=False))
     result = h.run(compute_sysbatch, mock.eval_for(v1))
     expect(result, Expect(ignore=2))
@@ -540,9 +536,14 @@ V_OLD, V_MID, V_CUR = 0, 1, 2  # V_OLD -> V_MID destructive, V_MID -> V_CUR in p
 # versions and rolling batches come up often; every other state still appears.
 NODE_KINDS = ("ready",) * 5 + ("down", "draining", "ineligible", "disconnected", "other-dc")
 CLIENT_STATUSES = (
-    (ALLOC_CLIENT_RUNNING,) * 4
-    + (ALLOC_CLIENT_PENDING,) * 2
-    + (ALLOC_CLIENT_COMPLETE, ALLOC_CLIENT_FAILED, ALLOC_CLIENT_LOST, ALLOC_CLIENT_UNKNOWN)
+    (structs.ALLOC_CLIENT_RUNNING,) * 4
+    + (structs.ALLOC_CLIENT_PENDING,) * 2
+    + (
+        structs.ALLOC_CLIENT_COMPLETE,
+        structs.ALLOC_CLIENT_FAILED,
+        structs.ALLOC_CLIENT_LOST,
+        structs.ALLOC_CLIENT_UNKNOWN,
+    )
 )
 
 
@@ -573,8 +574,8 @@ class ClusterSpec:
 
 @st.composite
 def cluster_specs(draw: st.DrawFn) -> ClusterSpec:
-    job_type = draw(st.sampled_from((JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)))
-    count = 1 if job_type == JOB_TYPE_SYSTEM else draw(st.integers(1, 2))
+    job_type = draw(st.sampled_from((structs.JOB_TYPE_SYSTEM, structs.JOB_TYPE_SYSBATCH)))
+    count = 1 if job_type == structs.JOB_TYPE_SYSTEM else draw(st.integers(1, 2))
     alloc = st.builds(
         AllocSpec,
         version=st.sampled_from((V_OLD, V_MID, V_CUR, V_CUR)),
@@ -601,17 +602,19 @@ def cluster_specs(draw: st.DrawFn) -> ClusterSpec:
 
 _NODE_BUILD: Mapping[str, Callable[[str], Node]] = {
     "ready": lambda i: mock.node(id=i),
-    "down": lambda i: mock.node(id=i, status=NODE_STATUS_DOWN),
+    "down": lambda i: mock.node(id=i, status=structs.NODE_STATUS_DOWN),
     "draining": lambda i: mock.drain_node(id=i),
-    "ineligible": lambda i: mock.node(id=i, scheduling_eligibility=NODE_INELIGIBLE),
-    "disconnected": lambda i: mock.node(id=i, status=NODE_STATUS_DISCONNECTED),
+    "ineligible": lambda i: mock.node(id=i, scheduling_eligibility=structs.NODE_INELIGIBLE),
+    "disconnected": lambda i: mock.node(id=i, status=structs.NODE_STATUS_DISCONNECTED),
     "other-dc": lambda i: mock.node(id=i, datacenter="east"),
 }
 
 
 def build_cluster(spec: ClusterSpec) -> tuple[Harness, Job]:
     h = Harness()
-    base = mock.system_job(id="sys") if spec.job_type == JOB_TYPE_SYSTEM else mock.sysbatch_job(id="sys")
+    base = (
+        mock.system_job(id="sys") if spec.job_type == structs.JOB_TYPE_SYSTEM else mock.sysbatch_job(id="sys")
+    )
     base = with_group(base, count=spec.count)
     base = replace(base, update=UpdateStrategy(max_parallel=spec.max_parallel, stagger_ns=10 * SECOND))
     v_old = h.add_job(base)
@@ -631,18 +634,20 @@ def build_cluster(spec: ClusterSpec) -> tuple[Harness, Job]:
                     a.index,
                     id=f"a{n}-{k}",
                     client_status=a.client_status,
-                    desired_status=ALLOC_DESIRED_RUN if a.desired_run else ALLOC_DESIRED_STOP,
+                    desired_status=structs.ALLOC_DESIRED_RUN if a.desired_run else structs.ALLOC_DESIRED_STOP,
                     create_index=next(create_index),
                 )
             )
         if node_spec.other_work:
-            h.add_alloc(mock.alloc(service, node, id=f"svc{n}", client_status=ALLOC_CLIENT_RUNNING))
+            h.add_alloc(mock.alloc(service, node, id=f"svc{n}", client_status=structs.ALLOC_CLIENT_RUNNING))
         if node_spec.squatter and not node_spec.allocs:
             res = AllocatedResources(
                 cpu_mhz=100, memory_mb=64, ports=(AllocatedPort(label="http", value=8080),)
             )
             h.add_alloc(
-                mock.alloc(service, node, id=f"sq{n}", resources=res, client_status=ALLOC_CLIENT_RUNNING)
+                mock.alloc(
+                    service, node, id=f"sq{n}", resources=res, client_status=structs.ALLOC_CLIENT_RUNNING
+                )
             )
     return h, job
 
@@ -674,7 +679,7 @@ def test_property__after_commit_at_most_count_per_node_and_a_fixed_point(spec: C
         assert placed(first) == []
 
     second = h.run(compute_system, mock.eval_for(job))
-    if not any(e.triggered_by == TRIGGER_ROLLING_UPDATE for e in first.created_evals):
+    if not any(e.triggered_by == structs.TRIGGER_ROLLING_UPDATE for e in first.created_evals):
         assert second.plan is None, (first.annotations, second.annotations)
 
 
@@ -691,4 +696,4 @@ def test_property__rolling_updates_converge(spec: ClusterSpec) -> None:
             break
     else:
         pytest.fail("no fixed point within one pass per node")
-    assert not any(e.triggered_by == TRIGGER_ROLLING_UPDATE for e in result.created_evals)
+    assert not any(e.triggered_by == structs.TRIGGER_ROLLING_UPDATE for e in result.created_evals)
