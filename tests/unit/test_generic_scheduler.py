@@ -50,14 +50,9 @@ from drover.server.fsm import FSM, encode_entry
 from drover.server.plan_apply import RejectionTracker, evaluate_plan
 from drover.v1 import raft_pb2
 from tests.fixtures import mock
+from tests.fixtures.mock import HOUR, NOW, SECOND
 from tests.harness import Harness
 from tests.unit.test_reconcile import Expect, destructive_change, with_group
-
-NOW = mock.NOW
-SECOND = mock.SECOND
-MINUTE = mock.MINUTE
-HOUR = mock.HOUR
-
 
 # ---------------------------------------------------------------------------------------
 # Builders and readers

@@ -37,12 +37,7 @@ from drover.scheduler.structs import (
     alloc_name,
 )
 from tests.fixtures import mock
-
-NOW = mock.NOW
-SECOND = mock.SECOND
-MINUTE = mock.MINUTE
-HOUR = mock.HOUR
-
+from tests.fixtures.mock import HOUR, MINUTE, NOW, SECOND
 
 # ---------------------------------------------------------------------------------------
 # Helpers

@@ -41,10 +41,7 @@ from drover.scheduler.structs import (
     UpdateStrategy,
 )
 from tests.fixtures import mock
-
-NOW = mock.NOW
-SECOND = mock.SECOND
-
+from tests.fixtures.mock import NOW, SECOND
 
 # ---------------------------------------------------------------------------------------
 # Builders

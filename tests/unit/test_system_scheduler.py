@@ -36,12 +36,9 @@ from drover.scheduler.structs import (
 )
 from drover.scheduler.system import compute_sysbatch, compute_system
 from tests.fixtures import mock
+from tests.fixtures.mock import NOW, SECOND
 from tests.harness import Harness
 from tests.unit.test_system_diff import Expect, bump, running, with_group
-
-NOW = mock.NOW
-SECOND = mock.SECOND
-
 
 # ---------------------------------------------------------------------------------------
 # Builders and readers
