@@ -12,15 +12,26 @@ Two steps, in this order, on every write path (API register, jobspec run, tests)
 
 Pure: no clock, no I/O. The checks mirror Nomad's ``Job.Validate`` where drover has the
 same concept, so a jobspec that Nomad rejects is rejected here too.
+
+Bounds come before meaning. Anyone who reaches a server can send a job or a node, and a
+single oversized one used to take the leader down (a group ``count`` of 2**31-1, a 1 MB
+node name). So ``validate_job`` and ``validate_node`` first walk the whole record against
+``Limits`` (every string, list, map and count; each integer within the protobuf field it
+travels in, which a JSON job file can overflow), and only a record within bounds is
+checked further: no rule below ever parses, compiles or reports a value of unbounded
+size. At most ``MAX_REPORTED_ERRORS`` problems are listed, and a quoted value is cut short.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import re
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from drover.scheduler._records import replacer
 from drover.scheduler.periodic import cron_error, time_zone_error
@@ -63,9 +74,13 @@ __all__ = [
     "AFFINITY_OPERATORS",
     "ANY_DATACENTER",
     "CONSTRAINT_OPERATORS",
+    "DEFAULT_LIMITS",
+    "INT32_FIELDS",
     "MAX_JOB_ID_LENGTH",
     "MAX_PAYLOAD_BYTES",
+    "MAX_REPORTED_ERRORS",
     "FieldError",
+    "Limits",
     "ValidationError",
     "canonicalize_job",
     "default_reschedule_policy",
@@ -127,6 +142,243 @@ _HOUR: Final = 3600 * _SECOND
 
 
 # ---------------------------------------------------------------------------------------
+# Bounds
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one job or node registration may hold; each bound is refused naming the field.
+
+    The defaults fit every real job and node we know of by an order of magnitude, and keep
+    the worst single request to a few MB of state and milliseconds of scheduling per node.
+    """
+
+    # Allocations one group asks for (Nomad's ``job_max_count`` idea, per group): the
+    # scheduler materialises every one of them in memory.
+    max_group_count: int = 10_000
+    # IDs, names, datacenters, drivers, port labels and map keys.
+    max_name_length: int = 128
+    # Any other string: meta, env and attribute values, constraint operands, descriptions.
+    max_string_length: int = 4096
+    # A task's driver config (JSON text), and how deeply its values may nest.
+    max_config_bytes: int = 64 * 1024
+    max_config_depth: int = 32
+    # Any list: groups, tasks, constraints, affinities, spreads, ports, datacenters, crons.
+    max_list_items: int = 256
+    # Any map: meta, env, node attributes.
+    max_map_entries: int = 512
+
+
+DEFAULT_LIMITS: Final = Limits()
+MAX_REPORTED_ERRORS: Final = 20
+
+_INT32: Final = (-(2**31), 2**31 - 1)
+_INT64: Final = (-(2**63), 2**63 - 1)
+_UINT64: Final = (0, 2**64 - 1)
+# The integer fields that travel as int32 (proto/drover/v1/structs.proto); every other
+# ``int`` is an int64, or a uint64 when it is a version or raft index.
+# tests/unit/test_validate.py checks this table against the proto descriptors.
+INT32_FIELDS: Final = frozenset(
+    {
+        ("Port", "value"),
+        ("Port", "to"),
+        ("Affinity", "weight"),
+        ("Spread", "weight"),
+        ("UpdateStrategy", "max_parallel"),
+        ("ReschedulePolicy", "attempts"),
+        ("RestartPolicy", "attempts"),
+        ("TaskGroup", "count"),
+        ("Job", "priority"),
+        ("NodeResources", "max_allocs"),
+        ("NodeResources", "reserved_ports"),
+        ("NodeResources", "min_dynamic_port"),
+        ("NodeResources", "max_dynamic_port"),
+    }
+)
+_UINT64_FIELDS: Final = frozenset(
+    {
+        "version",
+        "create_index",
+        "modify_index",
+        "job_modify_index",
+        "last_missed_heartbeat_index",
+        "last_alloc_update_index",
+    }
+)
+# Strings held to ``max_name_length``; the others to ``max_string_length``.
+_NAME_FIELDS: Final = frozenset(
+    {
+        ("Job", "id"),
+        ("Job", "name"),
+        ("Job", "namespace"),
+        ("Job", "type"),
+        ("Job", "parent_id"),
+        ("Job", "datacenters"),
+        ("TaskGroup", "name"),
+        ("Task", "name"),
+        ("Task", "driver"),
+        ("Port", "label"),
+        ("Node", "id"),
+        ("Node", "name"),
+        ("Node", "datacenter"),
+        ("Node", "node_class"),
+        ("Node", "status"),
+        ("Node", "scheduling_eligibility"),
+    }
+)
+# Fields with a bound of their own, checked by the rules that read them.
+_OWN_BOUND: Final = frozenset({("Task", "config_json"), ("Job", "payload")})
+
+_STR, _INT, _BOOL, _BYTES, _RECORD = range(5)
+_Plan = tuple[tuple[str, bool, bool, int, Any], ...]  # (name, is_list, is_map, kind, record type)
+_PLANS: dict[type, _Plan] = {}
+
+
+def _kind(tp: Any) -> tuple[int, Any]:
+    if tp is str:
+        return _STR, None
+    if tp is bool:
+        return _BOOL, None
+    if tp is int:
+        return _INT, None
+    if tp is bytes:
+        return _BYTES, None
+    return _RECORD, tp
+
+
+def _plan(cls: type) -> _Plan:
+    """How to walk one record class: computed once from its type hints."""
+    plan = _PLANS.get(cls)
+    if plan is not None:
+        return plan
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        is_list = origin is tuple
+        is_map = origin is Mapping or origin is dict
+        if is_list:
+            tp = args[0]
+        elif is_map:
+            tp = args[1]
+        elif origin is typing.Union or type(tp).__name__ == "UnionType":
+            tp = next(a for a in args if a is not type(None))
+        kind, record = _kind(tp)
+        rows.append((f.name, is_list, is_map, kind, record))
+    plan = tuple(rows)
+    _PLANS[cls] = plan
+    return plan
+
+
+def _bounds_errors(record: object, path: str, limits: Limits) -> Iterator[FieldError]:
+    """Every bound ``record`` (and what it holds) breaks, outermost first.
+
+    A list or map over its bound is reported once and not looked into, so the walk is
+    bounded by the limits, not by the input.
+    """
+    cls = type(record)
+    name = cls.__name__
+    for field_name, is_list, is_map, kind, _record in _plan(cls):
+        value = getattr(record, field_name)
+        if value is None or (name, field_name) in _OWN_BOUND:
+            continue
+        here = f"{path}.{field_name}"
+        if is_list:
+            if len(value) > limits.max_list_items:
+                yield FieldError(here, f"at most {limits.max_list_items} items, got {len(value)}")
+                continue
+            for i, item in enumerate(value):
+                yield from _value_errors(item, f"{here}[{i}]", name, field_name, kind, limits)
+        elif is_map:
+            if len(value) > limits.max_map_entries:
+                yield FieldError(here, f"at most {limits.max_map_entries} entries, got {len(value)}")
+                continue
+            for key, item in value.items():
+                key_error = _string_error(key, limits.max_name_length)
+                if key_error:
+                    yield FieldError(here, f"key {_q(key)}: {key_error}")
+                    continue
+                yield from _value_errors(item, f"{here}[{_q(key)}]", name, field_name, kind, limits)
+        else:
+            yield from _value_errors(value, here, name, field_name, kind, limits)
+
+
+def _value_errors(
+    value: Any, path: str, cls_name: str, field_name: str, kind: int, limits: Limits
+) -> Iterator[FieldError]:
+    if kind == _STR:
+        longest = (
+            limits.max_name_length if (cls_name, field_name) in _NAME_FIELDS else limits.max_string_length
+        )
+        error = _string_error(value, longest)
+        if error:
+            yield FieldError(path, error)
+    elif kind == _INT:
+        low, high = _int_range(cls_name, field_name)
+        if cls_name == "TaskGroup" and field_name == "count" and value > limits.max_group_count:
+            yield FieldError(
+                path,
+                f"must be at most {limits.max_group_count} (allocations per group), got {_number(value)}",
+            )
+        elif value > high:
+            yield FieldError(path, f"must be at most {high}, got {_number(value)}")
+        elif value < low:
+            yield FieldError(path, f"must be at least {low}, got {_number(value)}")
+    elif kind == _RECORD:
+        yield from _bounds_errors(value, path, limits)
+
+
+def _int_range(cls_name: str, field_name: str) -> tuple[int, int]:
+    if (cls_name, field_name) in INT32_FIELDS:
+        return _INT32
+    if field_name in _UINT64_FIELDS:
+        return _UINT64
+    return _INT64
+
+
+def _string_error(value: str, longest: int) -> str:
+    if len(value) > longest:
+        return f"must be at most {longest} characters, got {len(value)}"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "must be valid UTF-8 text (it holds a lone surrogate)"
+    return ""
+
+
+def _number(value: int) -> str:
+    """An integer for a message: a huge one by its size, not its 10,000 digits."""
+    if -(10**30) < value < 10**30:
+        return str(value)
+    return f"an integer of {value.bit_length()} bits"
+
+
+def _json_depth(text: str) -> int:
+    """How deeply ``text``'s JSON arrays and objects nest (brackets in strings ignored)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+# ---------------------------------------------------------------------------------------
 # Errors
 
 
@@ -156,13 +408,21 @@ class ValidationError(ValueError):
 
 
 def _raise_if_any(errors: Iterable[FieldError]) -> None:
-    found = tuple(errors)
+    found = list(itertools.islice(errors, MAX_REPORTED_ERRORS + 1))
+    if len(found) > MAX_REPORTED_ERRORS:
+        found[-1] = FieldError("...", f"more problems; the first {MAX_REPORTED_ERRORS} are listed")
     if found:
         raise ValidationError(found)
 
 
+_QUOTE_CHARS: Final = 64
+
+
 def _q(value: str) -> str:
-    """Quote a user value for a one-line message (escapes newlines and quotes)."""
+    """Quote a user value for a one-line message (escapes newlines and quotes), cut short
+    when long: a message must never grow with the input."""
+    if len(value) > _QUOTE_CHARS:
+        return json.dumps(value[:_QUOTE_CHARS]) + f"... ({len(value)} characters)"
     return json.dumps(value)
 
 
@@ -275,16 +535,28 @@ def _canonicalize_task(task: Task) -> Task:
 # Jobs
 
 
-def validate_job(job: Job) -> None:
+def validate_job(job: Job, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise ``ValidationError`` listing every problem in ``job``; return if there are none.
 
     Validate the canonical form (``canonicalize_job`` first): zero values that mean
     "default" on the wire are errors here.
     """
-    _raise_if_any(_job_errors(job))
+    _raise_if_any(_bounded(_bounds_errors(job, "job", limits), lambda: _job_errors(job, limits)))
 
 
-def _job_errors(job: Job) -> Iterator[FieldError]:
+def _bounded(
+    bounds: Iterator[FieldError], rules: typing.Callable[[], Iterator[FieldError]]
+) -> Iterator[FieldError]:
+    """The bound errors; only when there are none, the rules' (see the module docstring)."""
+    broken = False
+    for error in bounds:
+        broken = True
+        yield error
+    if not broken:
+        yield from rules()
+
+
+def _job_errors(job: Job, limits: Limits) -> Iterator[FieldError]:
     yield from _id_errors(job.id)
     if job.type not in JOB_TYPES:
         yield FieldError("job.type", _one_of(JOB_TYPES, job.type))
@@ -320,7 +592,7 @@ def _job_errors(job: Job) -> Iterator[FieldError]:
         if group.name in seen:
             yield FieldError(f"{path}.name", f"duplicate group name {_q(group.name)}")
         seen.add(group.name)
-        yield from _group_errors(group, job.type, path)
+        yield from _group_errors(group, job.type, path, limits)
 
 
 def _id_errors(job_id: str) -> Iterator[FieldError]:
@@ -333,7 +605,7 @@ def _id_errors(job_id: str) -> Iterator[FieldError]:
         yield FieldError("job.id", "must not contain whitespace or NUL characters")
 
 
-def _group_errors(group: TaskGroup, job_type: str, path: str) -> Iterator[FieldError]:
+def _group_errors(group: TaskGroup, job_type: str, path: str, limits: Limits) -> Iterator[FieldError]:
     if not group.name:
         yield FieldError(f"{path}.name", "must not be empty")
     if group.count < 0:
@@ -370,15 +642,15 @@ def _group_errors(group: TaskGroup, job_type: str, path: str) -> Iterator[FieldE
         leaders += task.leader
         if task.leader and leaders > 1:
             yield FieldError(f"{task_path}.leader", "only one task in a group may be the leader")
-        yield from _task_errors(task, task_path)
+        yield from _task_errors(task, task_path, limits)
 
 
-def _task_errors(task: Task, path: str) -> Iterator[FieldError]:
+def _task_errors(task: Task, path: str, limits: Limits) -> Iterator[FieldError]:
     if not task.name:
         yield FieldError(f"{path}.name", "must not be empty")
     if not task.driver:
         yield FieldError(f"{path}.driver", "must not be empty")
-    yield from _config_errors(task.config_json, f"{path}.config_json")
+    yield from _config_errors(task.config_json, f"{path}.config_json", limits)
     if task.resources is not None:
         yield from _resources_errors(task.resources, f"{path}.resources", require_positive=True)
     if task.kill_timeout_ns < 0:
@@ -391,7 +663,21 @@ def _task_errors(task: Task, path: str) -> Iterator[FieldError]:
         yield from _constraint_errors(constraint, f"{path}.constraints[{i}]")
 
 
-def _config_errors(config_json: str, path: str) -> Iterator[FieldError]:
+def _config_errors(config_json: str, path: str, limits: Limits) -> Iterator[FieldError]:
+    size = len(config_json.encode("utf-8", "surrogatepass"))
+    if size > limits.max_config_bytes:
+        yield FieldError(path, f"must be at most {limits.max_config_bytes} bytes, got {size}")
+        return
+    error = _string_error(config_json, limits.max_config_bytes)
+    if error:
+        yield FieldError(path, error)
+        return
+    # Counting brackets is cheap; the scan only runs when the text could nest too deep.
+    if config_json.count("[") + config_json.count("{") > limits.max_config_depth:
+        depth = _json_depth(config_json)
+        if depth > limits.max_config_depth:
+            yield FieldError(path, f"nests at most {limits.max_config_depth} levels deep, got {depth}")
+            return
     try:
         config = json.loads(config_json)
     except ValueError as exc:
@@ -573,6 +859,15 @@ def validate_dispatch(parent: Job, meta: Mapping[str, str], payload: bytes) -> N
 
 
 def _dispatch_errors(parent: Job, meta: Mapping[str, str], payload: bytes) -> Iterator[FieldError]:
+    limits = DEFAULT_LIMITS
+    if len(meta) > limits.max_map_entries:
+        yield FieldError("meta", f"at most {limits.max_map_entries} entries, got {len(meta)}")
+        return
+    for key, value in meta.items():
+        error = _string_error(key, limits.max_name_length) or _string_error(value, limits.max_string_length)
+        if error:
+            yield FieldError(f"meta.{key[:_QUOTE_CHARS]}", error)
+            return
     config = parent.parameterized
     if config is None or parent.dispatched:
         yield FieldError(
@@ -613,9 +908,9 @@ def validate_eligibility(value: str, path: str) -> None:
         raise ValidationError([FieldError(path, _one_of(NODE_ELIGIBILITIES, value))])
 
 
-def validate_node(node: Node) -> None:
+def validate_node(node: Node, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise ``ValidationError`` listing every problem in a node registration."""
-    _raise_if_any(_node_errors(node))
+    _raise_if_any(_bounded(_bounds_errors(node, "node", limits), lambda: _node_errors(node)))
 
 
 def _node_errors(node: Node) -> Iterator[FieldError]:

@@ -20,6 +20,7 @@ from drover.scheduler.structs import (
     Job,
     NetworkResource,
     Node,
+    NodeEvent,
     NodeResources,
     ParameterizedConfig,
     PeriodicConfig,
@@ -34,7 +35,11 @@ from drover.scheduler.structs import (
 )
 from drover.scheduler.validate import (
     ANY_DATACENTER,
+    DEFAULT_LIMITS,
+    INT32_FIELDS,
+    MAX_REPORTED_ERRORS,
     FieldError,
+    Limits,
     ValidationError,
     canonicalize_job,
     default_reschedule_policy,
@@ -691,3 +696,158 @@ def test_validate_eligibility__unknown__names_the_given_path() -> None:
     with pytest.raises(ValidationError) as info:
         validate_eligibility("drain", "req.eligibility")
     assert [e.path for e in info.value.errors] == ["req.eligibility"]
+
+
+# ---------------------------------------------------------------------------------------
+# Bounds: every string, list, map, count and integer, refused naming the field
+
+
+MB = 1_000_000
+
+JOB_BOMBS: list[tuple[str, Job, str]] = [
+    ("count-2**31-1", with_group(count=2**31 - 1), "job.groups[0].count"),
+    ("count-over-limit", with_group(count=DEFAULT_LIMITS.max_group_count + 1), "job.groups[0].count"),
+    ("long-group-name", with_group(name="g" * MB), "job.groups[0].name"),
+    ("long-task-name", with_task(name="t" * 129), "job.groups[0].tasks[0].name"),
+    ("long-namespace", job(namespace="n" * 129), "job.namespace"),
+    ("long-meta-value", job(meta={"k": "v" * 4097}), 'job.meta["k"]'),
+    ("long-meta-key", job(meta={"k" * 129: "v"}), "job.meta"),
+    ("many-meta", job(meta={f"k{i}": "v" for i in range(513)}), "job.meta"),
+    ("many-env", with_task(env={f"K{i}": "v" for i in range(513)}), "job.groups[0].tasks[0].env"),
+    ("many-groups", job(groups=job().groups * 257), "job.groups"),
+    ("many-datacenters", job(datacenters=("dc1",) * 257), "job.datacenters"),
+    (
+        "many-constraints",
+        job(constraints=(Constraint(attribute="${attr.a}", value="b"),) * 257),
+        "job.constraints",
+    ),
+    (
+        "long-constraint-value",
+        job(constraints=(Constraint(attribute="${attr.a}", operator="regexp", value="a" * MB),)),
+        "job.constraints[0].value",
+    ),
+    (
+        "huge-config",
+        with_task(config_json='{"a": "' + "x" * (64 * 1024) + '"}'),
+        "job.groups[0].tasks[0].config_json",
+    ),
+    ("deep-config", with_task(config_json="[" * 33 + "]" * 33), "job.groups[0].tasks[0].config_json"),
+    (
+        "int64-overflow-kill-timeout",
+        with_task(kill_timeout_ns=2**63),
+        "job.groups[0].tasks[0].kill_timeout_ns",
+    ),
+    (
+        "int64-overflow-memory",
+        with_task(resources=Resources(cpu_mhz=100, memory_mb=10**30)),
+        "job.groups[0].tasks[0].resources.memory_mb",
+    ),
+    ("int64-underflow-disk", with_group(ephemeral_disk_mb=-(2**63) - 1), "job.groups[0].ephemeral_disk_mb"),
+    (
+        "int32-overflow-weight",
+        job(spreads=(Spread(attribute="${node.datacenter}", weight=2**31),)),
+        "job.spreads[0].weight",
+    ),
+    (
+        "int32-overflow-port",
+        with_group(network=NetworkResource(reserved_ports=(Port(label="http", value=2**40),))),
+        "job.groups[0].network.reserved_ports[0].value",
+    ),
+    ("uint64-negative-version", job(version=-1), "job.version"),
+    ("surrogate-in-id", job(id="web\ud800"), "job.id"),
+    ("surrogate-in-config", with_task(config_json='{"a": "\ud800"}'), "job.groups[0].tasks[0].config_json"),
+]
+
+
+@pytest.mark.parametrize(("case", "bad", "path"), JOB_BOMBS, ids=[c[0] for c in JOB_BOMBS])
+def test_validate_job__over_a_bound__refused_naming_the_field(case: str, bad: Job, path: str) -> None:
+    errors = errors_of(bad)
+
+    assert [e.path for e in errors] == [path], case
+    # The message never grows with the input (a 1 MB value is not echoed back).
+    assert len(str(ValidationError(errors))) < 300
+
+
+def test_validate_job__count_at_the_limit__valid() -> None:
+    validate_job(with_group(count=DEFAULT_LIMITS.max_group_count))
+
+
+def test_validate_job__limits_are_the_callers__a_larger_count_passes_when_allowed() -> None:
+    big = with_group(count=20_000)
+    with pytest.raises(ValidationError):
+        validate_job(big)
+    validate_job(big, Limits(max_group_count=20_000))
+
+
+def test_validate_job__bounds_first__no_rule_runs_on_an_oversized_job() -> None:
+    # A bogus operator alone is reported; past a bound, only the bound is.
+    bogus = Constraint(attribute="${attr.a}", operator="bogus" * 1000, value="x")
+    errors = errors_of(job(constraints=(bogus,)))
+    assert [e.path for e in errors] == ["job.constraints[0].operator"]
+    assert "must be at most 4096" in errors[0].message
+
+
+def test_validate_job__many_problems__the_first_twenty_are_listed() -> None:
+    bad = Constraint(attribute="", operator="=", value="")
+    errors = errors_of(job(constraints=(bad,) * 200))
+    assert len(errors) == MAX_REPORTED_ERRORS + 1
+    assert errors[-1].path == "..."
+
+
+def test_validate_job__long_quoted_value__cut_short_in_the_message() -> None:
+    errors = errors_of(job(type="x" * 100))
+    assert [e.path for e in errors] == ["job.type"]
+    assert "(100 characters)" in errors[0].message and "x" * 100 not in errors[0].message
+
+
+NODE_BOMBS: list[tuple[str, Node, str]] = [
+    ("1MB-name", node(name="n" * MB), "node.name"),
+    ("long-id", node(id="i" * 129), "node.id"),
+    ("many-attributes", node(attributes={f"a{i}": "1" for i in range(513)}), "node.attributes"),
+    ("long-attribute", node(attributes={"kernel.name": "l" * 4097}), 'node.attributes["kernel.name"]'),
+    ("many-events", node(events=(NodeEvent(message="m"),) * 257), "node.events"),
+    (
+        "long-event-detail",
+        node(events=(NodeEvent(details={"d": "x" * 4097}),)),
+        'node.events[0].details["d"]',
+    ),
+    ("int64-overflow-cpu", node(resources=NodeResources(cpu_mhz=2**63)), "node.resources.cpu_mhz"),
+    (
+        "int32-overflow-port",
+        node(resources=NodeResources(reserved_ports=(2**31,))),
+        "node.resources.reserved_ports[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "bad", "path"), NODE_BOMBS, ids=[c[0] for c in NODE_BOMBS])
+def test_validate_node__over_a_bound__refused_naming_the_field(case: str, bad: Node, path: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        validate_node(bad)
+    assert [e.path for e in info.value.errors] == [path], case
+    assert len(str(info.value)) < 300
+
+
+def _int32_fields(descriptor: Any, seen: set[str]) -> set[tuple[str, str]]:
+    from google.protobuf.descriptor import FieldDescriptor
+
+    found: set[tuple[str, str]] = set()
+    if descriptor.full_name in seen:
+        return found
+    seen.add(descriptor.full_name)
+    for fd in descriptor.fields:
+        if fd.type in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_SINT32):
+            found.add((descriptor.name, fd.name))
+        if fd.message_type is not None and not fd.message_type.GetOptions().map_entry:
+            found |= _int32_fields(fd.message_type, seen)
+    return found
+
+
+def test_int32_fields__match_the_proto_of_jobs_and_nodes() -> None:
+    from drover.v1 import structs_pb2
+
+    seen: set[str] = set()
+    in_proto = _int32_fields(structs_pb2.Job.DESCRIPTOR, seen) | _int32_fields(
+        structs_pb2.Node.DESCRIPTOR, seen
+    )
+    assert in_proto == INT32_FIELDS
