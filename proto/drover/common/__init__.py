@@ -7,6 +7,9 @@ Layout:
   flags, driver configs and the CLI.
 - ``grpc_options``: the gRPC options both ends of every drover connection must agree on.
 - ``secrets``: bearer secrets (tokens, node secrets): made, hashed for storage, compared.
+- ``tls``: TLS on every gRPC connection, from PEM files (the server's port, its forwarding
+  channel, client agents, the SDK, the CLI); ``certs``: the CA and certificates that
+  ``drover tls`` writes.
 
 Its own package because the client agent may not import ``server`` (nor ``scheduler``):
 this package imports only the standard library and third-party libraries, so each of them
