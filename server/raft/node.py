@@ -59,6 +59,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             serializeChecker=self._writer.check,
             password=password,
             onStateChanged=self._state_changed,
+            # Without it pysyncobj listens on every interface (0.0.0.0), whatever the
+            # address the server was told to bind.
+            bindAddress=self_address,
         )
         super().__init__(self_address, peers, conf)
         self._writer.attach(self.log_end_index)
