@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -50,16 +50,17 @@ from drover.server.fsm import FSM, encode_entry
 from drover.server.plan_apply import RejectionTracker, evaluate_plan
 from drover.v1 import raft_pb2
 from tests.fixtures import mock
+from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import HOUR, NOW, SECOND
 from tests.harness import Harness
-from tests.unit.test_reconcile import Expect, destructive_change, with_group
+from tests.unit.test_reconcile import destructive_change, with_group
 
 # ---------------------------------------------------------------------------------------
 # Builders and readers
 
 
 def expect(result: SchedulerResult, want: Expect, group: str = "web") -> None:
-    assert dict(result.annotations[group]) == asdict(want)
+    assert dict(result.annotations[group]) == want.generic()
 
 
 def commit(h: Harness, result: SchedulerResult) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -37,30 +37,11 @@ from drover.scheduler.structs import (
     alloc_name,
 )
 from tests.fixtures import mock
+from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import HOUR, MINUTE, NOW, SECOND
 
 # ---------------------------------------------------------------------------------------
 # Helpers
-
-
-@dataclass(frozen=True)
-class Expect:
-    """Every bucket's size; an unnamed bucket must be empty."""
-
-    place: int = 0
-    stop: int = 0
-    update_inplace: int = 0
-    update_destructive: int = 0
-    migrate: int = 0
-    lost: int = 0
-    ignore: int = 0
-    reschedule_now: int = 0
-    reschedule_later: int = 0
-    disconnecting: int = 0
-    reconnecting: int = 0
-
-    def check(self, result: GroupResult) -> None:
-        assert result.counts() == asdict(self)
 
 
 @dataclass

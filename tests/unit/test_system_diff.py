@@ -9,7 +9,7 @@ the scheduler's shell (scheduler/system.py ``read_inputs``) builds them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -40,7 +40,8 @@ from drover.scheduler.structs import (
     TaskGroup,
     UpdateStrategy,
 )
-from tests.fixtures import mock
+from tests.fixtures import buckets, mock
+from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import NOW, SECOND
 
 # ---------------------------------------------------------------------------------------
@@ -118,37 +119,6 @@ class Scenario:
             drain_pending=self.drain_pending,
             job_versions={v.version: v for v in self.versions},
         )
-
-
-@dataclass(frozen=True)
-class Expect:
-    """Bucket counts; every bucket not named must be empty."""
-
-    place: int = 0
-    stop: int = 0
-    inplace: int = 0
-    destructive: int = 0
-    migrate: int = 0
-    lost: int = 0
-    ignore: int = 0
-    disconnecting: int = 0
-    reconnecting: int = 0
-    deferred: int = 0
-
-    def check(self, diff: SystemDiff) -> None:
-        want = {
-            "place": self.place,
-            "update_destructive": self.destructive,
-            "update_inplace": self.inplace,
-            "migrate": self.migrate,
-            "stop": self.stop,
-            "ignore": self.ignore,
-            "lost": self.lost,
-            "disconnecting": self.disconnecting,
-            "reconnecting": self.reconnecting,
-            "deferred": self.deferred,
-        }
-        assert diff.counts() == want, diff.log_fields()
 
 
 def node_ids(tuples: Iterable[AllocTuple]) -> list[str]:
@@ -424,9 +394,9 @@ CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
     ("job-purged", s_job_purged, Expect(stop=2)),
     ("count-zero", s_count_zero, Expect(stop=2)),
     ("group-removed", s_group_removed, Expect(stop=2, place=2)),
-    ("inplace-update", s_inplace, Expect(inplace=3)),
-    ("destructive-update", s_destructive, Expect(destructive=3)),
-    ("old-version-unknown-is-destructive", s_unknown_old_version, Expect(destructive=2)),
+    ("inplace-update", s_inplace, Expect(update_inplace=3)),
+    ("destructive-update", s_destructive, Expect(update_destructive=3)),
+    ("old-version-unknown-is-destructive", s_unknown_old_version, Expect(update_destructive=2)),
     ("node-down-lost", s_node_down, Expect(lost=1, ignore=2)),
     ("node-deregistered-lost", s_node_deregistered, Expect(lost=1, ignore=1)),
     ("stopping-on-down-node-lost", s_stopping_on_down_node, Expect(lost=1)),
@@ -451,8 +421,8 @@ CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
     ("sysbatch-count-per-node", s_sysbatch_count, Expect(place=6)),
     ("sysbatch-done-not-rerun", s_sysbatch_done, Expect(ignore=2, place=1)),
     ("sysbatch-inplace-change-no-rerun", s_sysbatch_inplace_change_no_rerun, Expect(ignore=1)),
-    ("sysbatch-destructive-rerun", s_sysbatch_destructive_rerun, Expect(destructive=2)),
-    ("sysbatch-count-shrink", s_sysbatch_count_shrink, Expect(stop=2, inplace=1)),
+    ("sysbatch-destructive-rerun", s_sysbatch_destructive_rerun, Expect(update_destructive=2)),
+    ("sysbatch-count-shrink", s_sysbatch_count_shrink, Expect(stop=2, update_inplace=1)),
 ]
 
 
@@ -462,9 +432,9 @@ def test_diff__buckets(build: Callable[[], Scenario], expect: Expect) -> None:
 
 
 def test_diff__table_covers_every_bucket() -> None:
-    covered = {f.name for f in fields(Expect) if any(getattr(e, f.name) for _, _, e in CASES)}
+    covered = {name for name in buckets.SYSTEM if any(getattr(e, name) for _, _, e in CASES)}
     # deferred is covered by the max_parallel tests below
-    assert covered >= {f.name for f in fields(Expect)} - {"deferred"}
+    assert covered >= buckets.SYSTEM - {"deferred"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -534,7 +504,7 @@ def test_diff__reconnecting_on_ready_node_with_new_version_is_an_update() -> Non
     v1 = bump(v0, destructive=False)
     node = mock.node()
     diff = Scenario(v1, [node], [unknown_since(v0, node, NOW - SECOND)], versions=[v0]).run()
-    Expect(inplace=1).check(diff)
+    Expect(update_inplace=1).check(diff)
 
 
 def test_diff__disconnected_without_lost_after_never_expires() -> None:
@@ -662,7 +632,7 @@ def test_diff__seed_000__destructive_and_newer_inplace_on_one_node() -> None:
     old_b = running(v0, b, id="b-v0", create_index=11)
     diff = Scenario(v2, [a, b], [old_a, new_a, old_b], versions=[v0, v1]).run()
 
-    Expect(inplace=1, stop=1, destructive=1).check(diff)
+    Expect(update_inplace=1, stop=1, update_destructive=1).check(diff)
     assert [t.alloc for t in diff.update_inplace] == [new_a]
     assert [(t.alloc, t.reason) for t in diff.stop] == [(old_a, DESC_DUPLICATE)]
     assert [t.alloc for t in diff.update_destructive] == [old_b]
@@ -675,7 +645,7 @@ def test_diff__seed_000__third_node_waits_for_the_next_batch() -> None:
     a, b, c = mock.node(id="node-a"), mock.node(id="node-b"), mock.node(id="node-c")
     allocs = [running(v0, a), running(v1, a), running(v0, b), running(v0, c)]
     diff = Scenario(v2, [a, b, c], allocs, versions=[v0, v1]).run()
-    Expect(inplace=1, stop=1, destructive=1, deferred=1).check(diff)
+    Expect(update_inplace=1, stop=1, update_destructive=1, deferred=1).check(diff)
     assert node_ids(diff.update_destructive) == ["node-b"]
     assert node_ids(diff.deferred) == ["node-c"]
 
@@ -685,7 +655,7 @@ def test_diff__max_parallel__limits_destructive_nodes() -> None:
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(5)
     diff = Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run()
-    Expect(destructive=2, deferred=3).check(diff)
+    Expect(update_destructive=2, deferred=3).check(diff)
     # Same input, same batch: replays of the eval admit the same nodes.
     assert node_ids(diff.update_destructive) == sorted(n.id for n in nodes)[:2]
 
@@ -694,14 +664,16 @@ def test_diff__max_parallel_zero_is_unlimited() -> None:
     v0 = rolling(mock.system_job(), 0)
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(4)
-    Expect(destructive=4).check(Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run())
+    Expect(update_destructive=4).check(
+        Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run()
+    )
 
 
 def test_diff__max_parallel__inplace_updates_are_free() -> None:
     v0 = rolling(mock.system_job(), 1)
     v1 = bump(v0, destructive=False)
     nodes = ready_nodes(4)
-    Expect(inplace=4).check(Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run())
+    Expect(update_inplace=4).check(Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run())
 
 
 def test_diff__max_parallel__placements_stops_and_lost_are_free() -> None:
@@ -712,7 +684,7 @@ def test_diff__max_parallel__placements_stops_and_lost_are_free() -> None:
     east = mock.node(datacenter="east")
     allocs = [running(v0, up[0]), running(v0, up[1]), running(v0, down), running(v0, east)]
     diff = Scenario(v1, [*up, down], allocs, versions=[v0], other_dc=[east]).run()
-    Expect(destructive=1, deferred=1, place=1, lost=1, stop=1).check(diff)
+    Expect(update_destructive=1, deferred=1, place=1, lost=1, stop=1).check(diff)
 
 
 def test_diff__max_parallel__duplicate_beside_running_survivor_is_free() -> None:
@@ -721,7 +693,7 @@ def test_diff__max_parallel__duplicate_beside_running_survivor_is_free() -> None
     a, b = mock.node(id="node-a"), mock.node(id="node-b")
     allocs = [running(v1, a), mock.alloc(v0, a), running(v0, b)]
     diff = Scenario(v1, [a, b], allocs, versions=[v0]).run()
-    Expect(ignore=1, stop=1, destructive=1).check(diff)
+    Expect(ignore=1, stop=1, update_destructive=1).check(diff)
 
 
 def test_diff__max_parallel__duplicate_taking_the_only_running_alloc_is_charged() -> None:
@@ -741,7 +713,7 @@ def test_diff__max_parallel__group_update_overrides_job_update() -> None:
     v0 = with_group(rolling(mock.system_job(), 1), update=UpdateStrategy(max_parallel=3))
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(4)
-    Expect(destructive=3, deferred=1).check(
+    Expect(update_destructive=3, deferred=1).check(
         Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run()
     )
 
@@ -752,7 +724,7 @@ def test_diff__max_parallel__sysbatch_node_counts_once() -> None:
     nodes = ready_nodes(2)
     allocs = [running(v0, n, i) for n in nodes for i in range(2)]
     diff = Scenario(v1, nodes, allocs, versions=[v0]).run()
-    Expect(destructive=2, deferred=2).check(diff)
+    Expect(update_destructive=2, deferred=2).check(diff)
     assert len(set(node_ids(diff.update_destructive))) == 1
 
 

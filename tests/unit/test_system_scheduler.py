@@ -36,9 +36,10 @@ from drover.scheduler.structs import (
 )
 from drover.scheduler.system import compute_sysbatch, compute_system
 from tests.fixtures import mock
+from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import NOW, SECOND
 from tests.harness import Harness
-from tests.unit.test_system_diff import Expect, bump, running, with_group
+from tests.unit.test_system_diff import bump, running, with_group
 
 # ---------------------------------------------------------------------------------------
 # Builders and readers
@@ -46,19 +47,7 @@ from tests.unit.test_system_diff import Expect, bump, running, with_group
 
 def expect(result: SchedulerResult, want: Expect, group: str = "web") -> None:
     counts = result.annotations[group]
-    want_counts = {
-        "place": want.place,
-        "update_destructive": want.destructive,
-        "update_inplace": want.inplace,
-        "migrate": want.migrate,
-        "stop": want.stop,
-        "ignore": want.ignore,
-        "lost": want.lost,
-        "disconnecting": want.disconnecting,
-        "reconnecting": want.reconnecting,
-        "deferred": want.deferred,
-    }
-    assert dict(counts) == want_counts, {k: v for k, v in counts.items() if v}
+    assert dict(counts) == want.system(), {k: v for k, v in counts.items() if v}
 
 
 def cluster(n: int, **node_overrides: object) -> tuple[Harness, list[Node]]:
@@ -229,7 +218,7 @@ def test_system__inplace_update__same_alloc_new_version() -> None:
     olds = [h.add_alloc(running(v0, n)) for n in nodes]
     v1 = h.add_job(bump(v0, destructive=False))
     result = run(h, v1)
-    expect(result, Expect(inplace=2))
+    expect(result, Expect(update_inplace=2))
     assert stops(result) == {}
     assert sorted(a.id for a in placed(result)) == sorted(a.id for a in olds)
     assert all(a.job_version == v1.version for a in placed(result))
@@ -243,7 +232,7 @@ def test_system__destructive_update__stop_and_replace_on_same_node() -> None:
     olds = {h.add_alloc(running(v0, n)).id: n.id for n in nodes}
     v1 = h.add_job(bump(v0, destructive=True))
     result = run(h, v1)
-    expect(result, Expect(destructive=2))
+    expect(result, Expect(update_destructive=2))
     assert set(stops(result)) == set(olds)
     new = placed(result)
     assert {a.previous_allocation: a.node_id for a in new} == olds
@@ -269,7 +258,7 @@ def test_system__seed_000__max_parallel_1__destructive_plus_newer_inplace_on_one
 
     result = run(h, v2)
 
-    expect(result, Expect(inplace=1, stop=1, destructive=1))
+    expect(result, Expect(update_inplace=1, stop=1, update_destructive=1))
     assert stops(result) == {
         a_old.id: (structs.ALLOC_DESIRED_STOP, DESC_DUPLICATE, ""),
         b_old.id: (structs.ALLOC_DESIRED_STOP, "alloc is being updated due to job update", ""),
@@ -346,7 +335,7 @@ def test_system__duplicates_on_static_port_during_destructive_update__one_replac
     dups = [h.add_alloc(running(v0, node, resources=holding(9100))) for _ in range(2)]
     v1 = h.add_job(bump(v0, destructive=True))
     result = run(h, v1)
-    expect(result, Expect(stop=1, destructive=1))
+    expect(result, Expect(stop=1, update_destructive=1))
     assert set(stops(result)) == {a.id for a in dups}
     [new] = placed(result)
     assert [p.value for p in new.resources.ports] == [9100]  # type: ignore[union-attr]
@@ -516,7 +505,7 @@ def test_sysbatch__destructive_change_reruns_finished_allocs() -> None:
 
     v2 = h.add_job(bump(v1, destructive=True))
     result = h.run(compute_sysbatch, mock.eval_for(v2))
-    expect(result, Expect(destructive=2))
+    expect(result, Expect(update_destructive=2))
     assert stops(result) == {}  # finished allocs are not stopped again
     assert {a.previous_allocation for a in placed(result)} == done
     h.commit(result)
