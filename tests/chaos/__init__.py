@@ -8,8 +8,10 @@
   proxies, running a raw_exec job whose tasks are observed down to the OS process;
 * ``nemesis.py`` plans a reproducible fault schedule from a seed (leader and follower
   SIGKILLs, long SIGSTOP pauses, graceful restarts from the data dirs, raft partitions,
-  client connection cuts) and runs it against a ``deploy.cluster.LocalCluster``,
-  recording a timeline;
+  client connection cuts, plan disagreements) and runs it against a
+  ``deploy.cluster.LocalCluster``, recording a timeline; ``partition.py`` and
+  ``disagreement.py`` are the hooks it controls inside the servers, installed by the
+  test-only agent module ``fault_agent.py``;
 * ``checker.py`` runs after the nemesis stops and the cluster settles, and decides each
   invariant of ``docs/design.md`` (its "Invariants" section) pass or fail;
 * ``report.py`` writes ``bench-results/chaos-<UTC>.json`` (and a PNG timeline when

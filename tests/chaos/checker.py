@@ -12,11 +12,20 @@ last acknowledged one says what the key must look like at the end, unless an ``i
 operation (outcome unknown) landed later, which is allowed whenever it was invoked: a
 write stuck in a paused server can be applied long after its caller gave up. So the final
 state must be the effect of the last acknowledged operation or of one of the ``info``
-ones; and it must never be the effect of anything that was not requested at all.
+ones; and it must never be the effect of anything that was not requested at all, nor of
+a ``fail`` operation (a definite error: never applied, tests/chaos/history.py).
+
+The recounts are the tests' own: job summaries by ``tests/fixtures/mock.summary_problems``,
+system allocs per node by ``system_alloc_problems`` here; the product's live checker
+(``drover.server.invariants``) is asked too, and any violation either reports fails.
+
+Every check here has a test in tests/chaos/test_checker.py that feeds it the one
+violation it exists to catch and requires it to fail.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -29,10 +38,12 @@ from typing import Any, Final
 
 from drover.scheduler.structs import EVAL_STATUS_BLOCKED, EVAL_STATUS_PENDING, EVAL_TERMINAL, Job, Node
 from drover.server.invariants import INVARIANT_SYSTEM_ALLOCS, check_invariants
-from drover.server.raft_tools import OfflineError, open_data_dir, replay
-from drover.server.snapshot import state_digest
+from drover.server.raft.journal import JournalRecord
+from drover.server.raft_tools import OfflineError, RaftData, open_data_dir, replay
+from drover.server.snapshot import from_snapshot, state_digest
 from drover.server.state_store import Tables
 from tests.chaos.clients import TaskSeen, Window
+from tests.chaos.disagreement import Disagreement
 from tests.chaos.history import History, Op
 from tests.chaos.workload import (
     CLIENT_RANK,
@@ -46,14 +57,38 @@ MAX_DETAILS: Final = 20
 JOB_KINDS: Final = frozenset({"register", "update-inplace", "update-destructive", "scale", "stop", "purge"})
 REGISTER_KINDS: Final = frozenset({"register", "update-inplace", "update-destructive", "scale"})
 DIVERGENCE: Final = re.compile(r"may have diverged|failed _onTick|IndexError")
-TRACEBACK: Final = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
 REJECTED: Final = re.compile(r"^(\S+Z) .*plan\.node_rejected.*?\bnode_id=(\S+)", re.MULTILINE)
+# The plan applier's log lines that bound a rejection count: a new leader's applier starts
+# a new tracker, and the tracker forgets a node once it has marked it.
+PLAN_EVENT: Final = re.compile(
+    r"^(?P<ts>\S+Z) .*?(?:(?P<leader>leader\.established)"
+    r"|plan\.node_(?P<kind>rejected|marked_ineligible)\b.*?\bnode_id=(?P<node>\S+))"
+)
 HEARTBEAT_MISSED: Final = re.compile(r"leader\.heartbeat_missed\s+node_id=(\S+)")
 # Writes that deliberately end or replace a job's allocs: their allocs need not be kept.
 ENDS_ALLOCS: Final = frozenset({"stop", "purge", "update-destructive"})
-CLIENT_DEFECT: Final = re.compile(
-    r"client\.loop_crashed|task\.runner_crashed|^Traceback \(most recent", re.MULTILINE
-)
+CLIENT_DEFECT: Final = re.compile(r"client\.loop_crashed|task\.runner_crashed")
+TRACEBACK_HEADER: Final = re.compile(r"^(?:  \+ Exception Group )?Traceback \(most recent call last\):")
+CHAINED: Final = ("During handling of the above exception", "The above exception was the direct cause")
+# A log line of its own (not a traceback's): a timestamped event, or the threading module's
+# header for an exception that escaped a thread.
+LOG_LINE: Final = re.compile(r"^(?:\d{4}-\d\d-\d\dT\S+ |Exception in thread )")
+SYSTEM_TYPES: Final = frozenset({"system", "sysbatch"})
+LIVE_CLIENT_STATUSES_END: Final = frozenset({"complete", "failed", "lost"})
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedTraceback:
+    """A traceback a run may log without failing: what it looks like (searched in its log
+    line and its exception line) and why it is not a defect."""
+
+    pattern: re.Pattern[str]
+    reason: str
+
+
+# Tracebacks that are not defects, each with the reason. Empty: every traceback found in a
+# server or client log so far was a defect to fix, not to excuse.
+ALLOWED_TRACEBACKS: Final[tuple[AllowedTraceback, ...]] = ()
 
 
 @dataclass
@@ -89,9 +124,10 @@ def _by_key(ops: Iterable[Op], kinds: frozenset[str]) -> dict[str, list[Op]]:
 
 
 def _candidates(ops: list[Op]) -> tuple[Op | None, list[Op]]:
-    """(the last acknowledged op, every op whose outcome is unknown)."""
+    """(the last acknowledged op, every op whose outcome is unknown); definite failures
+    are neither: they never happened."""
     acked = [op for op in ops if op.ok]
-    return (acked[-1] if acked else None), [op for op in ops if not op.ok]
+    return (acked[-1] if acked else None), [op for op in ops if op.unknown]
 
 
 # ---------------------------------------------------------------------------------------
@@ -175,10 +211,11 @@ def check_acked_jobs(history: History, tables: Tables) -> CheckResult:
     dispatches = [op for op in history if op.kind == "dispatch"]
     children = sum(1 for j in tables.jobs.values() if j.parent_id == DISPATCH_PARENT)
     acked = sum(op.ok for op in dispatches)
-    if not acked <= children <= len(dispatches):
+    unknown = sum(op.unknown for op in dispatches)
+    if not acked <= children <= acked + unknown:
         problems.append(
             f"{DISPATCH_PARENT!r} has {children} children; {acked} dispatches were acknowledged"
-            f" and {len(dispatches)} attempted"
+            f" and {unknown} more may have been applied (of {len(dispatches)} attempted)"
         )
     for parent in (PERIODIC_PARENT, DISPATCH_PARENT):
         if ("default", parent) not in tables.jobs:
@@ -314,21 +351,54 @@ def check_summaries(per_server: Mapping[str, Tables]) -> CheckResult:
         "on every server, every job summary counter equals a recount from allocs and child jobs "
         "(tests/fixtures/mock.summary_problems over the saved snapshot), none negative",
         problems,
+        servers=sorted(per_server),
     )
 
 
+def system_alloc_problems(tables: Tables) -> list[str]:
+    """Invariant 1 recounted by the tests (docs/design.md#invariant-1): one scan of every
+    alloc, each joined with its job, never the product's indexes or its checker. Live means
+    desired to run and not complete, failed or lost on its client; a system job's group
+    allows one per node, a sysbatch group ``count`` (at least one)."""
+    live: Counter[tuple[tuple[str, str], str, str]] = Counter()
+    for alloc in tables.allocs.values():
+        if alloc.desired_status != "run" or alloc.client_status in LIVE_CLIENT_STATUSES_END:
+            continue
+        job = tables.jobs.get((alloc.namespace, alloc.job_id))
+        if job is None or job.type not in SYSTEM_TYPES:
+            continue
+        live[((alloc.namespace, alloc.job_id), alloc.task_group, alloc.node_id)] += 1
+    problems = []
+    for (key, group, node_id), n in sorted(live.items()):
+        job = tables.jobs[key]
+        count = next((g.count for g in job.groups if g.name == group), 1)
+        allowed = 1 if job.type == "system" else max(1, count)
+        if n > allowed:
+            problems.append(
+                f"{job.type} job {key[1]!r} ({key[0]}) group {group!r} has {n} live allocs on node "
+                f"{node_id!r} (at most {allowed})"
+            )
+    return problems
+
+
+def _product_system_alloc_violations(tables: Tables) -> list[str]:
+    return [str(v) for v in check_invariants(tables) if v.invariant == INVARIANT_SYSTEM_ALLOCS]
+
+
 def check_system_allocs(per_server: Mapping[str, Tables]) -> CheckResult:
-    problems = [
-        f"{name}: {v}"
-        for name, tables in sorted(per_server.items())
-        for v in check_invariants(tables)
-        if v.invariant == INVARIANT_SYSTEM_ALLOCS
-    ]
+    """The tests' recount, and the product's live checker as a second opinion: a violation
+    either finds fails (so does a disagreement between them)."""
+    problems = []
+    for name, tables in sorted(per_server.items()):
+        problems += [f"{name}: {p}" for p in system_alloc_problems(tables)]
+        problems += [f"{name}: the live checker says {p}" for p in _product_system_alloc_violations(tables)]
     return _result(
         "system_allocs_at_most_count",
         "1",
-        "at most count live desired-running allocs per (system/sysbatch job, group, node)",
+        "on every server, at most count live desired-running allocs per (system/sysbatch job, group, "
+        "node), by the tests' own recount (system_alloc_problems) and by the live checker",
         problems,
+        servers=sorted(per_server),
     )
 
 
@@ -376,40 +446,83 @@ def _ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def check_plan_rejections(logs: Mapping[str, str], threshold: int, window_s: float) -> CheckResult:
-    """No server rejected plans for one node more than ``threshold + 1`` times in any
-    ``window_s``: the rejection tracker ends a disagreement (the +1 is the rejection that
-    trips it)."""
-    per_node: Counter[str] = Counter()
+def check_plan_rejections(
+    logs: Mapping[str, str],
+    threshold: int,
+    window_s: float,
+    disagreements: Sequence[Disagreement] | None = None,
+) -> CheckResult:
+    """The rejection tracker bounds every disagreement (docs/design.md#invariant-6).
+
+    Per server and node, at most ``threshold + 1`` ``plan.node_rejected`` lines in any
+    ``window_s``, counted the way the tracker counts: afresh from each
+    ``leader.established`` (a new leader's applier has a new tracker) and after each
+    ``plan.node_marked_ineligible`` of that node (the tracker forgets a node it marked; only
+    an operator makes it eligible again). The +1 is the rejection that trips it.
+
+    ``disagreements`` are those the nemesis provoked (None: not enabled in this run). Each
+    must have been refused at least once and ended with the node marked ineligible, so the
+    bound was exercised, not just never approached; an enabled run that provoked none fails.
+    """
     problems: list[str] = []
+    per_node: Counter[str] = Counter()
+    marks: Counter[str] = Counter()
+    worst: Counter[str] = Counter()
+    stamps_by_node: dict[str, list[float]] = defaultdict(list)
     for server, text in sorted(logs.items()):
-        times: dict[str, list[float]] = defaultdict(list)
-        for stamp, node_id in REJECTED.findall(text):
-            times[node_id].append(_ts(stamp))
+        counting: dict[str, list[float]] = {}
+        reported: set[str] = set()
+        for line in text.splitlines():
+            m = PLAN_EVENT.match(line)
+            if m is None:
+                continue
+            if m["leader"]:
+                counting.clear()
+                continue
+            node_id, ts = m["node"], _ts(m["ts"])
+            if m["kind"] == "marked_ineligible":
+                marks[node_id] += 1
+                counting.pop(node_id, None)
+                continue
             per_node[node_id] += 1
-        for node_id, stamps in sorted(times.items()):
-            stamps.sort()
-            lo = 0
-            for hi in range(len(stamps)):
-                while stamps[hi] - stamps[lo] > window_s:
-                    lo += 1
-                if hi - lo + 1 > threshold + 1:
-                    problems.append(
-                        f"{server} rejected plans for node {node_id!r} {hi - lo + 1} times within {window_s:g}s"
-                    )
-                    break
+            stamps_by_node[node_id].append(ts)
+            window = [t for t in counting.get(node_id, []) if ts - t <= window_s] + [ts]
+            counting[node_id] = window
+            worst[node_id] = max(worst[node_id], len(window))
+            if len(window) > threshold + 1 and node_id not in reported:
+                reported.add(node_id)
+                problems.append(
+                    f"{server} rejected plans for node {node_id!r} {len(window)} times within {window_s:g}s "
+                    "without marking it ineligible"
+                )
+    provoked = []
+    for d in disagreements or ():
+        refused = sum(d.wall_start - 1.0 <= t <= d.wall_end + 5.0 for t in stamps_by_node.get(d.node_id, []))
+        provoked.append({**d.to_dict(), "rejections": refused})
+        label = f"disagreement about {d.node_id} at t={d.t_start:.1f}s"
+        problems += [f"{label}: {p}" for p in d.problems]
+        if not refused:
+            problems.append(f"{label}: no plan was rejected for it: the bound was not exercised")
+        if d.t_marked is None and not d.problems:
+            problems.append(f"{label}: the node was never marked ineligible")
+    if disagreements is not None and not disagreements:
+        problems.append("disagreements were enabled but none was provoked: the bound was not exercised")
     return _result(
         "plan_rejections_bounded",
         "6",
-        f"per server and node, at most threshold+1 ({threshold + 1}) plan.node_rejected in any {window_s:g}s",
+        f"per server, leadership and node, at most threshold+1 ({threshold + 1}) plan.node_rejected in any "
+        f"{window_s:g}s before the node is marked ineligible; every provoked disagreement refused and ended "
+        "by a mark",
         problems,
         rejections_per_node=dict(per_node),
+        marked_ineligible=dict(marks),
+        most_in_a_window=dict(worst),
+        disagreements=provoked if disagreements is not None else "not enabled",
     )
 
 
 def check_logs(logs: Mapping[str, str]) -> CheckResult:
     problems: list[str] = []
-    tracebacks: dict[str, int] = {}
     # Not judged: which nodes a leader declared silent (a real client cut off, or a node whose
     # heartbeats a fault delayed past TTL + grace), to explain unknown or lost allocs.
     missed: Counter[str] = Counter()
@@ -417,15 +530,87 @@ def check_logs(logs: Mapping[str, str]) -> CheckResult:
         for line in text.splitlines():
             if DIVERGENCE.search(line):
                 problems.append(f"{server}: {line.strip()[:300]}")
-        tracebacks[server] = len(TRACEBACK.findall(text))
         missed.update(HEARTBEAT_MISSED.findall(text))
     return _result(
         "no_raft_defect_logged",
         "3",
         'no server logged pysyncobj\'s "state machine may have diverged", "failed _onTick" or an IndexError',
         problems,
-        tracebacks=tracebacks,
+        servers=sorted(logs),
         heartbeat_missed=dict(missed),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TracebackSeen:
+    process: str
+    event: str  # the log line it belongs to ("" when none came before it)
+    exception: str  # its last line: what was raised
+
+    def describe(self) -> str:
+        return f"{self.process}: {self.exception or '?'} (after: {self.event[:200] or '-'})"
+
+
+def find_tracebacks(process: str, text: str) -> list[TracebackSeen]:
+    """Every traceback block in a log, with the log line before it and its final exception
+    line (a chained traceback is one block: its last exception is the one that escaped)."""
+    lines = text.splitlines()
+    out: list[TracebackSeen] = []
+    event = ""
+    i = 0
+    while i < len(lines):
+        if not TRACEBACK_HEADER.match(lines[i]):
+            if LOG_LINE.match(lines[i]):
+                event = lines[i].strip()
+            i += 1
+            continue
+        exception = ""
+        j = i + 1
+        while j < len(lines):
+            line = lines[j]
+            j += 1
+            if not line.strip() or line.startswith((" ", "\t")) or TRACEBACK_HEADER.match(line):
+                continue
+            if line.startswith(CHAINED):
+                continue
+            exception = line.strip()
+            following = next((rest for rest in lines[j:] if rest.strip()), "")
+            if not following.startswith(CHAINED):
+                break
+        out.append(TracebackSeen(process, event, exception))
+        i = j
+    return out
+
+
+def check_tracebacks(
+    server_logs: Mapping[str, str],
+    client_logs: Mapping[str, str],
+    allowed: Sequence[AllowedTraceback] = ALLOWED_TRACEBACKS,
+) -> CheckResult:
+    """Any traceback in a server or client agent log is a defect, unless ``allowed`` names
+    it with a reason."""
+    problems: list[str] = []
+    excused: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+    for process, text in [*sorted(server_logs.items()), *sorted(client_logs.items())]:
+        for tb in find_tracebacks(process, text):
+            seen[process] += 1
+            reason = next(
+                (a.reason for a in allowed if a.pattern.search(f"{tb.event}\n{tb.exception}")), None
+            )
+            if reason is None:
+                problems.append(tb.describe())
+            else:
+                excused[reason] += 1
+    return _result(
+        "no_unexplained_tracebacks",
+        "",
+        "no server or client agent logged a traceback, except those allowed with a reason "
+        "(tests/chaos/checker.py: ALLOWED_TRACEBACKS)",
+        problems,
+        tracebacks=dict(seen),
+        allowed=dict(excused),
+        logs_read=[*sorted(server_logs), *sorted(client_logs)],
     )
 
 
@@ -433,47 +618,183 @@ def check_logs(logs: Mapping[str, str]) -> CheckResult:
 # Every raft index, offline
 
 
+def state_problems(tables: Tables) -> list[str]:
+    """Every state invariant broken in ``tables``: system allocs per node (1) and job
+    summaries (2) by the tests' recounts, and whatever the product's live checker reports."""
+    return [
+        *system_alloc_problems(tables),
+        *mock.summary_problems(tables),
+        *(f"the live checker says {v}" for v in check_invariants(tables)),
+    ]
+
+
 @dataclass
 class ReplayFigures:
     server: str
-    entries: int = 0
-    first_index: int = 0
+    entries: int = 0  # journal entries replayed through the FSM
+    first_index: int = 0  # the first of them
     last_index: int = 0
+    journal_first: int = 0  # the first entry the journal retains
+    snapshot_index: int = 0  # its raft snapshot's index (0: none)
+    start: str = ""  # where the replay started: "snapshot" or "empty"
+    # States whose invariants were computed here, and states reached from the same start by
+    # the same entries as one computed on an earlier server (the same state: judged once).
+    checked: int = 0
+    shared: int = 0
     final_digest: str = ""
     # index -> (term, kind, data) of every journal record, for the log-matching check.
     records: dict[int, tuple[int, str, bytes]] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entries": self.entries,
+            "first": self.first_index,
+            "last": self.last_index,
+            "journal_first": self.journal_first,
+            "snapshot_index": self.snapshot_index,
+            "start": self.start,
+            "states_checked": self.checked,
+            "states_shared": self.shared,
+        }
 
-def replay_data_dir(
-    server: str, data_dir: Path, problems: list[str], *, check_every_index: bool
-) -> ReplayFigures:
-    """Replay one stopped server's log with the raft state tool; with ``check_every_index``
-    check after every entry that no system job has more than count live allocs per group and
-    node, and that every job summary equals a recount (invariants 1 and 2, docs/design.md)."""
-    figures = ReplayFigures(server)
-    last: Tables | None = None
-    # One line per distinct violation: the first and last index it was seen at.
-    seen: dict[str, list[int]] = {}
-    try:
-        with open_data_dir(str(data_dir)) as data:
-            figures.records = {r.index: (r.term, r.kind, r.data) for r in data.records}
-            for step in replay(data):
-                index, term = step.record.index, step.record.term
+
+def _chain(previous: bytes, record: JournalRecord) -> bytes:
+    """The provenance of the state after ``record``: the state it was applied to, and the
+    entry's bytes. Equal provenance is an equal state (the FSM is deterministic, and every
+    replay runs here, in one process)."""
+    h = hashlib.sha256(previous)
+    h.update(f"{record.index}:{record.term}:{record.kind}:".encode())
+    h.update(record.data)
+    return h.digest()
+
+
+def _seed(what: str, index: int = 0, digest: str = "") -> bytes:
+    return hashlib.sha256(f"{what}:{index}:{digest}".encode()).digest()
+
+
+@dataclass
+class _Replayer:
+    """Replays stopped servers' journals one after another, judging every state once."""
+
+    problems: list[str]
+    # Raft snapshot indexes of the servers (index -> terms of their last entry): states a
+    # replay passes there are digested, so a server starting from that snapshot can be
+    # compared with them, and share their verdicts when equal.
+    snapshot_points: dict[int, set[int]]
+    verdicts: dict[bytes, list[str]] = field(default_factory=dict)
+    # index -> (server, term, digest, provenance) of states replayed at a snapshot point.
+    at_points: dict[int, list[tuple[str, int, str, bytes]]] = field(default_factory=lambda: defaultdict(list))
+
+    def run(self, server: str, data: RaftData) -> ReplayFigures:
+        figures = ReplayFigures(server, journal_first=data.records[0].index if data.records else 0)
+        figures.records = {r.index: (r.term, r.kind, r.data) for r in data.records}
+        # One line per distinct violation: the first and last index, how many, the first term.
+        seen: dict[str, list[int]] = {}
+
+        def judge(key: bytes, tables: Tables, index: int, term: int) -> None:
+            found = self.verdicts.get(key)
+            if found is None:
+                found = self.verdicts[key] = state_problems(tables)
+                figures.checked += 1
+            else:
+                figures.shared += 1
+            for text in found:
+                span = seen.setdefault(text, [index, index, 0, term])
+                span[1], span[2] = index, span[2] + 1
+
+        snap = data.snapshot
+        # A journal that still starts at the log's first entry is replayed from nothing, so
+        # every entry it holds is checked; its snapshot is then compared with the replay.
+        from_empty = snap is None or (bool(data.records) and data.records[0].index == 1)
+        key = _seed("empty")
+        snap_at: tuple[int, int, str] | None = None
+        if snap is not None:
+            snap_tables = from_snapshot(snap.state)
+            index, term = snap.state.index, snap.last_entry.term
+            digest = state_digest(snap_tables)
+            snap_at = (index, term, digest)
+            figures.snapshot_index = index
+            snap_key = _seed("snapshot", index, digest)
+            for other, other_term, other_digest, other_key in self.at_points.get(index, []):
+                if other_term != term:
+                    continue
+                if other_digest != digest:
+                    self.problems.append(
+                        f"{server}'s raft snapshot at index {index} (term {term}) hashes to {digest[:12]}, "
+                        f"{other}'s state replayed there to {other_digest[:12]}"
+                    )
+                else:
+                    snap_key = other_key  # the same state, already judged there
+            judge(snap_key, snap_tables, index, term)
+            if not from_empty:
+                key = snap_key
+                self.at_points[index].append((server, term, digest, key))
+        figures.start = "empty" if from_empty else "snapshot"
+        source = RaftData(data.data_dir, None, data.records) if from_empty else data
+        last: Tables | None = None
+        try:
+            for step in replay(source):
+                record = step.record
+                key = _chain(key, record)
                 figures.entries += 1
-                figures.first_index = figures.first_index or index
-                figures.last_index = index
+                figures.first_index = figures.first_index or record.index
+                figures.last_index = record.index
                 last = step.tables
-                if check_every_index:
-                    for v in check_invariants(step.tables):
-                        span = seen.setdefault(str(v), [index, index, 0, term])
-                        span[1], span[2] = index, span[2] + 1
-    except OfflineError as exc:
-        problems.append(f"{server}: replay failed: {exc}")
-    for text, (first, last_seen, count, term) in sorted(seen.items(), key=lambda kv: kv[1][0]):
-        problems.append(f"{server} from index {first} (term {term}) to {last_seen}, {count} entries: {text}")
-    if last is not None:
-        figures.final_digest = state_digest(last)
-    return figures
+                judge(key, step.tables, record.index, record.term)
+                if record.index in self.snapshot_points:
+                    digest = state_digest(step.tables)
+                    self.at_points[record.index].append((server, record.term, digest, key))
+                    own_snapshot = snap_at is not None and snap_at[:2] == (record.index, record.term)
+                    if own_snapshot and snap_at is not None and digest != snap_at[2]:
+                        self.problems.append(
+                            f"{server}'s raft snapshot at index {record.index} hashes to "
+                            f"{snap_at[2][:12]}, its own journal replayed there to {digest[:12]}"
+                        )
+        except OfflineError as exc:
+            self.problems.append(f"{server}: replay failed: {exc}")
+        for text, (first, last_seen, count, term) in sorted(seen.items(), key=lambda kv: kv[1][0]):
+            self.problems.append(
+                f"{server} from index {first} (term {term}) to {last_seen}, {count} states: {text}"
+            )
+        if last is not None:
+            figures.final_digest = state_digest(last)
+        elif snap_at is not None:
+            figures.last_index, _term, figures.final_digest = snap_at
+        return figures
+
+
+def _load(data_dirs: Mapping[str, Path], problems: list[str]) -> dict[str, RaftData]:
+    loaded: dict[str, RaftData] = {}
+    for name, path in sorted(data_dirs.items()):
+        try:
+            with open_data_dir(str(path)) as data:
+                loaded[name] = data
+        except OfflineError as exc:
+            problems.append(f"{name}: replay failed: {exc}")
+    return loaded
+
+
+def _start_index(data: RaftData) -> int:
+    if data.snapshot is None or (data.records and data.records[0].index == 1):
+        return 0
+    return data.snapshot.state.index
+
+
+def replay_servers(data_dirs: Mapping[str, Path], problems: list[str]) -> list[ReplayFigures]:
+    """Every stopped server's journal replayed entry by entry with the raft state tool's
+    code, from its first retained entry (its raft snapshot, when the journal no longer
+    starts at the log's beginning), with every state invariant checked on the snapshot's
+    state and after every entry. Servers are replayed earliest start first, so a server
+    starting from a snapshot can be compared with (and share verdicts with) a replay that
+    passed that index."""
+    loaded = _load(data_dirs, problems)
+    points: dict[int, set[int]] = defaultdict(set)
+    for data in loaded.values():
+        if data.snapshot is not None:
+            points[data.snapshot.state.index].add(data.snapshot.last_entry.term)
+    replayer = _Replayer(problems, dict(points))
+    order = sorted(loaded, key=lambda name: (_start_index(loaded[name]), name))
+    return [replayer.run(name, loaded[name]) for name in order]
 
 
 def journal_terms(data_dirs: Mapping[str, Path]) -> dict[int, int]:
@@ -499,6 +820,8 @@ def _log_mismatches(reports: Sequence[ReplayFigures], upto: int | None) -> list[
     when there is none, a deposed leader's uncommitted tail may legitimately differ, and
     mismatches are reported as such)."""
     out: list[str] = []
+    if not reports:
+        return out
     reference = max(reports, key=lambda r: r.last_index)
     for other in reports:
         if other is reference:
@@ -518,18 +841,13 @@ def _log_mismatches(reports: Sequence[ReplayFigures], upto: int | None) -> list[
     return out
 
 
-def check_replay(
-    data_dirs: Mapping[str, Path], converged: tuple[str, int] | None, *, full_on: Sequence[str]
-) -> CheckResult:
+def check_replay(data_dirs: Mapping[str, Path], converged: tuple[str, int] | None) -> CheckResult:
     """Invariants 1 and 2 (allocs per system node, summaries equal a recount; docs/design.md)
-    after every raft index (replayed on the servers in ``full_on``),
-    the journals equal entry by entry, and each log replayed to its end giving the digest
-    the live servers agreed on."""
+    on every server's raft snapshot and after every entry of its journal; the journals equal
+    entry by entry; and each log replayed to its end giving the digest the live servers
+    agreed on."""
     problems: list[str] = []
-    reports = [
-        replay_data_dir(name, path, problems, check_every_index=name in full_on)
-        for name, path in sorted(data_dirs.items())
-    ]
+    reports = replay_servers(data_dirs, problems)
     problems += _log_mismatches(reports, converged[1] if converged else None)
     if converged is not None:
         for report in reports:
@@ -538,18 +856,21 @@ def check_replay(
                     f"{report.server}'s log replayed to index {report.last_index} gives digest "
                     f"{report.final_digest[:12]}, the live servers agreed on {converged[0][:12]}"
                 )
+    missing = sorted(set(data_dirs) - {r.server for r in reports})
+    empty = [r.server for r in reports if not r.entries and not r.snapshot_index]
+    if empty:
+        problems.append(f"nothing replayed for {', '.join(empty)}: no journal entry, no snapshot")
     return _result(
         "replay_every_index",
         "1,2,3",
-        "each stopped server's log replayed with the raft state tool (from its last raft snapshot "
-        "on): after every entry no system job has more than count live allocs per group and node "
-        "and every job summary equals a recount, the journals hold the same entries, and "
-        "the replayed end state equals the live digest",
+        "every stopped server's log replayed with the raft state tool, from its first retained entry "
+        "(its raft snapshot, whose own state is checked and compared, when the journal was compacted): "
+        "after every entry no system job has more than count live allocs per group and node, every "
+        "job summary equals a recount and the live checker agrees; the journals hold the same "
+        "entries; the replayed end state equals the live digest",
         problems,
-        servers={
-            r.server: {"entries": r.entries, "first": r.first_index, "last": r.last_index} for r in reports
-        },
-        full_check_on=list(full_on),
+        servers={r.server: r.to_dict() for r in sorted(reports, key=lambda r: r.server)},
+        not_replayed=missing,
     )
 
 
@@ -557,19 +878,31 @@ def check_replay(
 # The live checker's answers during the run
 
 
-def check_live(samples: Sequence[Mapping[str, Any]], unavailable: str = "") -> CheckResult:
+def check_live(
+    samples: Sequence[Mapping[str, Any]], unavailable: str = "", servers: Sequence[str] = ()
+) -> CheckResult:
+    """What ``Operator.Invariants`` said on the live servers during the run. A check that
+    never ran proves nothing: no sample at all, a server never sampled, or servers that do
+    not implement the RPC fail it."""
     problems = [
         f"t={s['t']:.1f}s {s['server']} index {s['index']}: {v}" for s in samples for v in s["violations"]
     ]
-    figures: dict[str, Any] = {"samples": len(samples)}
     if unavailable:
-        figures["note"] = unavailable
+        problems.append(f"the live checker could not run: {unavailable}")
+    if not samples:
+        problems.append("no server answered Operator.Invariants during the run: nothing was checked")
+    per_server = Counter(str(s["server"]) for s in samples)
+    never = [name for name in servers if not per_server[name]]
+    if samples and never:
+        problems.append(f"never sampled: {', '.join(never)}")
     return _result(
         "live_checker_clean",
         "1,2",
-        "Operator.Invariants polled on every live server during the run reported no violation",
+        "Operator.Invariants polled on every live server during the run answered on every server "
+        "and reported no violation",
         problems,
-        **figures,
+        samples=len(samples),
+        samples_per_server=dict(sorted(per_server.items())),
     )
 
 
@@ -682,16 +1015,29 @@ def check_allocs_kept(windows: Sequence[Window], history: History) -> CheckResul
 
 
 def check_client_logs(logs: Mapping[str, str]) -> CheckResult:
+    """Crashed loops and task runners; their tracebacks, and any other, are
+    ``check_tracebacks``'s."""
     problems = [
         f"{name}: {line.strip()[:300]}"
         for name, text in sorted(logs.items())
         for line in text.splitlines()
         if CLIENT_DEFECT.search(line)
     ]
+    if not logs:
+        problems.append("no client agent log was read")
     return _result(
         "client_agents_clean",
         "",
-        "no real client agent logged a crashed loop or task runner, or a traceback",
+        "no real client agent logged a crashed loop or task runner (tracebacks: no_unexplained_tracebacks)",
         problems,
         clients=sorted(logs),
+    )
+
+
+def check_workload(errors: Sequence[str]) -> CheckResult:
+    return _result(
+        "workload_ran_clean",
+        "",
+        "the workload threads raised nothing and stopped when told",
+        list(errors),
     )

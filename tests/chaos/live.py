@@ -2,7 +2,9 @@
 
 A thread asks each server (never forwarded: each checks its own state) every
 ``interval_s`` and keeps every answer's violations with the server's applied index. A
-server that is down, paused or slow simply misses that round.
+server that is down, paused or slow simply misses that round. The checker
+(``check_live``) fails a run in which this never got an answer from some server, or the
+servers do not implement the RPC: a check that never ran proves nothing.
 """
 
 from __future__ import annotations

@@ -21,12 +21,20 @@ Faults (every other one is a leader SIGKILL, so a run of M minutes has a known s
   once the agent is back and its alloc runs again. The client's tasks are observed before
   the cut and after the reconnect (a ``Window`` for the check that kept allocs keep their
   IDs and processes, docs/design.md#invariant-5). The second fault of a
-  schedule is always one, so even a short run has a reconnect to check.
+  schedule is always one, so even a short run has a reconnect to check;
+* ``disagree`` (with disagreements enabled): the plan applier starts to see the workload's
+  ``node-shrinks`` with almost no capacity while the state still shows what it registered
+  (tests/chaos/disagreement.py), and the nemesis registers a new version of its own system
+  job, so the scheduler places on that node and the applier refuses, again and again, until
+  the rejection tracker marks the node ineligible (docs/design.md#invariant-6). Then the
+  applier agrees again and the nemesis, as an operator would, makes the node eligible. The
+  fourth fault of a schedule is always one, so even a short run exercises the bound.
 
 Never more than ``(servers - 1) // 2`` servers are down, paused or cut off at once: each
 fault heals before the next begins, and only ``kill-two`` takes two.
 
-A client cut takes no server: it counts against nothing, and no server fault runs during it.
+A client cut or a disagreement takes no server: it counts against nothing, and no server
+fault runs during it.
 
 After a leader SIGKILL the nemesis waits for the next acknowledged write before its next
 fault, so every failover is measured on its own (kill to first acknowledged write).
@@ -37,14 +45,18 @@ from __future__ import annotations
 import random
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from deploy.cluster import ClusterError, LocalCluster, wait_for
+from drover.sdk import DroverError
 from tests.chaos.clients import DISCONNECT_TIMEOUT_S, LOST_AFTER_S, RECONNECT_TIMEOUT_S, RealClients, Window
+from tests.chaos.disagreement import Disagreement, DisagreementControl
 from tests.chaos.history import History
 from tests.chaos.partition import PartitionControl
+from tests.chaos.workload import SHRINK_NODE, Caller, WorkloadConfig, build_job, record_write
 
 KILL_LEADER: Final = "kill-leader"
 KILL_FOLLOWER: Final = "kill-follower"
@@ -53,6 +65,13 @@ RESTART: Final = "restart"
 PARTITION: Final = "partition"
 KILL_TWO: Final = "kill-two"
 CUT_CLIENT: Final = "cut-client"
+DISAGREE: Final = "disagree"
+# The nemesis' own system job: a new version of it places on every node, the shrunk one too.
+DISAGREE_JOB: Final = "nemesis-system-0"
+# How long the tracker may take to end a disagreement (its threshold of rejections, each a
+# plan round trip) before the fault gives up and reports it.
+DISAGREE_TIMEOUT_S: Final = 60.0
+DISAGREE_HOLD_S: Final = (0.5, 2.0)
 
 RECOVERY_TIMEOUT_S: Final = 60.0
 # How long a cut client stays cut once its node is marked disconnected.
@@ -89,11 +108,13 @@ def plan_schedule(
     quick: bool = False,
     partitions: bool = True,
     clients: int = 0,
+    disagreements: bool = False,
 ) -> list[Fault]:
     """``count`` faults from ``seed``: even positions kill the leader, odd ones are drawn
-    from the other kinds; with ``clients`` the second fault cuts a client. The runner stops
-    when its time is up. Without clients the draws are those of a schedule before client
-    cuts existed, so an old seed replays the same faults."""
+    from the other kinds; with ``clients`` the second fault cuts a client, with
+    ``disagreements`` the fourth provokes a plan disagreement. The runner stops when its
+    time is up. Without clients and disagreements the draws are those of a schedule before
+    either existed, so an old seed replays the same faults."""
     rng = random.Random(f"nemesis:{seed}:{servers}")
     gap = (0.5, 1.5) if quick else (0.5, 2.5)
     kill_hold = (0.5, 2.5) if quick else (1.0, 4.0)
@@ -106,12 +127,16 @@ def plan_schedule(
         others.append((KILL_TWO, 2))
     if clients:
         others.append((CUT_CLIENT, 2))
+    if disagreements:
+        others.append((DISAGREE, 2))
     faults = []
     for n in range(count):
         if n % 2 == 0:
             kind = KILL_LEADER
         elif clients and n == 1:
             kind = CUT_CLIENT
+        elif disagreements and n == 3:
+            kind = DISAGREE
         else:
             kind = rng.choices([k for k, _ in others], [w for _, w in others])[0]
         target = "leader"
@@ -119,10 +144,14 @@ def plan_schedule(
             target = "follower"
         elif kind == CUT_CLIENT:
             target = "client"
+        elif kind == DISAGREE:
+            target = "node"
         elif kind in (PAUSE, RESTART, PARTITION):
             target = rng.choice(["leader", "follower"])
         if kind == CUT_CLIENT:
             hold, pick = rng.uniform(*cut_hold), rng.randrange(clients)
+        elif kind == DISAGREE:
+            hold, pick = rng.uniform(*DISAGREE_HOLD_S), 0
         else:
             hold = rng.uniform(*(pause_hold if kind in (PAUSE, PARTITION) else kill_hold))
             pick = rng.randrange(servers)
@@ -184,11 +213,14 @@ class Nemesis:
     schedule: list[Fault]
     partitions: PartitionControl | None = None
     clients: RealClients | None = None
+    disagreement: DisagreementControl | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
     failovers: list[Failover] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     # One per client cut: the tasks before it and after the reconnect.
     reconnects: list[Window] = field(default_factory=list)
+    # One per plan disagreement provoked.
+    disagreements: list[Disagreement] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -196,6 +228,8 @@ class Nemesis:
         self._paused: set[int] = set()
         self._cut: set[int] = set()
         self._cut_clients: set[str] = set()
+        self._shrunk: str | None = None
+        self._job_versions = 0
         self._leader = ""
 
     @property
@@ -239,7 +273,7 @@ class Nemesis:
         followers = [i for i in range(len(self.names)) if i != leader]
         follower = followers[fault.pick % len(followers)]
         target = leader if fault.target == "leader" else follower
-        healed = not (self._down or self._paused or self._cut or self._cut_clients)
+        healed = not (self._down or self._paused or self._cut or self._cut_clients or self._shrunk)
         assert healed, "a fault started before the last one healed"
         if fault.kind == KILL_LEADER:
             self._kill_leader(leader, fault.hold_s)
@@ -256,6 +290,8 @@ class Nemesis:
             self._partition(target, fault.target, fault.hold_s)
         elif fault.kind == CUT_CLIENT:
             self._cut_client(fault.pick, fault.hold_s)
+        elif fault.kind == DISAGREE:
+            self._disagree(fault.hold_s)
         else:  # pragma: no cover - plan_schedule makes only the kinds above
             raise ValueError(f"unknown fault {fault.kind!r}")
 
@@ -400,6 +436,96 @@ class Nemesis:
             return None
         return self.history.now()
 
+    def _disagree(self, hold_s: float) -> None:
+        """Make the applier disagree about ``SHRINK_NODE`` until the servers mark it
+        ineligible; every wait is bounded, and what did not happen in time goes into the
+        record's problems (the checker fails on them) instead of raising."""
+        control = self.disagreement
+        if control is None:
+            raise ClusterError("disagreement planned without a disagreement control")
+        record = Disagreement(SHRINK_NODE, self.history.now(), time.time())
+        self.disagreements.append(record)
+        caller = Caller(self.cluster.grpc_addresses, WorkloadConfig(seed=0), 0)
+        try:
+            control.shrink(SHRINK_NODE)
+            self._shrunk = SHRINK_NODE
+            self.note("disagree", node=SHRINK_NODE)
+            self._place_everywhere(caller)
+            try:
+                wait_for(
+                    lambda: self._eligibility(caller, SHRINK_NODE) == "ineligible",
+                    DISAGREE_TIMEOUT_S,
+                    0.2,
+                    f"the servers to mark {SHRINK_NODE} ineligible",
+                )
+                record.t_marked = self.history.now()
+                self.note("node-marked-ineligible", node=SHRINK_NODE)
+            except TimeoutError as exc:
+                record.problems.append(str(exc))
+            # Plans made on snapshots from before the mark still arrive for a moment.
+            self._hold(self.history.now() + hold_s)
+            self._agree(caller, record)
+        finally:
+            caller.close()
+            record.wall_end = time.time()
+
+    def _place_everywhere(self, caller: Caller, attempts: int = 5) -> None:
+        """A new version of the nemesis' system job, until one is acknowledged: one new alloc
+        on every eligible node. Recorded like the workload's writes, so the checker judges
+        it too."""
+        for _ in range(attempts):
+            self._job_versions += 1
+            version = self._job_versions
+            kind = "register" if version == 1 else "update-destructive"
+            job = build_job(DISAGREE_JOB, "system", count=1, variant=version, seq=version)
+            op = record_write(
+                self.history,
+                caller,
+                "nemesis",
+                kind,
+                DISAGREE_JOB,
+                lambda c, job=job: c.register_job(job),
+                seq=version,
+                type="system",
+                count=1,
+                variant=version,
+            )
+            if op.ok:
+                return
+
+    def _eligibility(self, caller: Caller, node_id: str) -> str:
+        try:
+            return caller.call(lambda c: c.get_node(node_id).node.scheduling_eligibility)
+        except DroverError:
+            return ""
+
+    def _agree(self, caller: Caller, record: Disagreement) -> None:
+        """The applier sees the node as registered again; then an operator's eligibility
+        write, until one is acknowledged."""
+        if self.disagreement is not None:
+            self.disagreement.restore()
+        self._shrunk = None
+        record.t_restored = self.history.now()
+        self.note("agree", node=record.node_id)
+
+        def eligible() -> bool:
+            op = record_write(
+                self.history,
+                caller,
+                "nemesis",
+                "node-eligible",
+                record.node_id,
+                lambda c: c.update_eligibility(record.node_id, "eligible"),
+            )
+            return op.ok
+
+        try:
+            wait_for(eligible, RECOVERY_TIMEOUT_S, 0.5, f"{record.node_id} to be made eligible again")
+            record.t_eligible = self.history.now()
+            self.note("node-eligible", node=record.node_id)
+        except TimeoutError as exc:
+            record.problems.append(str(exc))
+
     def _hold(self, until: float) -> None:
         remaining = until - self.history.now()
         if remaining > 0:
@@ -421,6 +547,12 @@ class Nemesis:
                 self.clients.heal(name)
                 self.note("heal-client", client=name)
         self._cut_clients.clear()
+        if self._shrunk is not None and self.disagreements:
+            caller = Caller(self.cluster.grpc_addresses, WorkloadConfig(seed=0), 0)
+            try:
+                self._agree(caller, self.disagreements[-1])
+            finally:
+                caller.close()
         for i in range(len(self.names)):
             if not self.cluster.is_alive(i):
                 self._start_again(i)

@@ -5,7 +5,7 @@ Why not the network: pysyncobj identifies a peer by the address it announces (it
 shares 127.0.0.1, so firewall rules cannot tell which server an outgoing connection comes
 from (ephemeral source ports, one uid); and network namespaces would take the cluster off
 loopback. So the cut is made where identity is exact: at pysyncobj's transport, inside
-each server process, by a test-only wrapper (``python -m tests.chaos.partition_agent``,
+each server process, by a test-only wrapper (``python -m tests.chaos.fault_agent``,
 which installs the hook and then runs the ordinary ``drover.cli`` agent; product code is
 untouched).
 

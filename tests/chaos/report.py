@@ -72,7 +72,8 @@ def op_figures(history: History, workload_s: float) -> dict[str, Any]:
     return {
         "total": len(ops),
         "acknowledged": acked,
-        "unknown_outcome": sum(op.outcome == "info" for op in ops),
+        "unknown_outcome": sum(op.unknown for op in ops),
+        "definite_failure": sum(op.failed for op in ops),
         "workload_s": round(workload_s, 1),
         "acknowledged_per_s": round(acked / workload_s, 1) if workload_s > 0 else None,
         "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
@@ -93,6 +94,7 @@ def build_report(
     phases: dict[str, float],
     notes: list[str],
     reconnects: list[dict[str, Any]] | None = None,
+    disagreements: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     executed = sum(fault_counts.values())
     return {
@@ -108,6 +110,7 @@ def build_report(
             "timeline": timeline,
         },
         "clients": {"cuts": fault_counts.get("cut-client", 0), "windows": reconnects or []},
+        "disagreements": disagreements or [],
         "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "notes": notes,
     }

@@ -12,7 +12,7 @@ Phases, each bounded by a deadline (nothing sleeps and hopes):
    waits for the cluster to settle: no eval pending, the leader's index quiet, every
    server at the same digest and index; then for the real clients' tasks to run again;
 4. snapshots from the leader and from each server, the logs, then every server stopped
-   and its log replayed offline;
+   and its log replayed offline, every entry of every server's journal checked;
 5. the checker decides every invariant; the report goes to ``bench-results/`` (JSON, and
    the PNG timeline when matplotlib is installed: ``pip install -e '.[chaos]'``).
 
@@ -40,6 +40,8 @@ from tests.chaos import checker
 from tests.chaos.checker import CheckResult
 from tests.chaos.clients import SERVER_ARGS as CLIENT_SERVER_ARGS
 from tests.chaos.clients import RealClients, Window
+from tests.chaos.disagreement import ENV as DISAGREE_ENV
+from tests.chaos.disagreement import DisagreementControl
 from tests.chaos.history import History
 from tests.chaos.live import LiveChecker
 from tests.chaos.nemesis import Nemesis, plan_schedule
@@ -67,9 +69,9 @@ class ChaosConfig:
     partitions: bool = True
     # Real client agents behind proxies, cut by the nemesis (0: simulated clients only).
     clients: int = 2
-    # Invariants 1 and 2 (allocs per system node, summaries equal a recount; docs/design.md)
-    # after every replayed entry on this many servers (the rest sampled).
-    full_replay_servers: int = 1
+    # Plan disagreements the nemesis provokes (tests/chaos/disagreement.py), so the
+    # rejection bound of docs/design.md#invariant-6 is exercised.
+    disagreements: bool = True
     workload: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -145,19 +147,32 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
     notes: list[str] = []
     history = History()
     schedule = plan_schedule(
-        config.seed, config.servers, quick=config.quick, partitions=config.partitions, clients=config.clients
+        config.seed,
+        config.servers,
+        quick=config.quick,
+        partitions=config.partitions,
+        clients=config.clients,
+        disagreements=config.disagreements,
     )
     partition_file = base_dir / "partition.json"
+    disagree_file = base_dir / "disagreement.json"
     cluster_dir = base_dir / "cluster"
-    env = {PARTITION_ENV: str(partition_file)} if config.partitions else None
-    module = "tests.chaos.partition_agent" if config.partitions else "drover.cli"
+    env: dict[str, str] = {}
+    if config.partitions:
+        env[PARTITION_ENV] = str(partition_file)
+    disagreement = None
+    base_dir.mkdir(parents=True, exist_ok=True)
+    if config.disagreements:
+        disagreement = DisagreementControl(disagree_file)
+        env[DISAGREE_ENV] = str(disagree_file)
+    module = "tests.chaos.fault_agent" if env else "drover.cli"
     workload_config = WorkloadConfig(seed=config.seed, **config.workload)
     checks: list[CheckResult] = []
     server_args = CLIENT_SERVER_ARGS if config.clients else ()
     whole_run = Window("run", "*")
     client_logs: dict[str, str] = {}
     with LocalCluster(
-        cluster_dir, servers=config.servers, env=env, agent_module=module, extra_args=server_args
+        cluster_dir, servers=config.servers, env=env or None, agent_module=module, extra_args=server_args
     ) as cluster:
         t0 = time.monotonic()
         wait_settled(cluster, timeout=60)
@@ -170,7 +185,7 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         workload = Workload(cluster.grpc_addresses, history, workload_config)
         clients = RealClients(cluster, config.clients, workload_config) if config.clients else None
         live = LiveChecker(cluster, history)
-        nemesis = Nemesis(cluster, history, schedule, partitions, clients)
+        nemesis = Nemesis(cluster, history, schedule, partitions, clients, disagreement)
         try:
             workload.setup()
             if clients is not None:
@@ -224,27 +239,24 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         checker.check_summaries(per_server),
         checker.check_system_allocs(per_server),
         checker.check_evals(final, final_ns),
-        checker.check_plan_rejections(logs, tracker.threshold, tracker.window_ns / 1e9),
+        checker.check_plan_rejections(
+            logs,
+            tracker.threshold,
+            tracker.window_ns / 1e9,
+            nemesis.disagreements if config.disagreements else None,
+        ),
         checker.check_logs(logs),
-        checker.check_live(live.samples, live.unavailable),
+        checker.check_tracebacks(logs, client_logs),
+        checker.check_live(live.samples, live.unavailable, cluster.server_names),
+        checker.check_workload(workload.errors),
     ]
     data_dirs = {name: cluster_dir / name for name in cluster.server_names}
     terms = checker.journal_terms(data_dirs)
     for failover in nemesis.failovers:
         failover.measure(history, terms)
-    full_on = cluster.server_names[: config.full_replay_servers]
-    checks.append(
-        checker.check_replay(
-            {name: cluster_dir / name for name in cluster.server_names}, converged, full_on=full_on
-        )
-    )
-    phases["check"] = time.monotonic() - t3
-    if workload.errors:
-        checks.append(
-            CheckResult(
-                "workload_ran_clean", "", "the workload threads raised nothing", False, workload.errors
-            )
-        )
+    t4 = time.monotonic()
+    checks.append(checker.check_replay(data_dirs, converged))
+    phases["replay"] = time.monotonic() - t4
     if clients is not None:
         checks.append(checker.check_allocs_kept([*nemesis.reconnects, whole_run], history))
         checks.append(checker.check_client_logs(client_logs))
@@ -253,8 +265,14 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
             "invariant 5 (allocs kept across a client reconnect keep their IDs and processes) is not "
             "checked: no real client agents in this run (--clients 0)"
         )
+    phases["check"] = time.monotonic() - t3
     if not config.partitions:
         notes.append("raft partitions disabled for this run (--no-partitions)")
+    if not config.disagreements:
+        notes.append(
+            "plan disagreements disabled for this run (--no-disagreements): the rejection bound "
+            "(invariant 6) was not exercised"
+        )
     report = build_report(
         config=asdict(config),
         history=history,
@@ -267,6 +285,7 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         phases=phases,
         notes=notes,
         reconnects=[w.to_dict() for w in [*nemesis.reconnects, whole_run]] if clients is not None else [],
+        disagreements=[d.to_dict() for d in nemesis.disagreements],
     )
     acked_times = [op.t_complete for op in history.ops() if op.ok]
     path = write_report(report, results_dir, stamp, acked_times)
@@ -294,6 +313,31 @@ def _describe_cuts(report: dict[str, Any]) -> str:
     return f"{len(parts)}" + (": " + "; ".join(parts) if parts else "")
 
 
+def _describe_disagreements(report: dict[str, Any]) -> str:
+    if not report["config"]["disagreements"]:
+        return "none (disabled)"
+    parts = [
+        f"{d['node']} at t={d['t_start']:.1f}s ("
+        + (
+            "never marked ineligible"
+            if d["marked_ineligible_after_s"] is None
+            else f"marked ineligible after {d['marked_ineligible_after_s']:.1f}s"
+        )
+        + ")"
+        for d in report["disagreements"]
+    ]
+    return f"{len(parts)}" + (": " + "; ".join(parts) if parts else "")
+
+
+def _describe_replay(report: dict[str, Any]) -> str:
+    replay = report["invariants"].get("replay_every_index", {}).get("figures", {})
+    return ", ".join(
+        f"{name} {f['entries']} entries {f['first']}..{f['last']} from {f['start']}"
+        f" ({f['states_checked']} states checked, {f['states_shared']} shared)"
+        for name, f in sorted(replay.get("servers", {}).items())
+    )
+
+
 def summarize(outcome: ChaosOutcome) -> str:
     report = outcome.report
     failovers = report["failovers"]
@@ -304,11 +348,13 @@ def summarize(outcome: ChaosOutcome) -> str:
         f"  faults: {report['nemesis']['faults_executed']}",
         f"  client cuts: {_describe_cuts(report)}",
         f"  operations: {ops['acknowledged']} acknowledged ({ops['acknowledged_per_s']}/s), "
-        f"{ops['unknown_outcome']} unknown outcome",
+        f"{ops['unknown_outcome']} unknown outcome, {ops['definite_failure']} definitely failed",
         f"  failovers: {failovers['measured']}/{failovers['count']} measured, p50 {failovers['p50_s']}s, "
         f"p99 {failovers['p99_s']}s, max {failovers['max_s']}s "
         f"(target p50 < {failovers['target']['p50_s']}s, p99 < {failovers['target']['p99_s']}s: "
         f"{'met' if failovers['meets_target'] else 'NOT met'})",
+        f"  plan disagreements: {_describe_disagreements(report)}",
+        f"  replayed: {_describe_replay(report)}",
     ]
     for name, result in report["invariants"].items():
         mark = "pass" if result["passed"] else "FAIL"
@@ -328,6 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter gaps and holds between faults")
     parser.add_argument("--no-partitions", dest="partitions", action="store_false")
     parser.add_argument("--clients", type=int, default=2, help="real client agents the nemesis cuts off")
+    parser.add_argument(
+        "--no-disagreements",
+        dest="disagreements",
+        action="store_false",
+        help="no plan disagreements (the rejection bound is then not exercised)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and logs (printed)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -338,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         quick=args.quick,
         partitions=args.partitions,
         clients=args.clients,
+        disagreements=args.disagreements,
     )
     base = Path(tempfile.mkdtemp(prefix=f"drover-chaos-{args.seed}-"))
     try:

@@ -38,7 +38,7 @@ import grpc
 
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from tests.chaos.history import History, Op
+from tests.chaos.history import DEFINITE_ERRORS, History, Op
 from tests.cluster.nodes import simulated_node
 
 T = TypeVar("T")
@@ -46,6 +46,10 @@ T = TypeVar("T")
 JOB_TYPES: Final = ("service", "batch", "system", "sysbatch")
 BATCHY: Final = frozenset({"batch", "sysbatch"})
 PROBE_NODE: Final = "probe-node"
+# A simulated node like the others, but never drained: the nemesis makes the plan applier
+# disagree about it (tests/chaos/disagreement.py) and is the only one to touch its
+# eligibility, so the rejection tracker's mark is the only thing that makes it ineligible.
+SHRINK_NODE: Final = "node-shrinks"
 PERIODIC_PARENT: Final = "tpl-periodic"
 DISPATCH_PARENT: Final = "tpl-dispatch"
 SEQ_KEY: Final = "chaos.seq"
@@ -135,6 +139,27 @@ def dispatch_parent() -> structs_pb2.Job:
     return job
 
 
+class AttemptCountingClient(DroverClient):
+    """The SDK client, counting per thread the attempts its calls make (test-only, through
+    the SDK's private ``_pick``, called once per attempt): an error that answered a call's
+    only attempt says what happened to the write; after a retry it does not (history.py)."""
+
+    def __init__(self, addresses: Sequence[str], *, timeout: float, retry_deadline: float) -> None:
+        super().__init__(addresses, timeout=timeout, retry_deadline=retry_deadline)
+        self._attempts = threading.local()
+
+    @property
+    def attempts(self) -> int:
+        return int(getattr(self._attempts, "n", 0))
+
+    def reset_attempts(self) -> None:
+        self._attempts.n = 0
+
+    def _pick(self) -> Any:
+        self._attempts.n = self.attempts + 1
+        return super()._pick()
+
+
 class Caller:
     """One thread's SDK client, replaced after a transport-level failure."""
 
@@ -152,14 +177,21 @@ class Caller:
         self._timeout_s = config.rpc_timeout_s if timeout_s is None else timeout_s
         self._retry_deadline_s = config.retry_deadline_s if retry_deadline_s is None else retry_deadline_s
         self._client = self._open()
+        # How many attempts the last failed call made (the SDK retries UNAVAILABLE).
+        self.last_attempts = 0
 
-    def _open(self) -> DroverClient:
-        return DroverClient(self._addresses, timeout=self._timeout_s, retry_deadline=self._retry_deadline_s)
+    def _open(self) -> AttemptCountingClient:
+        return AttemptCountingClient(
+            self._addresses, timeout=self._timeout_s, retry_deadline=self._retry_deadline_s
+        )
 
     def call(self, fn: Callable[[DroverClient], T]) -> T:
+        client = self._client
+        client.reset_attempts()
         try:
-            return fn(self._client)
+            return fn(client)
         except DroverError as exc:
+            self.last_attempts = client.attempts
             if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._client.close()
                 self._client = self._open()
@@ -167,6 +199,32 @@ class Caller:
 
     def close(self) -> None:
         self._client.close()
+
+
+def record_write(
+    history: History,
+    caller: Caller,
+    process: str,
+    kind: str,
+    key: str,
+    fn: Callable[[DroverClient], Any],
+    **args: Any,
+) -> Op:
+    """One write through ``caller``, recorded: ``ok`` with its index, ``fail`` when a
+    definite error answered its only attempt, ``info`` otherwise (history.py)."""
+    op = history.invoke(process, kind, key, **args)
+    try:
+        response = caller.call(fn)
+    except DroverError as exc:
+        definite = exc.code.name in DEFINITE_ERRORS and caller.last_attempts == 1
+        history.fail(op, f"{exc.code.name}: {exc.message}", definite=definite)
+        return op
+    result: dict[str, Any] = {}
+    for name in ("version", "job_modify_index", "eval_id", "dispatched_job_id", "child_job_id"):
+        if name in response.DESCRIPTOR.fields_by_name:
+            result[name] = getattr(response, name)
+    history.complete(op, index=response.meta.index, **result)
+    return op
 
 
 @dataclass
@@ -208,6 +266,13 @@ class Workload:
                     node_id,
                     partial(DroverClient.register_node, node=simulated_node(node_id)),
                 )
+            self._write(
+                caller,
+                "setup",
+                "node-register",
+                SHRINK_NODE,
+                partial(DroverClient.register_node, node=simulated_node(SHRINK_NODE)),
+            )
             probe = simulated_node(PROBE_NODE)
             probe.scheduling_eligibility = "ineligible"
             self._write(caller, "setup", "node-register", PROBE_NODE, lambda c: c.register_node(probe))
@@ -296,18 +361,7 @@ class Workload:
         fn: Callable[[DroverClient], Any],
         **args: Any,
     ) -> Op:
-        op = self.history.invoke(process, kind, key, **args)
-        try:
-            response = caller.call(fn)
-        except DroverError as exc:
-            self.history.fail(op, f"{exc.code.name}: {exc.message}")
-            return op
-        result: dict[str, Any] = {}
-        for name in ("version", "job_modify_index", "eval_id", "dispatched_job_id", "child_job_id"):
-            if name in response.DESCRIPTOR.fields_by_name:
-                result[name] = getattr(response, name)
-        self.history.complete(op, index=response.meta.index, **result)
-        return op
+        return record_write(self.history, caller, process, kind, key, fn, **args)
 
     # -- job workers -------------------------------------------------------------------
     def _job_worker(self, w: int) -> None:
@@ -450,7 +504,7 @@ class Workload:
         caller = Caller(self.addresses, self.config, 1)
         try:
             while not self._stop_all.wait(self.config.heartbeat_s):
-                for node_id in [*self.node_ids, PROBE_NODE]:
+                for node_id in [*self.node_ids, SHRINK_NODE, PROBE_NODE]:
                     if self._stop_all.is_set():
                         return
                     try:
@@ -466,7 +520,7 @@ class Workload:
         caller = Caller(self.addresses, self.config, 2)
         reported: dict[str, str] = {}
         running_since: dict[str, float] = {}
-        ours = set(self.node_ids)
+        ours = {*self.node_ids, SHRINK_NODE}
         try:
             while not self._stop_all.wait(self.config.client_poll_s):
                 try:
