@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import time
 from collections import deque
@@ -71,10 +70,6 @@ PLAN_COMMIT_SECONDS = Histogram(
     "Time from dequeue until the plan's result is committed and applied on the leader",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
-
-# Test-only fault injection: the applier rejects placements on these node IDs, simulating
-# a scheduler/applier disagreement (tests/cluster/test_system_seed.py). Never set in production.
-FAULT_REJECT_NODES_ENV: Final = "DROVER_TEST_PLAN_REJECT_NODES"
 
 
 class PlanRejectedError(Exception):
@@ -156,8 +151,6 @@ def evaluate_plan(
     snap: Snapshot,
     tracker: RejectionTracker,
     now_ns: int,
-    *,
-    fault_reject_nodes: frozenset[str] = frozenset(),
 ) -> Evaluated:
     """Check every node of ``plan`` against ``snap``; build the entry for what fits."""
     accepted_alloc: dict[str, tuple[Allocation, ...]] = {}
@@ -167,7 +160,7 @@ def evaluate_plan(
     for node_id in sorted(set(plan.node_allocation) | set(plan.node_update)):
         placed = plan.node_allocation.get(node_id, ())
         stops = plan.node_update.get(node_id, ())
-        reason = _node_rejection(snap, node_id, placed, stops, fault_reject_nodes)
+        reason = _node_rejection(snap, node_id, placed, stops)
         if reason:
             rejected.append(node_id)
             reasons[node_id] = reason
@@ -234,7 +227,6 @@ def _node_rejection(
     node_id: str,
     placed: tuple[Allocation, ...],
     stops: tuple[AllocStop, ...],
-    fault_reject_nodes: frozenset[str],
 ) -> str:
     if not placed:
         return ""  # stops always fit
@@ -256,8 +248,6 @@ def _node_rejection(
         return ""
     if node.scheduling_eligibility != "eligible" or node.drain_strategy is not None:
         return "node is not eligible for placements"
-    if node_id in fault_reject_nodes:
-        return "fault injection: applier disagrees with the scheduler"
     fit = allocs_fit(node, proposed_allocs(existing, (s.alloc_id for s in stops), placed))
     return "" if fit.fits else f"does not fit: {fit.reason}"
 
@@ -287,7 +277,6 @@ class PlanApplier:
         self._tracker = RejectionTracker(
             store.snapshot().scheduler_config().rejection_tracker or RejectionTrackerConfig()
         )
-        self._fault_nodes = frozenset(n for n in os.environ.get(FAULT_REJECT_NODES_ENV, "").split(",") if n)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plan-applier", daemon=True)
         # The plan committing in raft: (future of its index, the tables it will produce).
@@ -359,14 +348,12 @@ class PlanApplier:
         with PLAN_APPLY_SECONDS.time():
             view = self._view()
             on_inflight = view is not None and view.tables is not self._store.snapshot().tables
-            evaluated = evaluate_plan(plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes)
+            evaluated = evaluate_plan(plan, view, self._tracker, now)
             # Pipelining: N+1 was evaluated while N committed; propose only once N is done.
             if not self._wait_inflight() and on_inflight:
                 # N did not commit: what N+1 was checked against never existed. Check again.
                 view = self._store.snapshot()
-                evaluated = evaluate_plan(
-                    plan, view, self._tracker, now, fault_reject_nodes=self._fault_nodes
-                )
+                evaluated = evaluate_plan(plan, view, self._tracker, now)
             if evaluated.entry is None:
                 pending.future.set_result(replace(evaluated.result, refresh_index=view.index))
                 return

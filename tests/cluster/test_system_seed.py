@@ -18,11 +18,14 @@ from pathlib import Path
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import raft_pb2, structs_pb2
+from tests.chaos.disagreement import ENV as DISAGREE_ENV
+from tests.chaos.disagreement import DisagreementControl
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import register_nodes
 
 NODES = ["node-a", "node-b", "node-c"]
+FAULT_AGENT = "tests.chaos.fault_agent"
 PORT = 9100
 
 
@@ -120,8 +123,12 @@ def test_seed_000__restored_overlapping_system_allocs__one_eval_reconciles_witho
 def test_seed_000__applier_disagrees_about_a_node__tracker_marks_it_ineligible_and_eval_ends(
     tmp_path: Path,
 ) -> None:
-    env = {"DROVER_TEST_PLAN_REJECT_NODES": "node-b"}
-    with LocalCluster(tmp_path / "cluster", servers=3, env=env) as cluster:
+    # The disagreement is injected from the test side: the servers run the test-only agent
+    # module, whose plan applier sees node-b shrunk to almost nothing while the state (and so
+    # the scheduler) still has what node-b registered (tests/chaos/disagreement.py).
+    control = DisagreementControl(tmp_path / "disagreement.json", ["node-b"])
+    env = {DISAGREE_ENV: str(control.path)}
+    with LocalCluster(tmp_path / "cluster", servers=3, env=env, agent_module=FAULT_AGENT) as cluster:
         wait_settled(cluster)
         with DroverClient(cluster.grpc_addresses) as client:
             register_nodes(client, NODES)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +46,6 @@ from drover.server import plan_apply
 from drover.server.broker import EvalBroker
 from drover.server.fsm import FSM, ApplyResult, encode_entry
 from drover.server.plan_apply import (
-    FAULT_REJECT_NODES_ENV,
     Evaluated,
     PendingPlan,
     PlanApplier,
@@ -56,6 +56,7 @@ from drover.server.plan_apply import (
 )
 from drover.server.state_store import Snapshot
 from drover.v1 import raft_pb2
+from tests.chaos import disagreement
 from tests.fixtures import mock
 from tests.harness import Harness
 
@@ -468,12 +469,15 @@ def test_fault_injection__rejects_placements_on_listed_nodes_only(h: Harness, lo
         stop={"other": ("o",)},
     )
 
-    e = evaluate(h, p, fault_reject_nodes=frozenset({"bad", "other"}))
+    # Injected from the test side: the applier sees the nodes shrunk (tests/chaos/disagreement.py).
+    e = evaluate_plan(
+        p, disagreement.shrink_in_view(h.snapshot(), ["bad", "other"]), RejectionTracker(OFF), NOW
+    )
 
     assert e.result.rejected_nodes == ("bad",)
     assert upserted(e) == ["g"]
     assert stopped(e) == ["o"], "stops on a fault node still fit"
-    assert "fault injection" in logs.reasons()["bad"]
+    assert "does not fit" in logs.reasons()["bad"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -982,16 +986,24 @@ def test_applier__tracker_config_from_state__node_marked_ineligible(cluster: Clu
     assert cluster.h.snapshot().alloc("a2") is not None
 
 
-def test_applier__fault_injection_env__rejects_listed_node(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+def test_applier__test_build_with_shrunk_nodes__rejects_listed_node(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(FAULT_REJECT_NODES_ENV, "n1,unused")
-    cluster.start()
-    token = cluster.deliver("e1", "web1")
+    # Injected from the test side, as the cluster tests do: the applier sees n1 shrunk.
+    control = disagreement.DisagreementControl(tmp_path / "disagree.json", ["n1", "unused"])
+    monkeypatch.setattr(plan_apply, "evaluate_plan", plan_apply.evaluate_plan)  # undone after the test
+    watcher = disagreement.install(str(control.path))
+    try:
+        cluster.start()
+        token = cluster.deliver("e1", "web1")
 
-    result = cluster.submit(
-        plan(place={"n1": (alloc("a1", "n1"),), "n2": (alloc("a2", "n2"),)}, eval_id="e1", eval_token=token)
-    ).result(10)
+        result = cluster.submit(
+            plan(
+                place={"n1": (alloc("a1", "n1"),), "n2": (alloc("a2", "n2"),)}, eval_id="e1", eval_token=token
+            )
+        ).result(10)
+    finally:
+        watcher.close()
 
     assert result.rejected_nodes == ("n1",)
     assert cluster.h.snapshot().alloc("a1") is None
