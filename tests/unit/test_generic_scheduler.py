@@ -16,7 +16,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,7 +53,7 @@ from tests.fixtures import mock
 from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import HOUR, NOW, SECOND
 from tests.harness import Harness
-from tests.unit.test_reconcile import destructive_change, with_group
+from tests.unit.test_reconcile import destructive_change, drawn_alloc_fields, with_group
 
 # ---------------------------------------------------------------------------------------
 # Builders and readers
@@ -118,6 +118,26 @@ def place_all(h: Harness, job: Job) -> Job:
 def register(h: Harness, job: Job) -> Job:
     """A new version of a registered job (the store keeps older versions)."""
     return h.add_job(job)
+
+
+class NodeChanged(NamedTuple):
+    h: Harness
+    job: Job
+    node: Node  # as it was before the change
+    on_node: set[str]  # the job's allocs on it
+    result: SchedulerResult
+
+
+def change_node(job: Job, index: int, **changes: Any) -> NodeChanged:
+    """``job`` placed and running over three nodes, then node ``index`` changed as given and
+    the node-update eval run and committed."""
+    h, nodes = cluster(3)
+    job = place_all(h, job)
+    node = nodes[index]
+    on_node = {a.id for a in live(h, job) if a.node_id == node.id}
+    h.add_node(replace(node, **changes))
+    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
+    return NodeChanged(h, job, node, on_node, result)
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,12 +346,7 @@ def test_generic__batch_failed__rescheduled_until_attempts_exhausted() -> None:
 
 
 def test_generic__lost_node__stopped_lost_and_replaced_elsewhere() -> None:
-    h, nodes = cluster(3)
-    job = place_all(h, mock.job())
-    dead = nodes[0]
-    on_dead = {a.id for a in live(h, job) if a.node_id == dead.id}
-    h.add_node(replace(dead, status=structs.NODE_STATUS_DOWN))
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
+    h, job, dead, on_dead, result = change_node(mock.job(), 0, status=structs.NODE_STATUS_DOWN)
     expect(result, Expect(lost=len(on_dead), stop=len(on_dead), place=len(on_dead), ignore=10 - len(on_dead)))
     assert {s.client_status for s in stopped(result).values()} == {structs.ALLOC_CLIENT_LOST}
     assert all(a.node_id != dead.id for a in placed(result))
@@ -340,18 +355,12 @@ def test_generic__lost_node__stopped_lost_and_replaced_elsewhere() -> None:
 
 
 def test_generic__draining_node__migrates() -> None:
-    h, nodes = cluster(3)
-    job = place_all(h, mock.job())
-    drained = nodes[1]
-    on_drained = {a.id for a in live(h, job) if a.node_id == drained.id}
-    h.add_node(
-        replace(
-            drained,
-            drain_strategy=DrainStrategy(deadline_ns=HOUR),
-            scheduling_eligibility=structs.NODE_INELIGIBLE,
-        )
+    h, job, drained, on_drained, result = change_node(
+        mock.job(),
+        1,
+        drain_strategy=DrainStrategy(deadline_ns=HOUR),
+        scheduling_eligibility=structs.NODE_INELIGIBLE,
     )
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     n = len(on_drained)
     expect(result, Expect(migrate=n, stop=n, place=n, ignore=10 - n))
     assert all(a.node_id != drained.id for a in placed(result))
@@ -360,12 +369,7 @@ def test_generic__draining_node__migrates() -> None:
 
 
 def test_generic__disconnected_node__unknown_and_replaced() -> None:
-    h, nodes = cluster(3)
-    job = place_all(h, mock.job())
-    away = nodes[2]
-    on_away = {a.id for a in live(h, job) if a.node_id == away.id}
-    h.add_node(replace(away, status=structs.NODE_STATUS_DISCONNECTED))
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
+    h, job, _away, on_away, result = change_node(mock.job(), 2, status=structs.NODE_STATUS_DISCONNECTED)
     n = len(on_away)
     expect(result, Expect(disconnecting=n, place=n, ignore=10 - n))
     marks = stopped(result)
@@ -381,18 +385,30 @@ def test_generic__disconnected_node__unknown_and_replaced() -> None:
     assert len(live(h, job)) == 10 + n
 
 
-def test_generic__disconnected_node__reconnect_keeps_original_stops_replacement() -> None:
-    h, _nodes = cluster(3)
-    job = place_all(
-        h, with_group(mock.job(), count=1, disconnect=DisconnectStrategy(reconcile="keep_original"))
-    )
+def _reconnect_race(
+    h: Harness, job: Job, replacement_status: str | None = structs.ALLOC_CLIENT_RUNNING
+) -> tuple[Job, Allocation, Allocation]:
+    """``job`` placed (count 1): disconnect the node, commit the replacement (its client
+    reports ``replacement_status``; None leaves it as placed), bring the node back:
+    (job, original, replacement) before the reconnecting pass."""
     (original,) = live(h, job)
     node = h.snapshot().node(original.node_id)
     assert node is not None
     h.add_node(replace(node, status=structs.NODE_STATUS_DISCONNECTED))
     run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     (replacement,) = [a for a in live(h, job) if a.id != original.id]
+    if replacement_status is not None:
+        h.update_alloc(replacement.id, client_status=replacement_status)
     h.add_node(node)  # back, ready
+    return job, original, replacement
+
+
+def test_generic__disconnected_node__reconnect_keeps_original_stops_replacement() -> None:
+    h, _nodes = cluster(3)
+    job = place_all(
+        h, with_group(mock.job(), count=1, disconnect=DisconnectStrategy(reconcile="keep_original"))
+    )
+    job, original, replacement = _reconnect_race(h, job, replacement_status=None)
     result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
     expect(result, Expect(reconnecting=1, stop=1))
     assert set(stopped(result)) == {replacement.id}
@@ -430,20 +446,6 @@ def test_generic__failed_replacement_of_reconnected_original__original_updated__
     assert second.created_evals == ()
 
 
-def _reconnect_race(h: Harness, job: Job) -> tuple[Job, Allocation, Allocation]:
-    """Place ``job`` (count 1), disconnect the node, commit the replacement, bring the node
-    back: (job, original, replacement) before the reconnecting pass."""
-    (original,) = live(h, job)
-    node = h.snapshot().node(original.node_id)
-    assert node is not None
-    h.add_node(replace(node, status=structs.NODE_STATUS_DISCONNECTED))
-    run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
-    (replacement,) = [a for a in live(h, job) if a.id != original.id]
-    h.update_alloc(replacement.id, client_status=structs.ALLOC_CLIENT_RUNNING)
-    h.add_node(node)
-    return job, original, replacement
-
-
 def test_generic__reconnect__best_score_tie__original_kept() -> None:
     h, _ = cluster(2)
     job = place_all(h, with_group(mock.job(), count=1))
@@ -469,12 +471,9 @@ def test_generic__reconnect__best_score__better_ranked_replacement_kept() -> Non
 
 
 def test_generic__disconnected_node__replace_false__kept_without_replacement() -> None:
-    h, nodes = cluster(3)
-    job = place_all(h, with_group(mock.job(), disconnect=DisconnectStrategy(replace=False)))
-    away = nodes[0]
-    n = sum(1 for a in live(h, job) if a.node_id == away.id)
-    h.add_node(replace(away, status=structs.NODE_STATUS_DISCONNECTED))
-    result = run_and_commit(h, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
+    job = with_group(mock.job(), disconnect=DisconnectStrategy(replace=False))
+    _h, _job, _away, on_away, result = change_node(job, 0, status=structs.NODE_STATUS_DISCONNECTED)
+    n = len(on_away)
     expect(result, Expect(disconnecting=n, ignore=10 - n))
     assert placed_or_empty(result) == []
 
@@ -687,30 +686,11 @@ def histories(draw: st.DrawFn) -> tuple[Harness, Job]:
             AllocatedPort(label=p.label, value=next(_PORTS))
             for p in (job.groups[0].network or NetworkResource()).dynamic_ports
         )
-        status = draw(
-            st.sampled_from(
-                (
-                    structs.ALLOC_CLIENT_PENDING,
-                    structs.ALLOC_CLIENT_RUNNING,
-                    structs.ALLOC_CLIENT_COMPLETE,
-                    structs.ALLOC_CLIENT_FAILED,
-                    structs.ALLOC_CLIENT_UNKNOWN,
-                )
-            )
-        )
         alloc = mock.alloc(
             job,
             node,
             draw(st.integers(0, 7)),
-            id=f"a{i}",
-            eval_id="e0",
-            client_status=status,
-            desired_status=structs.ALLOC_DESIRED_STOP
-            if draw(st.integers(0, 4)) == 0
-            else structs.ALLOC_DESIRED_RUN,
-            previous_allocation=draw(st.sampled_from(["", *(a.id for a in allocs)])),
-            modify_time_ns=NOW - draw(st.sampled_from((0, 10 * SECOND, 2 * HOUR))),
-            create_time_ns=NOW - HOUR,
+            **drawn_alloc_fields(draw, i, allocs),
             resources=AllocatedResources(
                 cpu_mhz=total.cpu_mhz, memory_mb=total.memory_mb, disk_mb=total.disk_mb, ports=ports
             ),

@@ -825,6 +825,23 @@ _STATUSES = (
 )
 
 
+def drawn_alloc_fields(draw: st.DrawFn, i: int, earlier: Sequence[Allocation]) -> dict[str, Any]:
+    """The history of a random alloc ``a{i}``, for ``mock.alloc``: any client status, now and
+    then desired to stop, maybe the replacement of an earlier one, last changed just now, ten
+    seconds or two hours ago. The generic scheduler's properties draw their allocs alike."""
+    return {
+        "id": f"a{i}",
+        "eval_id": "e0",
+        "client_status": draw(st.sampled_from(_STATUSES)),
+        "desired_status": structs.ALLOC_DESIRED_STOP
+        if draw(st.integers(0, 4)) == 0
+        else structs.ALLOC_DESIRED_RUN,
+        "previous_allocation": draw(st.sampled_from(["", *(a.id for a in earlier)])),
+        "modify_time_ns": NOW - draw(st.sampled_from((0, 10 * SECOND, 2 * HOUR))),
+        "create_time_ns": NOW - HOUR,
+    }
+
+
 @st.composite
 def groups(draw: st.DrawFn) -> tuple[Job, list[Allocation], dict[int, Job]]:
     """A job at version 1 (version 0 differs in place or destructively) and up to 10 allocs
@@ -845,23 +862,12 @@ def groups(draw: st.DrawFn) -> tuple[Job, list[Allocation], dict[int, Job]]:
     )
     allocs: list[Allocation] = []
     for i in range(draw(st.integers(0, 10))):
-        status = draw(st.sampled_from(_STATUSES))
-        fail_ago = draw(st.sampled_from((0, 10 * SECOND, 2 * HOUR)))
-        prev = draw(st.sampled_from(["", *(a.id for a in allocs)]))
         version = draw(st.integers(0, 1))
         alloc = mock.alloc(
             v1 if version else v0,
             mock.node(id=draw(st.sampled_from(_NODE_IDS))),
             draw(st.integers(0, 7)),
-            id=f"a{i}",
-            eval_id="e0",
-            client_status=status,
-            desired_status=structs.ALLOC_DESIRED_STOP
-            if draw(st.integers(0, 4)) == 0
-            else structs.ALLOC_DESIRED_RUN,
-            previous_allocation=prev,
-            modify_time_ns=NOW - fail_ago,
-            create_time_ns=NOW - HOUR,
+            **drawn_alloc_fields(draw, i, allocs),
             create_index=i + 1,
             followup_eval_id=draw(st.sampled_from(("", "e-old"))),
             reschedule_events=_events(*draw(st.lists(st.sampled_from((5, 30)), max_size=2))),
