@@ -32,6 +32,11 @@ stdout and stderr appended to ``<dir>/<name>.log``. Server ``i`` (0-based) is na
 polled over gRPC with ``Operator.StateDigest``, which every server answers for itself
 (never forwarded): nothing here sleeps and hopes.
 
+A cluster of several servers is keyed: ``start`` writes one fresh raft key to
+``<dir>/raft.key`` (mode 0600) and passes it to every server with ``-raft-key-file``, as a
+server with peers refuses to start without one. A single server needs none (it makes a
+random key of its own).
+
 Ports come from binding port 0 on loopback, all held open together so they are distinct.
 Another process can still take one between the pick and the agent's bind; the agent then
 exits on its own and the next wait fails fast with its log.
@@ -40,6 +45,7 @@ exits on its own and the next wait fails fast with its log.
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import json
 import os
@@ -79,12 +85,14 @@ __all__ = [
     "server_argv",
     "stop_recorded",
     "wait_for",
+    "write_raft_key",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 AGENT_MODULE = "drover.cli"
 STATE_FILE = "cluster.json"
+RAFT_KEY_FILE = "raft.key"
 # How long an agent gets to exit after SIGTERM before it is SIGKILLed.
 STOP_TIMEOUT = 10.0
 # Per-RPC deadline when polling: a paused or wedged server must not stall a wait.
@@ -171,6 +179,7 @@ def server_argv(
     peers: Sequence[str],
     extra_args: Sequence[str] = (),
     module: str = AGENT_MODULE,
+    raft_key_file: Path | None = None,
 ) -> list[str]:
     argv = [
         sys.executable,
@@ -191,7 +200,26 @@ def server_argv(
     ]
     if peers:
         argv += ["-peers", ",".join(peers)]
+    if raft_key_file is not None:
+        argv += ["-raft-key-file", str(raft_key_file)]
     return [*argv, *extra_args]
+
+
+def write_raft_key(path: Path) -> Path:
+    """A fresh cluster key at ``path`` (32 random bytes, base64), readable by its owner only.
+
+    Written beside ``path`` and renamed, created 0600: the key is never readable by others,
+    not even for a moment, and a server never reads half of it.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, base64.b64encode(os.urandom(32)) + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
 
 
 def client_argv(
@@ -529,6 +557,7 @@ class LocalCluster:
         self._clients: list[_Member] = []
         self._channels = _Channels()
         self._started = False
+        self._raft_key_file: Path | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -538,11 +567,21 @@ class LocalCluster:
             raise ClusterError("cluster already started")
         self._started = True
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        # Servers with peers refuse to start unkeyed; a test that brings its own key says so.
+        if self._n_servers > 1 and "-raft-key-file" not in self._extra_args:
+            self._raft_key_file = write_raft_key(self.base_dir / RAFT_KEY_FILE)
         specs = make_server_specs(self._n_servers)
         grpc_addresses = [spec.grpc_address for spec in specs]
         for i, spec in enumerate(specs):
             data_dir = self.base_dir / spec.name
-            argv = server_argv(spec, data_dir, peer_addresses(specs, i), self._extra_args, self._agent_module)
+            argv = server_argv(
+                spec,
+                data_dir,
+                peer_addresses(specs, i),
+                self._extra_args,
+                self._agent_module,
+                raft_key_file=self._raft_key_file,
+            )
             self._servers.append(_Member(spec.name, argv, data_dir, self.base_dir / f"{spec.name}.log", spec))
         for j in range(self._n_clients):
             name = f"c{j + 1}"
@@ -661,6 +700,11 @@ class LocalCluster:
     @property
     def raft_addresses(self) -> list[str]:
         return [self._spec(i).raft_address for i in range(len(self._servers))]
+
+    @property
+    def raft_key_file(self) -> Path | None:
+        """The key file every server was given, or None (one server, or the caller's own key)."""
+        return self._raft_key_file
 
     def pid(self, i: int) -> int | None:
         """The pid of server ``i``'s latest process, even if it has exited since."""

@@ -60,6 +60,8 @@ def run_dev(cfg: DevConfig) -> int:
     data in a temp dir unless given."""
     configure_logging(json=cfg.log_json, level=cfg.log_level)
     data_dir = cfg.data_dir or tempfile.mkdtemp(prefix="drover-dev-")
+    # No peers and no -raft-key-file: the server makes a random raft key of its own, so
+    # its raft port unseals nothing anyone sends (drover.server.core.read_raft_key).
     server_cfg = ServerConfig(
         node_name="dev",
         data_dir=data_dir,

@@ -30,6 +30,8 @@ class ServerConfig:
     raft_port: int = DEFAULT_RAFT_PORT
     # The other servers' raft addresses, "host:port".
     peers: tuple[str, ...] = ()
+    # The cluster key, the same file on every server: required with peers (the agent says
+    # how to make one); a server without peers makes a random key of its own.
     raft_key_file: str = ""
     # Leader-side worker threads (used once the scheduling pipeline lands).
     num_workers: int = 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import socket
 import threading
 from typing import Final
@@ -54,8 +55,14 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def read_raft_key(cfg: ServerConfig) -> str | None:
-    """The cluster key, mandatory for a raft port reachable from other hosts."""
+def read_raft_key(cfg: ServerConfig) -> str:
+    """The cluster key, which every server with peers must share with them.
+
+    pysyncobj's transport unpickles what a peer sends once it is unsealed with this key, so
+    the key is what keeps anyone who reaches the raft port from running code here, on
+    loopback as much as anywhere. A server without peers listens to no one: it gets a
+    random key of its own (as ``-dev`` does), so nothing anyone sends is unsealed.
+    """
     if cfg.raft_key_file:
         try:
             with open(cfg.raft_key_file, encoding="utf-8") as f:
@@ -66,15 +73,17 @@ def read_raft_key(cfg: ServerConfig) -> str | None:
             raise StartupError(
                 f"-raft-key-file {cfg.raft_key_file}: key too short (need at least 16 characters)"
             )
+        if os.stat(cfg.raft_key_file).st_mode & 0o007:
+            log.warning("server.raft_key_file_world_readable", path=cfg.raft_key_file, hint="chmod 600")
         return key
-    if not is_loopback(cfg.bind):
+    if cfg.peers:
         raise StartupError(
-            f"refusing to start: raft binds to {cfg.bind}, which is not loopback, and no -raft-key-file "
-            "was given. pysyncobj's transport unpickles whatever a peer sends, so anyone who can reach "
-            "the raft port could run code on this server. Create a key shared by all servers "
-            "(head -c 32 /dev/urandom | base64 > raft.key) and pass -raft-key-file raft.key."
+            "refusing to start: this server has -peers but no -raft-key-file, and pysyncobj's transport "
+            "unpickles what peers send, so anyone who reaches the raft port could run code here. Make one "
+            "key for all servers (head -c 32 /dev/urandom | base64 > raft.key; chmod 600 raft.key) and "
+            "pass -raft-key-file raft.key to each."
         )
-    return None
+    return secrets.token_urlsafe(32)
 
 
 def heartbeat_config(cfg: ServerConfig) -> HeartbeatConfig:

@@ -5,8 +5,9 @@ commit), ``propose_async`` (the plan applier's pipeline), and the status reads. 
 the tuned configuration (tuning.py), the snapshot writer (snapshot_writer.py) and the
 patches (patches.py, where every private pysyncobj name lives) together.
 
-The transport unpickles whatever a peer sends: a non-loopback raft bind requires a cluster
-key (``password``), enforced by ``drover.server.core``.
+pysyncobj's transport unpickles what a peer sends, so every node is keyed (``password``,
+the cluster key, or a random one for a server without peers: ``drover.server.core``): a
+frame not sealed with the key fails Fernet's HMAC check before anything is unpickled.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         fsm: FSM,
         data_dir: str,
         *,
-        password: str | None = None,
+        password: str,
         tuning: RaftTuning | None = None,
         on_state_changed: Callable[[bool], None] | None = None,
     ) -> None:

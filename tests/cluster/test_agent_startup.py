@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -38,11 +39,19 @@ def _start_server(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[st
     )
 
 
-def test_agent__non_loopback_raft_bind_without_key__refuses_to_start_and_says_why(tmp_path: Path) -> None:
-    result = _start_server(tmp_path, "-bind", "0.0.0.0")
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"], ids=["loopback", "any"])
+def test_agent__peers_without_raft_key__refuses_to_start_in_one_line_that_says_why(
+    tmp_path: Path, bind: str
+) -> None:
+    # Loopback is no exemption: anyone on the host could reach the raft port.
+    result = _start_server(tmp_path, "-bind", bind, "-peers", "127.0.0.1:1,127.0.0.1:2")
     assert result.returncode == 1
     output = result.stdout + result.stderr
     assert "raft-key-file" in output and "unpickles" in output
+    (line,) = result.stdout.splitlines()
+    assert line.startswith("Error: ") and "head -c 32 /dev/urandom | base64 > raft.key" in line
+    assert "Traceback" not in output
+    assert not (tmp_path / "s1").exists(), "refused before touching the data dir"
 
 
 def test_agent__raft_key_too_short__refuses_to_start(tmp_path: Path) -> None:

@@ -28,4 +28,4 @@ def test_deploy_configs__every_server_lists_every_other_member(name: str, files:
     assert len({c.node_name for c in configs}) == len(configs)
     for config in configs:
         assert set(config.peers) == members - {f"{config.bind}:{config.raft_port}"}, config.node_name
-        assert config.raft_key_file, f"{config.node_name}: a non-loopback bind needs raft_key_file"
+        assert config.raft_key_file, f"{config.node_name}: a server with peers needs raft_key_file"

@@ -7,8 +7,11 @@ depend on the real server.
 
 from __future__ import annotations
 
+import base64
+import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -28,6 +31,7 @@ from deploy.cluster import (
     server_argv,
     stop_recorded,
     wait_for,
+    write_raft_key,
 )
 
 
@@ -67,6 +71,26 @@ def test_peers__exclude_self() -> None:
 def test_peers__single_server_has_no_peers_flag() -> None:
     spec = ServerSpec("s1", 5000, 5001)
     assert "-peers" not in server_argv(spec, Path("/d/s1"), peer_addresses([spec], 0))
+
+
+def test_server_argv__passes_the_cluster_key_file() -> None:
+    spec = ServerSpec("s1", 5000, 5001)
+    argv = server_argv(spec, Path("/d/s1"), ["127.0.0.1:5003"], raft_key_file=Path("/d/raft.key"))
+    assert argv[argv.index("-raft-key-file") + 1] == "/d/raft.key"
+    assert "-raft-key-file" not in server_argv(spec, Path("/d/s1"), [])
+
+
+def test_write_raft_key__fresh_base64_key_readable_by_its_owner_only(tmp_path: Path) -> None:
+    old = os.umask(0)  # the file's mode must not depend on the caller's umask
+    try:
+        first = write_raft_key(tmp_path / "raft.key").read_bytes()
+        path = write_raft_key(tmp_path / "raft.key")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(base64.b64decode(path.read_bytes().strip(), validate=True)) == 32
+    assert path.read_bytes() != first, "every start makes a fresh key"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raft.key"]
 
 
 def test_cluster_json__round_trip(tmp_path: Path) -> None:
@@ -134,7 +158,8 @@ p = argparse.ArgumentParser()
 p.add_argument("cmd")
 p.add_argument("-server", action="store_true")
 p.add_argument("-client", action="store_true")
-for flag in ("-node-name", "-data-dir", "-bind", "-grpc-port", "-raft-port", "-peers", "-servers"):
+for flag in ("-node-name", "-data-dir", "-bind", "-grpc-port", "-raft-port", "-peers", "-servers",
+             "-raft-key-file"):
     p.add_argument(flag)
 args = p.parse_args()
 done = threading.Event()
@@ -170,6 +195,10 @@ def test_local_cluster__lifecycle_against_a_stand_in_agent(tmp_path: Path) -> No
     )
     with cluster:
         assert cluster.server_names == ["s1", "s2", "s3"]
+        key_file = cluster.raft_key_file
+        assert key_file is not None and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        for server in cluster.record().servers:
+            assert server.argv[server.argv.index("-raft-key-file") + 1] == str(key_file)
         assert len(set(cluster.grpc_addresses + cluster.raft_addresses)) == 6
         assert cluster.wait_for_leader(30) == "s1"
         assert cluster.leader_index() == 0

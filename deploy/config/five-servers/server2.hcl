@@ -5,7 +5,7 @@
 node_name = "server2"
 data_dir  = "/var/lib/drover/server"
 
-# Listen on this host's address. Any address but loopback requires raft_key_file.
+# Listen on this host's address: the raft and gRPC ports bind only this address.
 bind      = "10.0.1.12"
 grpc_port = 4646
 raft_port = 4647
@@ -14,7 +14,9 @@ raft_port = 4647
 # membership is static (see "Adding or removing a server" in deploy/RUNBOOK.md).
 peers = ["10.0.1.11:4647", "10.0.1.13:4647", "10.0.1.14:4647", "10.0.1.15:4647"]
 
-# The same key file on all five servers (deploy/README.md, "The cluster key").
+# The same key file on all five servers (deploy/README.md, "The cluster key"): make it
+# once with head -c 32 /dev/urandom | base64 > raft.key. A server with peers refuses to
+# start without it.
 raft_key_file = "/etc/drover/raft.key"
 
 log_json  = true
