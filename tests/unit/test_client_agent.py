@@ -17,18 +17,19 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 
 from drover.client.agent import AgentTuning, ClientAgent
+from drover.client.config import EmbeddedSettings
 from drover.client.drivers import raw_exec
 from drover.v1 import structs_pb2
 from tests.unit.test_client_fake_server import (
     FakeNodes,
     FakeServer,
+    alive,
     alloc,
     fake_server,
     job,
@@ -49,20 +50,8 @@ FAST = AgentTuning(
 )
 
 
-@dataclass(frozen=True)
-class Settings:
-    node_name: str
-    data_dir: str
-    servers: tuple[str, ...]
-    datacenter: str = "dc1"
-    node_class: str = ""
-    meta: dict[str, str] = field(default_factory=dict)
-    log_json: bool = False
-    log_level: str = "info"
-
-
-def settings(data_dir: Path, *servers: FakeServer) -> Settings:
-    return Settings(node_name="c1", data_dir=str(data_dir), servers=tuple(s.address for s in servers))
+def settings(data_dir: Path, *servers: FakeServer) -> EmbeddedSettings:
+    return EmbeddedSettings(node_name="c1", data_dir=str(data_dir), servers=tuple(s.address for s in servers))
 
 
 @contextmanager
@@ -75,29 +64,20 @@ def running_agent(data_dir: Path, *servers: FakeServer) -> Iterator[ClientAgent]
         agent.stop(timeout_s=10)
 
 
+@contextmanager
+def agent_running_a1(data_dir: Path, server: FakeServer, j: structs_pb2.Job) -> Iterator[ClientAgent]:
+    """A registered agent whose alloc "a1" of ``j`` the servers placed and it reports running."""
+    with running_agent(data_dir, server) as agent:
+        agent.wait_registered(10)
+        server.nodes.place(alloc("a1", j, agent.node_id), j)
+        wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 running")
+        yield agent
+
+
 @pytest.fixture
 def server() -> Iterator[FakeServer]:
     with fake_server() as s:
         yield s
-
-
-@pytest.fixture
-def pids() -> Iterator[list[int]]:
-    """Task PIDs a test saw: SIGKILLed (whole group) afterwards, whatever happened."""
-    seen: list[int] = []
-    yield seen
-    for pid in seen:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def processes_of(alloc_id: str) -> list[int]:
@@ -160,11 +140,7 @@ def test_agent__heartbeats_every_half_ttl(tmp_path: Path) -> None:
 
 
 def test_agent__alloc_placed_runs__desired_stop_stops_it(tmp_path: Path, server: FakeServer) -> None:
-    with running_agent(tmp_path, server) as agent:
-        agent.wait_registered(10)
-        j = job()
-        server.nodes.place(alloc("a1", j, agent.node_id), j)
-        wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 running")
+    with agent_running_a1(tmp_path, server, job()):
         assert event_types(server.nodes, "a1")[:2] == ["Received", "Started"]
         queries_before = server.nodes.methods().count("GetClientAllocs")
         server.nodes.set_desired("a1", "stop")
@@ -341,11 +317,7 @@ def test_agent__offline__tasks_keep_running__updates_delivered_after_reregister(
 def test_agent__marked_down__refused_updates__registers_again_then_resends(
     tmp_path: Path, server: FakeServer
 ) -> None:
-    j = job()
-    with running_agent(tmp_path, server) as agent:
-        agent.wait_registered(10)
-        server.nodes.place(alloc("a1", j, agent.node_id), j)
-        wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 running")
+    with agent_running_a1(tmp_path, server, job()) as agent:
         server.nodes.mark_down(agent.node_id)
         wait_until(lambda: len(server.nodes.registrations) >= 2, 10, "a second registration")
         n_updates = len(server.nodes.update_requests)
@@ -357,11 +329,7 @@ def test_agent__marked_down__refused_updates__registers_again_then_resends(
 def test_agent__server_marked_alloc_unknown__reconnected_event_and_running_again(
     tmp_path: Path, server: FakeServer
 ) -> None:
-    j = job()
-    with running_agent(tmp_path, server) as agent:
-        agent.wait_registered(10)
-        server.nodes.place(alloc("a1", j, agent.node_id), j)
-        wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 running")
+    with agent_running_a1(tmp_path, server, job()):
         server.nodes.set_server_client_status("a1", "unknown")
         wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 reported running again")
         wait_until(lambda: "Reconnected" in event_types(server.nodes, "a1"), 10, "a Reconnected event")
@@ -406,11 +374,7 @@ def test_agent__stop_on_client_after__stops_only_those_allocs_when_heartbeats_fa
 
 
 def test_agent__alloc_garbage_collected__stopped_and_forgotten(tmp_path: Path, server: FakeServer) -> None:
-    j = job()
-    with running_agent(tmp_path, server) as agent:
-        agent.wait_registered(10)
-        server.nodes.place(alloc("a1", j, agent.node_id), j)
-        wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 running")
+    with agent_running_a1(tmp_path, server, job()) as agent:
         record = tmp_path / "client" / "allocs" / "a1.json"
         assert record.exists()
         server.nodes.remove("a1")

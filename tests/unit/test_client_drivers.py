@@ -13,9 +13,8 @@ import psutil
 import pytest
 
 from drover.client.drivers import ExitResult, MockDriver, RawExecDriver, TaskHandle, TaskSpec
-from drover.client.drivers.raw_exec import reap_registered_children
 from drover.client.errors import DriverConfigError, TaskStartError
-from tests.unit.test_client_fake_server import wait_until
+from tests.unit.test_client_fake_server import alive, wait_until
 
 S = 1_000_000_000
 
@@ -49,28 +48,15 @@ def wait_exit(handle: TaskHandle, timeout: float = 10.0) -> ExitResult:
 
 
 @pytest.fixture
-def pids() -> Iterator[list[int]]:
-    """PIDs (process group leaders) a test started: SIGKILLed and reaped afterwards."""
-    started: list[int] = []
-    yield started
-    for pid in started:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        reap_registered_children()
-        if not any(_alive(pid) for pid in started):
-            break
-        time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
+def foreign_sleep() -> Iterator[subprocess.Popen[bytes]]:
+    """A ``sleep 30`` the driver did not start, in its own session (like a task left by an
+    agent that has since restarted): killed and waited for afterwards."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(5)
 
 
 # --- mock -------------------------------------------------------------------------------------
@@ -154,7 +140,7 @@ def test_raw_exec__stop__sigterm_ends_sleep(tmp_path: Path, pids: list[int]) -> 
     # waited out the kill timeout and reported SIGKILL.
     result = handle.stop(60.0)
     assert result.signal == signal.SIGTERM
-    assert not _alive(handle.pid)
+    assert not alive(handle.pid)
 
 
 def test_raw_exec__stop__sigkill_after_kill_timeout_when_term_is_ignored(
@@ -172,7 +158,7 @@ def test_raw_exec__stop__sigkill_after_kill_timeout_when_term_is_ignored(
     assert result.signal == signal.SIGKILL
     # Not before the kill timeout: a lower bound, which a slow machine cannot break.
     assert time.monotonic() - started >= 0.5
-    wait_until(lambda: not any(_alive(p) for p in group), 5, "the whole group (sh and sleep) to be gone")
+    wait_until(lambda: not any(alive(p) for p in group), 5, "the whole group (sh and sleep) to be gone")
 
 
 def test_raw_exec__nonzero_exit_code(tmp_path: Path, pids: list[int]) -> None:
@@ -206,43 +192,34 @@ def test_raw_exec__recover__same_process_in_this_interpreter_keeps_exit_code(
     assert wait_exit(recovered).signal == signal.SIGTERM
 
 
-def test_raw_exec__recover__foreign_process__watched_with_unknown_exit(tmp_path: Path) -> None:
-    # Not started by the driver: like a task left by an agent that has since restarted.
-    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        state = {"driver": "raw_exec", "pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time()}
-        recovered = RawExecDriver().recover(state)
-        assert recovered is not None and recovered.reattached and recovered.pid == proc.pid
-        assert recovered.wait(0.1) is None
-        proc.kill()  # dies and stays a zombie until reaped: must count as exited
-        result = wait_exit(recovered)
-        assert result.exit_code is None
-    finally:
-        proc.kill()
-        proc.wait(5)
+def test_raw_exec__recover__foreign_process__watched_with_unknown_exit(
+    foreign_sleep: subprocess.Popen[bytes],
+) -> None:
+    proc = foreign_sleep
+    state = {"driver": "raw_exec", "pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time()}
+    recovered = RawExecDriver().recover(state)
+    assert recovered is not None and recovered.reattached and recovered.pid == proc.pid
+    assert recovered.wait(0.1) is None
+    proc.kill()  # dies and stays a zombie until reaped: must count as exited
+    result = wait_exit(recovered)
+    assert result.exit_code is None
 
 
-def test_raw_exec__recover__refuses_a_reused_pid(tmp_path: Path) -> None:
-    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        state = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time() - 100}
-        assert RawExecDriver().recover(state) is None
-        assert RawExecDriver().recover({"pid": 0, "create_time": 0}) is None
-        assert RawExecDriver().recover({}) is None
-    finally:
-        proc.kill()
-        proc.wait(5)
+def test_raw_exec__recover__refuses_a_reused_pid(foreign_sleep: subprocess.Popen[bytes]) -> None:
+    proc = foreign_sleep
+    state = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time() - 100}
+    assert RawExecDriver().recover(state) is None
+    assert RawExecDriver().recover({"pid": 0, "create_time": 0}) is None
+    assert RawExecDriver().recover({}) is None
 
 
-def test_raw_exec__stop_of_recovered_foreign_process__sigterm_group(tmp_path: Path) -> None:
-    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        state = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time()}
-        recovered = RawExecDriver().recover(state)
-        assert recovered is not None
-        result = recovered.stop(5.0)
-        assert result.exit_code is None
-        assert proc.wait(5) == -signal.SIGTERM
-    finally:
-        proc.kill()
-        proc.wait(5)
+def test_raw_exec__stop_of_recovered_foreign_process__sigterm_group(
+    foreign_sleep: subprocess.Popen[bytes],
+) -> None:
+    proc = foreign_sleep
+    state = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time()}
+    recovered = RawExecDriver().recover(state)
+    assert recovered is not None
+    result = recovered.stop(5.0)
+    assert result.exit_code is None
+    assert proc.wait(5) == -signal.SIGTERM

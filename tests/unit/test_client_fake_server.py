@@ -9,7 +9,7 @@ until it registers again, as the real servers must), or make every RPC fail with
 UNAVAILABLE for a while (``set_unavailable``). Everything it received is recorded. The
 other Nodes RPCs answer UNIMPLEMENTED, from the generated servicer base class.
 
-This module also holds the builders and the wait helper the client tests share; its own
+This module also holds the builders and the wait helpers the client tests share; its own
 tests check the fake's blocking-query contract, which the agent relies on.
 """
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+import psutil
 import pytest
 
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
@@ -43,6 +44,14 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
         time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping; a zombie waiting to be reaped counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 # --- builders --------------------------------------------------------------------------
