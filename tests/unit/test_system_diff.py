@@ -617,7 +617,7 @@ def rolling(job: Job, max_parallel: int, stagger_s: int = 30) -> Job:
     return replace(job, update=UpdateStrategy(max_parallel=max_parallel, stagger_ns=stagger_s * SECOND))
 
 
-def test_diff__seed_000__destructive_and_newer_inplace_on_one_node() -> None:
+def test_diff__field_report_1__destructive_and_newer_inplace_on_one_node() -> None:
     """docs/field-reports.md#field-report-1 (the max_parallel doubt): max_parallel 1; node A holds an
     alloc needing a destructive update
     and a newer one needing only an in-place update; node B needs a destructive update.
@@ -638,7 +638,7 @@ def test_diff__seed_000__destructive_and_newer_inplace_on_one_node() -> None:
     assert [t.alloc for t in diff.update_destructive] == [old_b]
 
 
-def test_diff__seed_000__third_node_waits_for_the_next_batch() -> None:
+def test_diff__field_report_1__third_node_waits_for_the_next_batch() -> None:
     v0 = rolling(mock.system_job(), 1)
     v1 = bump(v0, destructive=True)
     v2 = bump(v1, destructive=False)

@@ -242,7 +242,7 @@ def test_system__destructive_update__stop_and_replace_on_same_node() -> None:
     assert run(h, v1).plan is None
 
 
-def test_system__seed_000__max_parallel_1__destructive_plus_newer_inplace_on_one_node() -> None:
+def test_system__field_report_1__max_parallel_1__destructive_plus_newer_inplace_on_one_node() -> None:
     """The seed's case, end to end. max_parallel 1. Node A: an alloc needing a destructive
     update and a newer one needing only an in-place update. Node B: a destructive update.
     One pass: A keeps the newer alloc (in-place updated), stops the older duplicate for

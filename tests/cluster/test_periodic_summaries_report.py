@@ -103,7 +103,7 @@ def _indexes(report: ReplayReport) -> set[int]:
     return {index for index, _term in report.digests}
 
 
-def test_seed_002__periodic_every_second__three_leader_kills__children_exact_at_every_index(
+def test_field_report_2__periodic_every_second__three_leader_kills__children_exact_at_every_index(
     cluster: LocalCluster,
 ) -> None:
     started = time.monotonic()
@@ -167,7 +167,7 @@ def test_seed_002__periodic_every_second__three_leader_kills__children_exact_at_
     )
 
 
-def test_seed_002__parameterized_dispatched_50_times_across_a_leader_kill__children_exact_at_every_index(
+def test_field_report_2__parameterized_dispatched_50_times_across_a_leader_kill__children_exact_at_every_index(
     cluster: LocalCluster,
 ) -> None:
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:

@@ -69,7 +69,7 @@ def _rejections(cluster: LocalCluster) -> int:
     return sum(cluster.log(i).count("plan.node_rejected") for i in range(3) if cluster.pid(i) is not None)
 
 
-def test_seed_000__restored_overlapping_system_allocs__one_eval_reconciles_without_rejection_loop(
+def test_field_report_1__restored_overlapping_system_allocs__one_eval_reconciles_without_rejection_loop(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     with DroverClient(cluster.grpc_addresses) as client:
@@ -120,7 +120,7 @@ def test_seed_000__restored_overlapping_system_allocs__one_eval_reconciles_witho
         ]
 
 
-def test_seed_000__applier_disagrees_about_a_node__tracker_marks_it_ineligible_and_eval_ends(
+def test_field_report_1__applier_disagrees_about_a_node__tracker_marks_it_ineligible_and_eval_ends(
     tmp_path: Path,
 ) -> None:
     # The disagreement is injected from the test side: the servers run the test-only agent
