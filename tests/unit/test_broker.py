@@ -67,6 +67,14 @@ def take(broker: EvalBroker, now: int = T0) -> tuple[Evaluation, str]:
     return item
 
 
+def e1_taken() -> tuple[EvalBroker, str]:
+    """An enabled broker that has handed eval e1 to a worker: (broker, e1's token)."""
+    broker = enabled_broker()
+    broker.enqueue(ev("e1"), T0)
+    _, token = take(broker)
+    return broker, token
+
+
 def nothing_ready(broker: EvalBroker, now: int = T0) -> bool:
     return broker.dequeue(now, timeout=0) is None
 
@@ -238,9 +246,7 @@ def test_ack__cancelled_evals_are_forgotten__can_be_enqueued_again() -> None:
 
 
 def test_ack__wrong_token__raises_and_keeps_eval_outstanding() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
 
     with pytest.raises(TokenMismatchError):
         broker.ack("e1", token + "-forged")
@@ -261,9 +267,7 @@ def test_ack__unknown_eval__raises() -> None:
 
 
 def test_ack__twice__second_raises() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
     broker.ack("e1", token)
 
     assert not broker.outstanding("e1", token)
@@ -272,9 +276,7 @@ def test_ack__twice__second_raises() -> None:
 
 
 def test_ack__stale_token_after_redelivery__raises() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, stale = take(broker)
+    broker, stale = e1_taken()
     broker.nack("e1", stale, T0)
     broker.tick(T0 + INITIAL_NACK_DELAY_NS)
     _, fresh = take(broker, T0 + INITIAL_NACK_DELAY_NS)
@@ -289,9 +291,7 @@ def test_ack__stale_token_after_redelivery__raises() -> None:
 
 
 def test_nack__stale_token_while_awaiting_redelivery__raises() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
     broker.nack("e1", token, T0)
 
     with pytest.raises(TokenMismatchError):
@@ -305,9 +305,7 @@ def test_nack__stale_token_while_awaiting_redelivery__raises() -> None:
 
 
 def test_nack__redelivered_only_after_initial_delay() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
 
     broker.nack("e1", token, T0)
     assert broker.stats() == replace(EMPTY, delayed=1)
@@ -361,9 +359,7 @@ def test_nack__redelivery_keeps_priority_order() -> None:
 
 
 def test_tick__nack_timeout__redelivers_after_delay_and_invalidates_token() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
 
     broker.tick(T0 + DEFAULT_NACK_TIMEOUT_NS - 1)
     assert broker.outstanding("e1", token)
@@ -443,14 +439,19 @@ def test_delivery_limit__via_nack_timeouts() -> None:
     assert [e.id for e in broker.take_failed()] == ["e1"]
 
 
-def test_delivery_limit__job_slot_released__next_waiting_eval_served() -> None:
+def web_evals_with_a1_failed(n: int) -> tuple[EvalBroker, int]:
+    """Evals a1..an of job web queued (a1 the oldest), and a1 delivered and nacked up to the
+    delivery limit: (broker, the time of the last nack). a1 must be the one failed."""
     broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    broker.enqueue(ev("a2", "web", create_index=2), T0)
-
+    for i in range(1, n + 1):
+        broker.enqueue(ev(f"a{i}", "web", create_index=i), T0)
     now = deliver_and_nack(broker, "a1", DEFAULT_DELIVERY_LIMIT, T0)
-
     assert [e.id for e in broker.take_failed()] == ["a1"]
+    return broker, now
+
+
+def test_delivery_limit__job_slot_released__next_waiting_eval_served() -> None:
+    broker, now = web_evals_with_a1_failed(2)
     got, token = take(broker, now)
     assert got.id == "a2"
     assert broker.ack("a2", token) == []
@@ -458,13 +459,7 @@ def test_delivery_limit__job_slot_released__next_waiting_eval_served() -> None:
 
 
 def test_delivery_limit__older_waiting_evals_are_not_lost() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    broker.enqueue(ev("a2", "web", create_index=2), T0)
-    broker.enqueue(ev("a3", "web", create_index=3), T0)
-
-    now = deliver_and_nack(broker, "a1", DEFAULT_DELIVERY_LIMIT, T0)
-    assert [e.id for e in broker.take_failed()] == ["a1"]
+    broker, now = web_evals_with_a1_failed(3)
     got, token = take(broker, now)
     assert got.id == "a3"
     cancelled = [c.id for c in broker.ack("a3", token)] + [c.id for c in broker.take_cancelable()]
@@ -640,9 +635,7 @@ def test_enqueue__known_eval__ignored() -> None:
 
 
 def test_enqueue__while_nacked_and_delayed__ignored() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
     broker.nack("e1", token, T0)
 
     assert not broker.enqueue(ev("e1"), T0)
@@ -651,9 +644,7 @@ def test_enqueue__while_nacked_and_delayed__ignored() -> None:
 
 
 def test_requeue__enqueue_of_held_eval__readmitted_after_ack() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
 
     assert broker.enqueue(ev("e1"), T0)
     assert nothing_ready(broker), "not redelivered while the worker still holds it"
@@ -732,9 +723,7 @@ def test_untrack__delayed_eval__dropped() -> None:
 
 
 def test_untrack__held_eval__ignored__ack_still_works() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
 
     broker.untrack("e1")
 
@@ -743,9 +732,7 @@ def test_untrack__held_eval__ignored__ack_still_works() -> None:
 
 
 def test_untrack__held_eval_with_pending_requeue__not_redelivered_after_ack() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
-    _, token = take(broker)
+    broker, token = e1_taken()
     broker.enqueue(ev("e1"), T0)  # e.g. a leader rescan re-enqueues every pending eval
     broker.untrack("e1")  # the worker wrote it complete before acking
 
