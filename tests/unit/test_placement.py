@@ -12,17 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drover.scheduler import structs
 from drover.scheduler.fit import allocs_fit, proposed_allocs
 from drover.scheduler.interfaces import SchedulerContext
 from drover.scheduler.placement import PlanBuilder, assign_ports, place_on_node, select_node
 from drover.scheduler.structs import (
-    ALLOC_CLIENT_COMPLETE,
-    ALLOC_CLIENT_FAILED,
-    ALLOC_CLIENT_LOST,
-    ALLOC_CLIENT_RUNNING,
-    ALLOC_CLIENT_UNKNOWN,
-    ALLOC_DESIRED_RUN,
-    ALLOC_DESIRED_STOP,
     AllocatedPort,
     AllocatedResources,
     Allocation,
@@ -92,7 +86,7 @@ def test_builder__proposed_view_is_existing_minus_stopped_plus_placed() -> None:
     job = job_of()
     keep = mock.alloc(job, node, 0, id="keep", resources=plain())
     gone = mock.alloc(job, node, 1, id="gone", resources=plain())
-    done = mock.alloc(job, node, 2, id="done", resources=plain(), client_status=ALLOC_CLIENT_COMPLETE)
+    done = mock.alloc(job, node, 2, id="done", resources=plain(), client_status=structs.ALLOC_CLIENT_COMPLETE)
     _, builder, job = world([node], job, [keep, gone, done])
     builder.stop(gone, "alloc not needed due to job update")
     new = mock.alloc(job, node, 1, id="new", resources=plain())
@@ -129,7 +123,10 @@ def test_builder__build_plan_with_stops_and_placements() -> None:
     old = mock.alloc(job, n1, 0, id="old", resources=plain())
     h, builder, job = world([n1, n2], job, [old])
     builder.stop(
-        old, "alloc is lost since its node is down", client_status=ALLOC_CLIENT_LOST, followup_eval_id="e9"
+        old,
+        "alloc is lost since its node is down",
+        client_status=structs.ALLOC_CLIENT_LOST,
+        followup_eval_id="e9",
     )
     new = mock.alloc(job, n2, 0, id="new", resources=plain())
     builder.place(new)
@@ -148,9 +145,9 @@ def test_builder__build_plan_with_stops_and_placements() -> None:
         "n1": (
             AllocStop(
                 alloc_id="old",
-                desired_status=ALLOC_DESIRED_STOP,
+                desired_status=structs.ALLOC_DESIRED_STOP,
                 desired_description="alloc is lost since its node is down",
-                client_status=ALLOC_CLIENT_LOST,
+                client_status=structs.ALLOC_CLIENT_LOST,
                 followup_eval_id="e9",
             ),
         )
@@ -210,18 +207,18 @@ def test_builder__stop_frees_room_for_a_later_placement() -> None:
 def test_update_status__entry_keeps_desired_status_and_sets_what_it_is_given() -> None:
     node = mock.node(id="n1")
     job = job_of()
-    away = mock.alloc(job, node, 0, id="away", resources=plain(), client_status=ALLOC_CLIENT_RUNNING)
+    away = mock.alloc(job, node, 0, id="away", resources=plain(), client_status=structs.ALLOC_CLIENT_RUNNING)
     failed = mock.alloc(
         job,
         node,
         1,
         id="failed",
         resources=plain(),
-        client_status=ALLOC_CLIENT_FAILED,
+        client_status=structs.ALLOC_CLIENT_FAILED,
         desired_description="kept",
     )
     _, builder, _ = world([node], job, [away, failed])
-    builder.update_status(away, description="alloc is unknown", client_status=ALLOC_CLIENT_UNKNOWN)
+    builder.update_status(away, description="alloc is unknown", client_status=structs.ALLOC_CLIENT_UNKNOWN)
     builder.update_status(failed, followup_eval_id="e7")
     plan = builder.build()
     assert plan is not None
@@ -229,13 +226,13 @@ def test_update_status__entry_keeps_desired_status_and_sets_what_it_is_given() -
         "n1": (
             AllocStop(
                 alloc_id="away",
-                desired_status=ALLOC_DESIRED_RUN,
+                desired_status=structs.ALLOC_DESIRED_RUN,
                 desired_description="alloc is unknown",
-                client_status=ALLOC_CLIENT_UNKNOWN,
+                client_status=structs.ALLOC_CLIENT_UNKNOWN,
             ),
             AllocStop(
                 alloc_id="failed",
-                desired_status=ALLOC_DESIRED_RUN,
+                desired_status=structs.ALLOC_DESIRED_RUN,
                 desired_description="kept",
                 followup_eval_id="e7",
             ),
@@ -252,7 +249,7 @@ def test_update_status__alloc_desired_to_stop__stays_desired_to_stop() -> None:
         0,
         id="a1",
         resources=plain(),
-        desired_status=ALLOC_DESIRED_STOP,
+        desired_status=structs.ALLOC_DESIRED_STOP,
         desired_description="gone",
     )
     _, builder, _ = world([node], job, [stopping])
@@ -260,7 +257,7 @@ def test_update_status__alloc_desired_to_stop__stays_desired_to_stop() -> None:
     plan = builder.build()
     assert plan is not None
     [entry] = plan.node_update["n1"]
-    assert (entry.desired_status, entry.desired_description) == (ALLOC_DESIRED_STOP, "gone")
+    assert (entry.desired_status, entry.desired_description) == (structs.ALLOC_DESIRED_STOP, "gone")
 
 
 @pytest.mark.parametrize("view_first", [False, True], ids=["before the view", "after the view"])
@@ -271,7 +268,7 @@ def test_update_status__frees_nothing(view_first: bool) -> None:
     _, builder, job = world([node], job, [big])
     if view_first:
         assert place_n(builder, job, [node], 1, start=1) == []
-    builder.update_status(big, description="alloc is unknown", client_status=ALLOC_CLIENT_UNKNOWN)
+    builder.update_status(big, description="alloc is unknown", client_status=structs.ALLOC_CLIENT_UNKNOWN)
     assert builder.proposed_on("n1") == [big]
     assert builder.stopped_ids() == frozenset()
     assert not builder.fits(node, plain(cpu=500))
@@ -324,8 +321,8 @@ def test_update_status__after_stops_on_its_node_whatever_the_call_order() -> Non
     assert plan is not None
     assert list(plan.node_update) == ["n1", "n2"]
     assert [(e.alloc_id, e.desired_status) for e in plan.node_update["n1"]] == [
-        ("stop1", ALLOC_DESIRED_STOP),
-        ("kept1", ALLOC_DESIRED_RUN),
+        ("stop1", structs.ALLOC_DESIRED_STOP),
+        ("kept1", structs.ALLOC_DESIRED_RUN),
     ]
     assert [e.alloc_id for e in plan.node_update["n2"]] == ["kept2"]
 
@@ -400,9 +397,12 @@ NODE_RESOURCES = st.builds(
 
 _STATUS = {
     "live": {},
-    "running": {"client_status": ALLOC_CLIENT_RUNNING},
-    "desired-stop": {"desired_status": ALLOC_DESIRED_STOP, "client_status": ALLOC_CLIENT_RUNNING},
-    "complete": {"client_status": ALLOC_CLIENT_COMPLETE},
+    "running": {"client_status": structs.ALLOC_CLIENT_RUNNING},
+    "desired-stop": {
+        "desired_status": structs.ALLOC_DESIRED_STOP,
+        "client_status": structs.ALLOC_CLIENT_RUNNING,
+    },
+    "complete": {"client_status": structs.ALLOC_CLIENT_COMPLETE},
 }
 
 

@@ -7,28 +7,18 @@ from dataclasses import replace
 
 import pytest
 
+from drover.scheduler import structs
 from drover.scheduler.fit import allocs_fit
 from drover.scheduler.interfaces import SchedulerContext
 from drover.scheduler.placement import PlanBuilder, place_on_node, select_node
 from drover.scheduler.placement.ports import assign_ports, reuse_ports
-from drover.scheduler.structs import (
-    AllocatedPort,
-    AllocatedResources,
-    Job,
-    NetworkResource,
-    Node,
-    NodeResources,
-    Port,
-    Resources,
-    TaskGroup,
-)
 from tests.fixtures import mock
 from tests.harness import Harness
 
 
-def node_with_ports(lo: int = 20000, hi: int = 32000, reserved: tuple[int, ...] = (22,)) -> Node:
+def node_with_ports(lo: int = 20000, hi: int = 32000, reserved: tuple[int, ...] = (22,)) -> structs.Node:
     return mock.node(
-        resources=NodeResources(
+        resources=structs.NodeResources(
             cpu_mhz=100_000,
             memory_mb=1_000_000,
             disk_mb=10_000_000,
@@ -39,16 +29,16 @@ def node_with_ports(lo: int = 20000, hi: int = 32000, reserved: tuple[int, ...] 
     )
 
 
-def group_with(static: tuple[int, ...] = (), dynamic: int = 0) -> TaskGroup:
+def group_with(static: tuple[int, ...] = (), dynamic: int = 0) -> structs.TaskGroup:
     group = mock.job().groups[0]
-    network = NetworkResource(
-        reserved_ports=tuple(Port(label=f"s{i}", value=v, to=v) for i, v in enumerate(static)),
-        dynamic_ports=tuple(Port(label=f"d{i}", to=8080) for i in range(dynamic)),
+    network = structs.NetworkResource(
+        reserved_ports=tuple(structs.Port(label=f"s{i}", value=v, to=v) for i, v in enumerate(static)),
+        dynamic_ports=tuple(structs.Port(label=f"d{i}", to=8080) for i in range(dynamic)),
     )
     return replace(group, network=network)
 
 
-def values(res: AllocatedResources | None) -> list[int]:
+def values(res: structs.AllocatedResources | None) -> list[int]:
     assert res is not None
     return [p.value for p in res.ports]
 
@@ -57,11 +47,11 @@ def test_assign_ports__static_port_as_asked_with_group_resources() -> None:
     group = group_with(static=(8080,))
     res = assign_ports(node_with_ports(), group, set())
     total = group.total_resources()
-    assert res == AllocatedResources(
+    assert res == structs.AllocatedResources(
         cpu_mhz=total.cpu_mhz,
         memory_mb=total.memory_mb,
         disk_mb=total.disk_mb,
-        ports=(AllocatedPort(label="s0", value=8080, to=8080),),
+        ports=(structs.AllocatedPort(label="s0", value=8080, to=8080),),
     )
 
 
@@ -126,35 +116,41 @@ def test_assign_ports__same_rng_seed_same_ports() -> None:
 
 def test_reuse_ports__same_labels_keep_previous_values() -> None:
     group = group_with(static=(8080,), dynamic=1)
-    previous = AllocatedResources(
-        ports=(AllocatedPort("s0", 8080, 8080), AllocatedPort("d0", 23456, 8080, host_ip="10.0.0.1"))
+    previous = structs.AllocatedResources(
+        ports=(
+            structs.AllocatedPort("s0", 8080, 8080),
+            structs.AllocatedPort("d0", 23456, 8080, host_ip="10.0.0.1"),
+        )
     )
     assert reuse_ports(group, previous) == (
-        AllocatedPort("s0", 8080, 8080),
-        AllocatedPort("d0", 23456, 8080, host_ip="10.0.0.1"),
+        structs.AllocatedPort("s0", 8080, 8080),
+        structs.AllocatedPort("d0", 23456, 8080, host_ip="10.0.0.1"),
     )
 
 
 REUSE_MISMATCH_CASES = [
-    ("static value changed", (AllocatedPort("s0", 9090), AllocatedPort("d0", 23456))),
-    ("label missing", (AllocatedPort("s0", 8080),)),
-    ("extra label", (AllocatedPort("s0", 8080), AllocatedPort("d0", 1), AllocatedPort("d1", 2))),
+    ("static value changed", (structs.AllocatedPort("s0", 9090), structs.AllocatedPort("d0", 23456))),
+    ("label missing", (structs.AllocatedPort("s0", 8080),)),
+    (
+        "extra label",
+        (structs.AllocatedPort("s0", 8080), structs.AllocatedPort("d0", 1), structs.AllocatedPort("d1", 2)),
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "ports", [c[1] for c in REUSE_MISMATCH_CASES], ids=[c[0] for c in REUSE_MISMATCH_CASES]
 )
-def test_reuse_ports__group_asks_differently__none(ports: tuple[AllocatedPort, ...]) -> None:
-    assert reuse_ports(group_with(static=(8080,), dynamic=1), AllocatedResources(ports=ports)) is None
+def test_reuse_ports__group_asks_differently__none(ports: tuple[structs.AllocatedPort, ...]) -> None:
+    assert reuse_ports(group_with(static=(8080,), dynamic=1), structs.AllocatedResources(ports=ports)) is None
 
 
 # ---------------------------------------------------------------------------------------
 # Through the plan builder: the plan's own placements hold ports too
 
 
-def small_job(group: TaskGroup) -> Job:
-    task = replace(group.tasks[0], resources=Resources(cpu_mhz=1, memory_mb=1))
+def small_job(group: structs.TaskGroup) -> structs.Job:
+    task = replace(group.tasks[0], resources=structs.Resources(cpu_mhz=1, memory_mb=1))
     return mock.job(groups=(replace(group, tasks=(task,), ephemeral_disk_mb=0, count=200),))
 
 
@@ -169,7 +165,9 @@ def test_ports__200_placements_on_one_node_never_collide() -> None:
             job,
             node,
             0,
-            resources=AllocatedResources(ports=(AllocatedPort("a", 20003), AllocatedPort("b", 20004))),
+            resources=structs.AllocatedResources(
+                ports=(structs.AllocatedPort("a", 20003), structs.AllocatedPort("b", 20004))
+            ),
         )
     )
     builder = PlanBuilder(h.snapshot(), mock.eval_for(job), job)
