@@ -22,6 +22,11 @@ blocks); any other JSON object is the protobuf JSON of ``drover.v1.Job``.
 
 Parsing never validates: the caller runs ``drover.scheduler.validate.validate_job`` on the
 result, so one rule set serves the API and the CLI.
+
+Any text is an answer, never a traceback: whatever the parsers raise on hostile input
+(nesting deeper than the interpreter's stack, integers of 10,000 digits, python-hcl2's
+assorted internal errors) becomes a one-line ``JobspecError``, and no message quotes more
+than a few dozen characters of the input (tests/unit/test_fuzz_jobspec.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
@@ -36,7 +42,7 @@ from typing import Any, Final, TypeVar
 import hcl2
 from google.protobuf import json_format
 from hcl2.rules.base import AttributeRule, BlockRule
-from lark.exceptions import LarkError, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from drover.common.duration import parse_duration
 from drover.scheduler.structs import (
@@ -98,7 +104,10 @@ def parse_jobspec(text: str, *, filename: str = "") -> Job:
     Raises ``JobspecError``; when ``filename`` is given the message starts with it.
     """
     try:
-        return canonicalize_job(_parse(text))
+        try:
+            return canonicalize_job(_parse(text))
+        except RecursionError as exc:
+            raise JobspecError("nested too deeply to read") from exc
     except JobspecError as exc:
         if filename:
             raise JobspecError(f"{filename}: {exc}") from exc
@@ -111,6 +120,8 @@ def _parse(text: str) -> Job:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise JobspecError(f"line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from exc
+        except ValueError as exc:  # an integer past the interpreter's digit limit
+            raise JobspecError(f"invalid JSON: {_parser_failure(exc)}") from exc
         if isinstance(data, dict) and "job" in data:
             return _root(data)
         return _proto_json(text)
@@ -120,8 +131,8 @@ def _parse(text: str) -> Job:
 def _proto_json(text: str) -> Job:
     try:
         msg = json_format.Parse(text, structs_pb2.Job())
-    except json_format.ParseError as exc:
-        raise JobspecError(f"invalid drover.v1.Job JSON: {_one_line(str(exc))}") from exc
+    except (json_format.ParseError, ValueError) as exc:
+        raise JobspecError(f"invalid drover.v1.Job JSON: {_cut(_one_line(str(exc)))}") from exc
     return from_proto(msg, Job)
 
 
@@ -158,13 +169,17 @@ def _load_hcl(text: str) -> Mapping[str, Any]:
         tree = hcl2.parses(text)
     except UnexpectedInput as exc:
         raise JobspecError(_syntax_message(exc)) from exc
-    except LarkError as exc:
-        raise JobspecError(f"syntax error: {_one_line(str(exc))}") from exc
+    except RecursionError:
+        raise
+    except Exception as exc:  # python-hcl2 has no error tree of its own: any failure is "does not parse"
+        raise JobspecError(f"syntax error: {_parser_failure(exc)}") from exc
     _check_tree(tree.body, "")
     try:
         data = hcl2.serialize(tree, serialization_options=_HCL_OPTIONS)
-    except (LarkError, RuntimeError, ValueError) as exc:  # python-hcl2 has no error tree of its own
-        raise JobspecError(f"syntax error: {_one_line(str(exc))}") from exc
+    except RecursionError:
+        raise
+    except Exception as exc:  # as above
+        raise JobspecError(f"syntax error: {_parser_failure(exc)}") from exc
     result: Mapping[str, Any] = _unescape(data)
     return result
 
@@ -192,13 +207,13 @@ def _check_tree(body: Any, where: str, *, in_config: bool = False) -> None:
         if isinstance(child, AttributeRule):
             name = child.identifier.serialize(_HCL_OPTIONS)
             if name in attributes or name in blocks:
-                raise JobspecError(f'{_place(where)}: duplicate key "{name}" (line {line})')
+                raise JobspecError(f"{_place(where)}: duplicate key {_quote(str(name))} (line {line})")
             attributes.add(name)
         elif isinstance(child, BlockRule):
             labels = [str(label.serialize(_HCL_OPTIONS)) for label in child.labels]
             kind = labels[0]
             if kind in attributes:
-                raise JobspecError(f'{_place(where)}: duplicate key "{kind}" (line {line})')
+                raise JobspecError(f"{_place(where)}: duplicate key {_quote(kind)} (line {line})")
             blocks.add(kind)
             if not in_config and kind in _LABELLED_BLOCKS and len(labels) != 2:
                 raise JobspecError(
@@ -223,7 +238,28 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+# How much of a user's value a message quotes.
+_QUOTE_CHARS: Final = 64
+# Longer digit strings are not numbers we accept (int64 has 19 digits); converting one of
+# 10,000 digits would raise past the interpreter's limit instead.
+_MAX_DIGITS: Final = 40
+
+
+def _parser_failure(exc: Exception) -> str:
+    """A third-party parser's exception as a short reason."""
+    text = _one_line(str(exc))
+    if isinstance(exc, ValueError) and "integer string conversion" in text:
+        return f"a number with more than {sys.get_int_max_str_digits()} digits"
+    return _cut(text) or type(exc).__name__
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= 4 * _QUOTE_CHARS else text[: 4 * _QUOTE_CHARS] + "..."
+
+
 def _quote(label: str) -> str:
+    if len(label) > _QUOTE_CHARS:
+        return json.dumps(label[:_QUOTE_CHARS], ensure_ascii=False) + "..."
     return json.dumps(label, ensure_ascii=False)
 
 
@@ -239,7 +275,9 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return json.dumps(value)
+        return _quote(value)
+    if isinstance(value, int) and abs(value) >= 10**_MAX_DIGITS:
+        return f"an integer of {value.bit_length()} bits"
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, list):
@@ -259,9 +297,11 @@ class _Body:
     def check_keys(self, allowed: frozenset[str]) -> None:
         for key in self.data:
             if key not in allowed:
-                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                close = (
+                    difflib.get_close_matches(key, sorted(allowed), n=1) if len(key) <= _QUOTE_CHARS else []
+                )
                 hint = f' (did you mean "{close[0]}"?)' if close else ""
-                raise JobspecError(f'{_place(self.where)}: unknown key "{key}"{hint}')
+                raise JobspecError(f"{_place(self.where)}: unknown key {_quote(key)}{hint}")
 
     def get(self, key: str) -> Any:
         """The raw value, ``None`` when absent; HCL's ``null`` also means "not set"."""
@@ -357,7 +397,7 @@ def _as_int(value: Any) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+    if isinstance(value, str) and len(value) <= _MAX_DIGITS and re.fullmatch(r"[+-]?\d+", value.strip()):
         return int(value)  # HCL converts "3" to 3 where a number is wanted
     return None
 

@@ -2,7 +2,10 @@
 
 Scripts parse drover's stderr, so no command prints a traceback for a failure it expects:
 commands raise :class:`CLIError` (or let SDK and config errors through) and
-:func:`run_handler` turns each into a single line.
+:func:`run_handler` turns each into a single line. Nor for one it does not expect: hostile
+input (a job file of bad UTF-8, nesting deeper than the stack, a 10,000-digit integer) must
+not reach the user as a traceback either, so anything else is one line too, naming the
+exception's type so a bug report still says what broke.
 """
 
 from __future__ import annotations
@@ -42,6 +45,19 @@ def run_handler(handler: Handler, args: argparse.Namespace) -> int:
         return fail(f"{where}{exc.strerror or exc}")
     except KeyboardInterrupt:
         return 130
+    except UnicodeDecodeError as exc:
+        return fail(f"not valid UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}")
+    except RecursionError:
+        return fail("input nested too deeply to read")
+    except Exception as exc:  # the last resort: see the module docstring
+        return fail(f"unexpected {type(exc).__name__}: {_cut(str(exc))}")
+
+
+_MAX_MESSAGE_CHARS = 512
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[:_MAX_MESSAGE_CHARS] + "..."
 
 
 def fail(message: str) -> int:

@@ -230,8 +230,14 @@ def _job_exists(client: DroverClient, job_id: str, namespace: str) -> bool:
 
 def _load_job_file(path: str) -> structs_pb2.Job:
     """Parse and locally validate a job file, so mistakes get a message before any RPC."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CLIError(
+            f"{path}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from exc
     try:
         from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
             JobspecError,
