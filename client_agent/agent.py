@@ -41,7 +41,7 @@ import structlog
 
 from drover.client.allocdiff import LocalAlloc, ServerAlloc, diff_allocs
 from drover.client.clock import Clock, SystemClock
-from drover.client.config import AgentTuning, ClientSettings, EmbeddedSettings
+from drover.client.config import AgentTuning, ClientSettings, EmbeddedSettings, ProcessSettings
 from drover.client.drivers import Driver, default_drivers
 from drover.client.errors import (
     ClientAgentError,
@@ -58,6 +58,7 @@ from drover.client.state import NodeIdentity, StateDB
 from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
 from drover.client.taskstate import AllocStatus
 from drover.common.logs import configure_logging
+from drover.common.tls import TLSError, TLSMaterial
 from drover.v1 import api_pb2, structs_pb2
 
 __all__ = ["AgentTuning", "ClientAgent", "ClientSettings", "run_client", "start_embedded_client"]
@@ -76,6 +77,7 @@ class ClientAgent:
         tuning: AgentTuning | None = None,
         new_id: Callable[[], str] | None = None,
         host_facts: HostFacts | None = None,
+        tls: TLSMaterial | None = None,
     ) -> None:
         if not cfg.servers:
             raise ValueError("the client agent needs at least one server address")
@@ -86,7 +88,7 @@ class ClientAgent:
         self._tuning = tuning or AgentTuning()
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
         self._host_facts = host_facts
-        self._pool = ServerPool(list(cfg.servers))
+        self._pool = ServerPool(list(cfg.servers), tls=tls)
         self._rpc = NodesRpc(self._pool, timeout_s=self._tuning.rpc_timeout_s)
         self._pending = PendingUpdates()
         self._runners_lock = threading.Lock()
@@ -550,8 +552,11 @@ def start_embedded_client(servers: list[str], data_dir: str, node_name: str) -> 
     return agent
 
 
-def run_client(cfg: ClientSettings) -> int:
+def run_client(cfg: ProcessSettings) -> int:
     """The ``drover agent -client`` process: run until SIGINT/SIGTERM; the exit status.
+
+    With ``cfg.tls`` it talks to the servers over TLS (read and checked here, before
+    anything starts).
 
     On a signal the agent stops and leaves its tasks running, as Nomad's client does: a
     restarted agent on the same data_dir re-attaches to them.
@@ -559,6 +564,13 @@ def run_client(cfg: ClientSettings) -> int:
     configure_logging(json=cfg.log_json, level=cfg.log_level)
     if not cfg.servers:
         print("Error: the client agent needs -servers (at least one server address)", flush=True)
+        return 1
+    try:
+        tls = cfg.tls
+        tls_material = tls.load() if tls is not None else None
+    except TLSError as exc:
+        log.error("client.start_failed", error=str(exc))
+        print(f"Error: {exc}", flush=True)
         return 1
     stop = threading.Event()
 
@@ -571,7 +583,7 @@ def run_client(cfg: ClientSettings) -> int:
         signal.signal(signal.SIGTERM, handler)
     except ValueError:
         pass  # not the main thread: the caller owns signals
-    agent = ClientAgent(cfg)
+    agent = ClientAgent(cfg, tls=tls_material)
     try:
         agent.start()
     except (StateError, OSError) as exc:

@@ -6,7 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-__all__ = ["DEFAULT_TTL_NS", "AgentTuning", "ClientSettings", "EmbeddedSettings"]
+from drover.common.tls import TLSFiles
+
+__all__ = ["DEFAULT_TTL_NS", "AgentTuning", "ClientSettings", "EmbeddedSettings", "ProcessSettings"]
 
 DEFAULT_TTL_NS: Final = 10_000_000_000
 
@@ -30,6 +32,13 @@ class ClientSettings(Protocol):
     def log_json(self) -> bool: ...
     @property
     def log_level(self) -> str: ...
+
+
+class ProcessSettings(ClientSettings, Protocol):
+    """What the ``drover agent -client`` process reads on top: how it reaches the servers."""
+
+    @property
+    def tls(self) -> TLSFiles | None: ...
 
 
 @dataclass(frozen=True, slots=True)

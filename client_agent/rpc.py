@@ -7,6 +7,10 @@ every loop owns its own retry policy. Every other status is a ``RequestRejected`
 ``NotFound``, ``Refused``), and the pick stays.
 
 Every call has a deadline: a paused or partitioned server cannot hang a loop.
+
+With ``tls`` every channel is TLS (``drover.common.tls``): the servers' certificates are
+checked against the CA and the server name, and this node presents its own certificate
+when it has one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import grpc
 from drover.client.errors import NotFound, Refused, RequestRejected, ServerUnreachable
 from drover.client.taskstate import AllocStatus
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
+from drover.common.tls import TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
 __all__ = ["NodesRpc", "ServerPool", "alloc_update_message"]
@@ -33,10 +38,11 @@ T = TypeVar("T")
 
 
 class ServerPool:
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], *, tls: TLSMaterial | None = None) -> None:
         if not addresses:
             raise ValueError("at least one server address is required")
         self._addresses = list(dict.fromkeys(addresses))
+        self._tls = tls
         self._lock = threading.Lock()
         self._index = 0
         self._stubs: dict[str, tuple[grpc.Channel, api_pb2_grpc.NodesStub]] = {}
@@ -62,7 +68,7 @@ class ServerPool:
                 raise ServerUnreachable(address, "CANCELLED", "the agent is shutting down")
             entry = self._stubs.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                channel = open_channel(address, self._tls, _CHANNEL_OPTIONS)
                 entry = (channel, api_pb2_grpc.NodesStub(channel))
                 self._stubs[address] = entry
             return entry[1]

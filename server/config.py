@@ -17,6 +17,8 @@ from typing import TypeVar
 import hcl2
 import yaml
 
+from drover.common.tls import TLSError, TLSFiles, tls_files
+
 DEFAULT_GRPC_PORT = 4646
 DEFAULT_RAFT_PORT = 4647
 
@@ -42,6 +44,17 @@ class ServerConfig:
     max_heartbeats_per_second: int = 50
     heartbeat_grace: str = "10s"
     failover_heartbeat_ttl: str = "5m"
+    # TLS on the gRPC port: all three files, or none (plaintext). Config block
+    # ``tls { ca_file cert_file key_file verify_https_client }``.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # Refuse callers without a certificate from tls_ca_file (mTLS).
+    tls_verify_https_client: bool = False
+
+    @property
+    def tls(self) -> TLSFiles | None:
+        return tls_files(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +68,14 @@ class ClientConfig:
     meta: dict[str, str] = field(default_factory=dict)
     log_json: bool = False
     log_level: str = "info"
+    # TLS to the servers: a CA means TLS; cert and key when the servers verify clients.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+    @property
+    def tls(self) -> TLSFiles | None:
+        return tls_files(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +165,26 @@ def _load(
             raise ConfigError(f"missing required key {key!r} (flag -{key.replace('_', '-')} or config file)")
     if "log_level" in merged and merged["log_level"] not in _LOG_LEVELS:
         raise ConfigError(f"key 'log_level': must be one of {', '.join(_LOG_LEVELS)}")
-    return cls(**merged)  # type: ignore[arg-type]
+    config = cls(**merged)  # type: ignore[arg-type]
+    if not isinstance(config, DevConfig):
+        _check_tls(config)
+    return config
+
+
+def _check_tls(config: ServerConfig | ClientConfig) -> None:
+    """Half a TLS setting fails here, at load, naming the flag; the files are read later."""
+    try:
+        files = config.tls
+    except TLSError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not isinstance(config, ServerConfig):
+        return
+    if config.tls_verify_https_client and files is None:
+        raise ConfigError("-tls-verify-client needs -tls-ca-file, -tls-cert-file and -tls-key-file")
+    if files is not None and not files.has_identity:
+        raise ConfigError(
+            "-tls-ca-file on a server needs -tls-cert-file and -tls-key-file: a server presents a certificate"
+        )
 
 
 def _coerce(key: str, raw: object, tp: object, origin: str) -> object:

@@ -19,6 +19,7 @@ import structlog
 
 from drover.common.duration import parse_duration
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.tls import TLSError, TLSMaterial, open_channel
 from drover.scheduler.structs import ServerMember
 from drover.server.clock import Clock, IdSource, SystemClock, UuidIds
 from drover.server.codec import to_proto
@@ -86,6 +87,20 @@ def read_raft_key(cfg: ServerConfig) -> str:
     return secrets.token_urlsafe(32)
 
 
+def read_server_tls(cfg: ServerConfig) -> TLSMaterial | None:
+    """The gRPC port's certificate, checked before anything binds; None for plaintext.
+
+    The same certificate is this server's identity when it forwards a write to the leader,
+    which may verify clients."""
+    files = cfg.tls
+    if files is None:
+        return None
+    try:
+        return files.load()
+    except TLSError as exc:
+        raise StartupError(str(exc)) from exc
+
+
 def heartbeat_config(cfg: ServerConfig) -> HeartbeatConfig:
     def ns(text: str, key: str) -> int:
         try:
@@ -117,6 +132,7 @@ class ServerCore:
         self.clock = clock or SystemClock()
         self.ids = ids or UuidIds()
         password = read_raft_key(cfg)
+        self.tls = read_server_tls(cfg)
         self._lock = DataDirLock(cfg.data_dir)
         try:
             self._lock.acquire()
@@ -164,7 +180,10 @@ class ServerCore:
             grpc=self.grpc_address,
             raft=self.raft_address,
             peers=list(self.cfg.peers),
+            tls=_tls_mode(self.tls, self.cfg),
         )
+        if self.tls is None and not is_loopback(self.cfg.bind):
+            log.warning("server.plaintext_grpc", bind=self.cfg.bind, hint="see -tls-ca-file")
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
@@ -219,7 +238,7 @@ class ServerCore:
         with self._channels_lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
+                channel = open_channel(address, self.tls, MESSAGE_SIZE_OPTIONS)
                 self._channels[address] = channel
             return channel
 
@@ -234,6 +253,12 @@ class ServerCore:
         leader = getattr(self, "leader", None)
         if leader is not None:
             leader.on_leadership_change(is_leader)
+
+
+def _tls_mode(tls: TLSMaterial | None, cfg: ServerConfig) -> str:
+    if tls is None:
+        return "off"
+    return "mtls" if cfg.tls_verify_https_client else "tls"
 
 
 def _ignore(_result: object, _error: int) -> None:

@@ -10,6 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.tls import server_credentials
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
@@ -38,7 +39,13 @@ def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [svc.full_name for svc in api_pb2.DESCRIPTOR.services_by_name.values()]
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(address)
+    if core.tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        # TLS only: a plaintext caller fails the handshake, and with verification so does
+        # one without a certificate from the CA.
+        credentials = server_credentials(core.tls, require_client_cert=core.cfg.tls_verify_https_client)
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"can not bind gRPC to {address}")
     return server, port

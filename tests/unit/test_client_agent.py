@@ -513,6 +513,7 @@ def test_run_client__sigterm__exits_zero_leaving_tasks(tmp_path: Path, server: F
             meta: dict = field(default_factory=dict)
             log_json: bool = True
             log_level: str = "info"
+            tls: None = None
 
         raise SystemExit(run_client(Cfg()))
         """

@@ -36,6 +36,17 @@ def register(top: Subcommands) -> None:
     flag(p, "failover-heartbeat-ttl", metavar="DURATION", help="TTL every node gets from a new leader (5m)")
     flag(p, "log-json", action="store_true", default=None)
     flag(p, "log-level", choices=("debug", "info", "warning", "error"))
+    flag(p, "tls-ca-file", metavar="FILE", help="CA of the cluster's certificates (PEM): gRPC over TLS")
+    flag(p, "tls-cert-file", metavar="FILE", help="this agent's certificate (PEM), signed by the CA")
+    flag(p, "tls-key-file", metavar="FILE", help="the certificate's private key (PEM)")
+    p.add_argument(
+        "-tls-verify-client",
+        "--tls-verify-client",
+        dest="tls_verify_https_client",
+        action="store_true",
+        default=None,
+        help="server: refuse callers without a certificate from the CA (mTLS)",
+    )
 
 
 _AGENT_KEYS: Final = {
@@ -55,6 +66,10 @@ _AGENT_KEYS: Final = {
         "failover_heartbeat_ttl",
         "log_json",
         "log_level",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_verify_https_client",
     ),
     "client": (
         "node_name",
@@ -65,9 +80,14 @@ _AGENT_KEYS: Final = {
         "meta",
         "log_json",
         "log_level",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
     ),
 }
 _ALL_AGENT_KEYS: Final = frozenset(k for keys in _AGENT_KEYS.values() for k in keys)
+# Flags whose spelling is not their config key's (the key keeps Nomad's name).
+_FLAG_SPELLINGS: Final = {"tls_verify_https_client": "tls-verify-client"}
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
@@ -78,7 +98,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         if value is None:
             continue
         if key not in _AGENT_KEYS[mode]:
-            raise CLIError(f"flag -{key.replace('_', '-')} does not apply to agent -{mode}")
+            spelling = _FLAG_SPELLINGS.get(key, key.replace("_", "-"))
+            raise CLIError(f"flag -{spelling} does not apply to agent -{mode}")
         flags[key] = parse_meta(value) if key == "meta" else value
     # Imported here: the agents pull in raft and the drivers, which other commands never need.
     rc: int
