@@ -8,7 +8,11 @@ Retries: ``UNAVAILABLE`` (no leader elected yet, server down, connection refused
 with exponential backoff and jitter until ``retry_deadline``, moving to the next address
 after each failure. Every other status is raised at once. ``DEADLINE_EXCEEDED`` is retried
 for reads only: a write that timed out may still have been applied, and registering a job
-twice would create a second evaluation.
+twice would create a second evaluation. A failed TLS handshake (a server that does not
+speak TLS, or whose certificate does not verify) is raised at once: waiting does not fix it.
+
+TLS: ``DroverClient(addresses, tls=TLSFiles(ca_file=..., cert_file=..., key_file=...))``
+(``drover.common.tls``); the same ``host:port`` addresses, every channel over TLS.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import grpc
 from google.protobuf.message import Message
 
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.tls import TLSFiles, TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
-__all__ = ["DroverClient", "DroverError"]
+__all__ = ["DroverClient", "DroverError", "TLSFiles"]
 
 # A blocking query without wait_ns waits this long on the server (api.proto: QueryOptions).
 DEFAULT_BLOCKING_WAIT_S: Final = 300.0
@@ -69,8 +74,8 @@ class _Stubs:
     operator: api_pb2_grpc.OperatorStub
 
     @classmethod
-    def open(cls, address: str) -> _Stubs:
-        channel = grpc.insecure_channel(address, options=list(MESSAGE_SIZE_OPTIONS))
+    def open(cls, address: str, tls: TLSMaterial | None) -> _Stubs:
+        channel = open_channel(address, tls, MESSAGE_SIZE_OPTIONS)
         return cls(
             address=address,
             channel=channel,
@@ -95,7 +100,8 @@ class DroverClient:
     """Calls drover servers at ``addresses`` ("host:port", a list or a comma-separated string).
 
     ``timeout`` bounds one attempt (a blocking query gets its wait on top); ``retry_deadline``
-    bounds the whole call including retries. Safe to share between threads.
+    bounds the whole call including retries. ``tls``: TLS to every address (see the module
+    docstring). Safe to share between threads.
     """
 
     def __init__(
@@ -104,11 +110,15 @@ class DroverClient:
         *,
         timeout: float = 10.0,
         retry_deadline: float = 30.0,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.addresses = parse_addresses(addresses)
         self.timeout = timeout
         self.retry_deadline = retry_deadline
-        self._stubs = [_Stubs.open(addr) for addr in self.addresses]
+        # Read once, here: a missing or mismatched file is a TLSError (a ValueError) now.
+        tls_material = tls.load() if tls is not None else None
+        self._stubs = [_Stubs.open(addr, tls_material) for addr in self.addresses]
+        self._closed_hint = _CLOSED_HINT_TLS if tls is not None else _CLOSED_HINT_PLAINTEXT
         self._lock = threading.Lock()
         self._current = 0
         self._rng = random.Random()
@@ -375,6 +385,9 @@ class DroverClient:
                 raise DroverError(grpc.StatusCode.CANCELLED, "client is closed")
             return self._stubs[self._current]
 
+    def _hint(self, err: DroverError) -> str:
+        return self._closed_hint if "socket closed" in err.message.lower() else ""
+
     def _rotate(self, failed: _Stubs) -> None:
         with self._lock:
             # Another thread may have moved on already; only advance past the failed one.
@@ -399,7 +412,7 @@ class DroverClient:
                 return method(stubs)(request, timeout=attempt_timeout)
             except grpc.RpcError as exc:
                 err = _translate(exc)
-                if err.code not in retryable:
+                if err.code not in retryable or _is_tls_failure(err):
                     raise err from exc
                 self._rotate(stubs)
                 delay = _backoff(attempt, self._rng)
@@ -408,7 +421,7 @@ class DroverClient:
                     raise DroverError(
                         err.code,
                         f"no server answered after {attempt} attempt(s) in {self.retry_deadline:g}s "
-                        f"({', '.join(self.addresses)}): {err.message}",
+                        f"({', '.join(self.addresses)}): {err.message}{self._hint(err)}",
                     ) from exc
                 time.sleep(delay)
 
@@ -431,6 +444,20 @@ def _backoff(attempt: int, rng: random.Random) -> float:
     clients after a leader loss spread out but never collapse to zero."""
     ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2.0 ** min(attempt, 32))
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+# gRPC's words for a handshake that failed on this side (wrong protocol, a certificate that
+# does not verify or does not name the server). A server refusing this side's certificate
+# only closes the connection ("Socket closed"), which a restarting server does too: retried.
+_TLS_FAILURE_MARKERS: Final = ("handshake failed", "verification check failed")
+# What a closed socket most likely means, with TLS and without.
+_CLOSED_HINT_PLAINTEXT: Final = " (is it serving TLS? a server with TLS closes plaintext connections)"
+_CLOSED_HINT_TLS: Final = " (does it verify clients? it closes connections without a certificate from its CA)"
+
+
+def _is_tls_failure(err: DroverError) -> bool:
+    text = err.message.lower()
+    return err.code == grpc.StatusCode.UNAVAILABLE and any(m in text for m in _TLS_FAILURE_MARKERS)
 
 
 def _translate(exc: grpc.RpcError) -> DroverError:

@@ -14,6 +14,7 @@ from typing import Any, Final, TypeAlias
 
 from drover.cli._errors import CLIError, Handler
 from drover.cli._format import short_id
+from drover.common.tls import CA_ENV, CERT_ENV, KEY_ENV, TLSFiles, files_from_env
 
 __all__ = [
     "ADDRESS_ENV",
@@ -23,6 +24,7 @@ __all__ = [
     "add_command",
     "add_group",
     "address",
+    "client_tls",
     "conn_flags",
     "display_id",
     "flag",
@@ -81,6 +83,10 @@ def conn_flags(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="keep retrying while no server or leader is available for this long",
     )
+    # A CA means TLS to the same addresses; the cert and key when the servers verify clients.
+    flag(p, "ca-cert", metavar="FILE", help=f"CA that signs the servers' certificates (env {CA_ENV})")
+    flag(p, "client-cert", metavar="FILE", help=f"certificate to present to the servers (env {CERT_ENV})")
+    flag(p, "client-key", metavar="FILE", help=f"the client certificate's private key (env {KEY_ENV})")
 
 
 def read_flags(p: argparse.ArgumentParser) -> None:
@@ -120,6 +126,11 @@ def parse_meta(pairs: Sequence[str]) -> dict[str, str]:
 def address(args: argparse.Namespace) -> str:
     given: str | None = args.address
     return given or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+
+
+def client_tls(args: argparse.Namespace) -> TLSFiles | None:
+    """The TLS files from ``-ca-cert``/``-client-cert``/``-client-key`` or the environment."""
+    return files_from_env(os.environ, args.ca_cert, args.client_cert, args.client_key)
 
 
 def is_verbose(args: argparse.Namespace) -> bool:

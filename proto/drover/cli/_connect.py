@@ -11,7 +11,7 @@ from typing import Final, Generic, NoReturn, TypeVar
 
 import grpc
 
-from drover.cli._args import address
+from drover.cli._args import address, client_tls
 from drover.cli._errors import CLIError
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
@@ -27,7 +27,7 @@ T = TypeVar("T")
 def connect(args: argparse.Namespace) -> DroverClient:
     """A client for ``-address`` (or the environment's), retrying for ``-retry-deadline``."""
     try:
-        return DroverClient(address(args), retry_deadline=args.retry_deadline)
+        return DroverClient(address(args), retry_deadline=args.retry_deadline, tls=client_tls(args))
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
 
