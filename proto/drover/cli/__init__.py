@@ -22,6 +22,7 @@ its commands to the parser, and the handlers that run them:
 - ``system``: ``reconcile summaries``.
 - ``operator``: ``raft list-peers|logs|state``, ``snapshot save|restore|inspect``,
   ``state``, ``invariants``.
+- ``tls``: ``ca create``, ``cert create``: a private CA and the cluster's certificates.
 
 Shared, private:
 
