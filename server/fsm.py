@@ -42,6 +42,7 @@ from drover.scheduler.structs import (
     ServerMember,
     TaskState,
 )
+from drover.server.acl.records import TOKEN_MANAGEMENT, TOKEN_TYPES, ACLPolicy, ACLTokenRecord
 from drover.server.codec import from_proto
 from drover.server.snapshot import from_snapshot
 from drover.server.state_store import TABLES, Changes, StateStore, Tables, Txn
@@ -513,6 +514,72 @@ def apply_server_member(txn: Txn, entry: raft_pb2.ServerMemberEntry, index: int)
     return None
 
 
+def _acl_token(txn: Txn, msg: raft_pb2.ACLTokenRecord, index: int) -> ACLTokenRecord:
+    """A token record at this index, checked as the leader should have made it."""
+    _require_id(msg.accessor_id, "ACL token")
+    if not msg.secret_hash:
+        raise EntryRejected(f"ACL token {msg.accessor_id!r} without a secret hash")
+    if msg.type not in TOKEN_TYPES:
+        raise EntryRejected(f"ACL token {msg.accessor_id!r}: unknown type {msg.type!r}")
+    holder = txn.acl_token_by_hash(msg.secret_hash)
+    if holder is not None and holder.accessor_id != msg.accessor_id:
+        raise EntryRejected(f"ACL token {msg.accessor_id!r}: its secret is another token's")
+    token = from_proto(msg, ACLTokenRecord)
+    old = txn.acl_token(token.accessor_id)
+    return replace(
+        token,
+        create_index=old.create_index if old is not None else index,
+        create_time_ns=old.create_time_ns if old is not None else token.create_time_ns,
+        modify_index=index,
+    )
+
+
+def apply_acl_bootstrap(txn: Txn, entry: raft_pb2.ACLBootstrapEntry, index: int) -> Any:
+    """The first management token, once: two bootstraps racing past the leader's check both
+    reach the log, and the second is refused here, on every server alike."""
+    done = txn.acl_bootstrap_index()
+    if done:
+        raise EntryRejected(f"ACL bootstrap already done (reset index: {done})")
+    if entry.token.type != TOKEN_MANAGEMENT:
+        raise EntryRejected("ACL bootstrap: the token must be a management token")
+    txn.put_acl_token(_acl_token(txn, entry.token, index))
+    txn.set_acl_bootstrap_index(index)
+    return None
+
+
+def apply_acl_policy_upsert(txn: Txn, entry: raft_pb2.ACLPolicyUpsertEntry, index: int) -> Any:
+    for msg in entry.policies:
+        _require_id(msg.name, "ACL policy")
+        old = txn.acl_policy(msg.name)
+        policy = from_proto(msg, ACLPolicy)
+        txn.put_acl_policy(
+            replace(policy, create_index=old.create_index if old is not None else index, modify_index=index)
+        )
+    return None
+
+
+def apply_acl_policy_delete(txn: Txn, entry: raft_pb2.ACLPolicyDeleteEntry, index: int) -> Any:
+    for name in entry.names:
+        if txn.acl_policy(name) is None:
+            raise EntryTargetMissing(f"ACL policy {name!r} not found")
+        txn.delete_acl_policy(name)
+    return None
+
+
+def apply_acl_token_upsert(txn: Txn, entry: raft_pb2.ACLTokenUpsertEntry, index: int) -> Any:
+    for msg in entry.tokens:
+        txn.put_acl_token(_acl_token(txn, msg, index))
+    return None
+
+
+def apply_acl_token_delete(txn: Txn, entry: raft_pb2.ACLTokenDeleteEntry, index: int) -> Any:
+    for accessor_id in entry.accessor_ids:
+        if txn.acl_token(accessor_id) is None:
+            raise EntryTargetMissing(f"ACL token {accessor_id!r} not found")
+        txn.delete_acl_token(accessor_id)
+    return None
+
+
 Applier = Callable[[Txn, Any, int], Any]
 
 APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
@@ -534,6 +601,11 @@ APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
     ET.ENTRY_TYPE_PERIODIC_LAUNCH: (raft_pb2.PeriodicLaunchEntry, apply_periodic_launch),
     ET.ENTRY_TYPE_SERVER_MEMBER: (raft_pb2.ServerMemberEntry, apply_server_member),
     ET.ENTRY_TYPE_RECONCILE_SUMMARIES: (raft_pb2.ReconcileSummariesEntry, apply_reconcile_summaries),
+    ET.ENTRY_TYPE_ACL_BOOTSTRAP: (raft_pb2.ACLBootstrapEntry, apply_acl_bootstrap),
+    ET.ENTRY_TYPE_ACL_POLICY_UPSERT: (raft_pb2.ACLPolicyUpsertEntry, apply_acl_policy_upsert),
+    ET.ENTRY_TYPE_ACL_POLICY_DELETE: (raft_pb2.ACLPolicyDeleteEntry, apply_acl_policy_delete),
+    ET.ENTRY_TYPE_ACL_TOKEN_UPSERT: (raft_pb2.ACLTokenUpsertEntry, apply_acl_token_upsert),
+    ET.ENTRY_TYPE_ACL_TOKEN_DELETE: (raft_pb2.ACLTokenDeleteEntry, apply_acl_token_delete),
 }
 
 

@@ -22,6 +22,7 @@ from drover.scheduler.structs import (
     SchedulerConfig,
     ServerMember,
 )
+from drover.server.acl.records import ACLPolicy, ACLTokenRecord
 from drover.server.codec import from_proto, to_proto
 from drover.server.state_store import Tables
 from drover.v1 import raft_pb2, structs_pb2
@@ -51,6 +52,11 @@ def to_snapshot(tables: Tables) -> raft_pb2.StateSnapshot:
     to_proto(tables.scheduler_config, snap.scheduler_config)
     for member in _sorted(tables.servers.values(), key=lambda m: m.name):
         to_proto(member, snap.servers.add())
+    for policy in _sorted(tables.acl_policies.values(), key=lambda p: p.name):
+        to_proto(policy, snap.acl_policies.add())
+    for token in _sorted(tables.acl_tokens.values(), key=lambda t: t.accessor_id):
+        to_proto(token, snap.acl_tokens.add())
+    snap.acl_bootstrap_index = tables.acl_bootstrap_index
     snap.table_index.update(dict(tables.table_index.items()))
     return snap
 
@@ -81,6 +87,8 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         (p.namespace, p.job_id): p for p in (from_proto(m, PeriodicLaunch) for m in snap.periodic_launches)
     }
     servers = {s.name: s for s in (from_proto(m, ServerMember) for m in snap.servers)}
+    policies = {p.name: p for p in (from_proto(m, ACLPolicy) for m in snap.acl_policies)}
+    tokens = {t.accessor_id: t for t in (from_proto(m, ACLTokenRecord) for m in snap.acl_tokens)}
     config = (
         from_proto(snap.scheduler_config, SchedulerConfig)
         if snap.HasField("scheduler_config")
@@ -105,6 +113,10 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         periodic_launches=immutables.Map(launches),
         scheduler_config=config,
         servers=immutables.Map(servers),
+        acl_policies=immutables.Map(policies),
+        acl_tokens=immutables.Map(tokens),
+        acl_tokens_by_hash=immutables.Map({t.secret_hash: t.accessor_id for t in tokens.values()}),
+        acl_bootstrap_index=snap.acl_bootstrap_index,
         table_index=immutables.Map(dict(snap.table_index)),
     )
 

@@ -50,6 +50,7 @@ from drover.scheduler.structs import (
     ServerMember,
     TaskGroupSummary,
 )
+from drover.server.acl.records import ACLPolicy, ACLTokenRecord
 
 JobKey = tuple[str, str]  # (namespace, job id)
 K = TypeVar("K")
@@ -65,6 +66,8 @@ TABLES: Final = (
     "periodic_launches",
     "scheduler_config",
     "servers",
+    "acl_policies",
+    "acl_tokens",
 )
 
 # Nomad keeps this many versions of a job (JobTrackedVersions).
@@ -103,6 +106,13 @@ class Tables:
     periodic_launches: immutables.Map[JobKey, PeriodicLaunch] = _EMPTY
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     servers: immutables.Map[str, ServerMember] = _EMPTY
+    # ACLs (server/acl/): policies by name, tokens by accessor ID, and the one way a presented
+    # secret finds its token: by its hash (no table holds a secret).
+    acl_policies: immutables.Map[str, ACLPolicy] = _EMPTY
+    acl_tokens: immutables.Map[str, ACLTokenRecord] = _EMPTY
+    acl_tokens_by_hash: immutables.Map[str, str] = _EMPTY
+    # The raft index of the ACL bootstrap; 0 until it happens (it happens once).
+    acl_bootstrap_index: int = 0
     table_index: immutables.Map[str, int] = _EMPTY
 
 
@@ -210,6 +220,27 @@ class Snapshot:
 
     def servers(self) -> Iterator[ServerMember]:
         return iter(self._t.servers.values())
+
+    # ACLs
+    def acl_policy(self, name: str) -> ACLPolicy | None:
+        return self._t.acl_policies.get(name)
+
+    def acl_policies(self) -> Iterator[ACLPolicy]:
+        return iter(self._t.acl_policies.values())
+
+    def acl_token(self, accessor_id: str) -> ACLTokenRecord | None:
+        return self._t.acl_tokens.get(accessor_id)
+
+    def acl_tokens(self) -> Iterator[ACLTokenRecord]:
+        return iter(self._t.acl_tokens.values())
+
+    def acl_token_by_hash(self, secret_hash: str) -> ACLTokenRecord | None:
+        accessor = self._t.acl_tokens_by_hash.get(secret_hash)
+        return self._t.acl_tokens.get(accessor) if accessor is not None else None
+
+    @property
+    def acl_bootstrap_index(self) -> int:
+        return self._t.acl_bootstrap_index
 
 
 @dataclass(slots=True)
@@ -732,6 +763,53 @@ class Txn:
     def put_server(self, member: ServerMember) -> None:
         self._m("servers")[member.name] = member
         self._touch("servers")
+
+    # -- ACLs --------------------------------------------------------------------------
+    def acl_policy(self, name: str) -> ACLPolicy | None:
+        return self._m("acl_policies").get(name)  # type: ignore[no-any-return]
+
+    def acl_token(self, accessor_id: str) -> ACLTokenRecord | None:
+        return self._m("acl_tokens").get(accessor_id)  # type: ignore[no-any-return]
+
+    def acl_token_by_hash(self, secret_hash: str) -> ACLTokenRecord | None:
+        accessor = self._m("acl_tokens_by_hash").get(secret_hash)
+        return self.acl_token(accessor) if accessor is not None else None
+
+    def acl_bootstrap_index(self) -> int:
+        return self._scalars.get("acl_bootstrap_index", self.base.acl_bootstrap_index)  # type: ignore[no-any-return]
+
+    def put_acl_policy(self, policy: ACLPolicy) -> None:
+        self._m("acl_policies")[policy.name] = policy
+        self._touch("acl_policies")
+
+    def delete_acl_policy(self, name: str) -> None:
+        table = self._m("acl_policies")
+        if name in table:
+            del table[name]
+            self._touch("acl_policies")
+
+    def put_acl_token(self, token: ACLTokenRecord) -> None:
+        """Store ``token`` and index it by its secret's hash (its old hash, if the secret
+        changed, stops finding it in the same transaction)."""
+        old = self.acl_token(token.accessor_id)
+        by_hash = self._m("acl_tokens_by_hash")
+        if old is not None and old.secret_hash != token.secret_hash:
+            del by_hash[old.secret_hash]
+        self._m("acl_tokens")[token.accessor_id] = token
+        by_hash[token.secret_hash] = token.accessor_id
+        self._touch("acl_tokens")
+
+    def delete_acl_token(self, accessor_id: str) -> None:
+        old = self.acl_token(accessor_id)
+        if old is None:
+            return
+        del self._m("acl_tokens")[accessor_id]
+        del self._m("acl_tokens_by_hash")[old.secret_hash]
+        self._touch("acl_tokens")
+
+    def set_acl_bootstrap_index(self, index: int) -> None:
+        self._scalars["acl_bootstrap_index"] = index
+        self._touch("acl_tokens")
 
     # -- commit ------------------------------------------------------------------------
     def _job_status(self, key: JobKey, job: Job) -> str:
