@@ -12,7 +12,7 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import hcl2
 import yaml
@@ -44,6 +44,9 @@ class ServerConfig:
     max_heartbeats_per_second: int = 50
     heartbeat_grace: str = "10s"
     failover_heartbeat_ttl: str = "5m"
+    # ACLs (server/acl/): every API call needs a token that allows it. Config block
+    # ``acl { enabled = true }``; flag -acl-enabled.
+    acl_enabled: bool = False
     # TLS on the gRPC port: all three files, or none (plaintext). Config block
     # ``tls { ca_file cert_file key_file verify_https_client }``.
     tls_ca_file: str = ""
@@ -154,6 +157,8 @@ def _load(
     # Flags come last so they override the file; None means "flag not given".
     sources.append(("flags", {k: v for k, v in flags.items() if v is not None}))
     for origin, values in sources:
+        if origin != "flags":
+            values = _flatten_blocks(values, origin, names)
         for key, raw in values.items():
             if key not in hints and origin == "flags":
                 raise ConfigError(f"flag -{key.replace('_', '-')} does not apply to this agent (key {key!r})")
@@ -185,6 +190,34 @@ def _check_tls(config: ServerConfig | ClientConfig) -> None:
         raise ConfigError(
             "-tls-ca-file on a server needs -tls-cert-file and -tls-key-file: a server presents a certificate"
         )
+
+
+# Config-file blocks whose keys are fields named "<block>_<key>": ``acl { enabled = true }``
+# is ``acl_enabled``, as Nomad's agent config nests them. A flag sets the field directly.
+_BLOCKS: Final = ("acl", "tls")
+
+
+def _flatten_blocks(values: Mapping[str, object], origin: str, names: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, raw in values.items():
+        if key not in _BLOCKS:
+            out[key] = raw
+            continue
+        # HCL gives a list of one mapping per block; YAML and JSON a mapping.
+        bodies = raw if isinstance(raw, list) else [raw]
+        if len(bodies) != 1 or not isinstance(bodies[0], dict):
+            raise ConfigError(
+                f"{origin}: key {key!r}: expected one {key} {{ ... }} block, got {_describe(raw)}"
+            )
+        for inner, value in bodies[0].items():
+            field_name = f"{key}_{inner}"
+            if field_name not in names:
+                known = [n.removeprefix(f"{key}_") for n in names if n.startswith(f"{key}_")]
+                raise ConfigError(f"{origin}: unknown key '{key}.{inner}'{_suggest(str(inner), known)}")
+            if field_name in values or field_name in out:
+                raise ConfigError(f"{origin}: key {key}.{inner} is given twice")
+            out[field_name] = value
+    return out
 
 
 def _coerce(key: str, raw: object, tp: object, origin: str) -> object:

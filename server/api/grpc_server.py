@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection
 
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import server_credentials
+from drover.server.api.acl import ACLServicer
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
@@ -34,11 +35,16 @@ def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     api_pb2_grpc.add_EvalsServicer_to_server(EvalsServicer(core), server)
     api_pb2_grpc.add_AllocsServicer_to_server(AllocsServicer(core), server)
     api_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(core), server)
+    api_pb2_grpc.add_ACLServicer_to_server(ACLServicer(core), server)
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [svc.full_name for svc in api_pb2.DESCRIPTOR.services_by_name.values()]
-    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    # Health stays open with ACLs on: it says SERVING and nothing else (load balancers and
+    # probes hold no token). Reflection describes the API to anyone who asks and checks no
+    # token, so with ACLs on it is off (use proto/drover/v1/*.proto).
+    if not core.cfg.acl_enabled:
+        names = [svc.full_name for svc in api_pb2.DESCRIPTOR.services_by_name.values()]
+        reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     if core.tls is None:
         port = server.add_insecure_port(address)
     else:

@@ -35,6 +35,13 @@ def register(top: Subcommands) -> None:
     flag(p, "heartbeat-grace", metavar="DURATION", help="extra wait before a node is marked down (10s)")
     flag(p, "failover-heartbeat-ttl", metavar="DURATION", help="TTL every node gets from a new leader (5m)")
     flag(p, "log-json", action="store_true", default=None)
+    flag(
+        p,
+        "acl-enabled",
+        action="store_true",
+        default=None,
+        help="server: every API call needs an ACL token that allows it (config: acl { enabled = true })",
+    )
     flag(p, "log-level", choices=("debug", "info", "warning", "error"))
     flag(p, "tls-ca-file", metavar="FILE", help="CA of the cluster's certificates (PEM): gRPC over TLS")
     flag(p, "tls-cert-file", metavar="FILE", help="this agent's certificate (PEM), signed by the CA")
@@ -64,6 +71,7 @@ _AGENT_KEYS: Final = {
         "max_heartbeats_per_second",
         "heartbeat_grace",
         "failover_heartbeat_ttl",
+        "acl_enabled",
         "log_json",
         "log_level",
         "tls_ca_file",
