@@ -65,17 +65,21 @@ from typing import Any, TypeVar
 
 import grpc
 
+from drover.common import certs
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
+from drover.common.tls import CA_ENV, CERT_ENV, KEY_ENV, TLSFiles, TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc
 
 __all__ = [
     "ClusterError",
     "ClusterRecord",
+    "ClusterTLS",
     "LocalCluster",
     "ProcessRecord",
     "ServerSpec",
     "client_argv",
     "main",
+    "make_cluster_tls",
     "make_server_specs",
     "peer_addresses",
     "pick_free_ports",
@@ -245,15 +249,74 @@ def client_argv(
     ]
 
 
-def query_state_digest(address: str, timeout: float = RPC_TIMEOUT) -> api_pb2.StateDigestResponse | None:
+def query_state_digest(
+    address: str, timeout: float = RPC_TIMEOUT, tls: TLSMaterial | None = None
+) -> api_pb2.StateDigestResponse | None:
     """One server's own StateDigest answer, or None if it does not answer in time."""
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         try:
             return api_pb2_grpc.OperatorStub(channel).StateDigest(
                 api_pb2.StateDigestRequest(), timeout=timeout
             )
         except grpc.RpcError:
             return None
+
+
+# --- TLS -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTLS:
+    """A cluster's own CA and one certificate per role, as ``drover tls`` would write them."""
+
+    dir: Path
+
+    @property
+    def ca_file(self) -> Path:
+        return self.dir / certs.CA_FILE
+
+    def pair(self, role: certs.Role) -> tuple[Path, Path]:
+        cert, key = certs.cert_file_names(role)
+        return self.dir / cert, self.dir / key
+
+    def agent_args(self, role: certs.Role, *, verify_clients: bool = False) -> list[str]:
+        cert, key = self.pair(role)
+        args = ["-tls-ca-file", str(self.ca_file), "-tls-cert-file", str(cert), "-tls-key-file", str(key)]
+        return [*args, "-tls-verify-client"] if verify_clients else args
+
+    @property
+    def cli_files(self) -> TLSFiles:
+        """What an SDK or CLI caller presents: ``DroverClient(..., tls=cluster.tls.cli_files)``."""
+        cert, key = self.pair("cli")
+        return TLSFiles(str(self.ca_file), str(cert), str(key))
+
+    @property
+    def cli_env(self) -> dict[str, str]:
+        """The same for a ``drover`` subprocess: DROVER_CACERT and the client pair."""
+        files = self.cli_files
+        return {CA_ENV: files.ca_file, CERT_ENV: files.cert_file, KEY_ENV: files.key_file}
+
+    def _all_files(self) -> list[Path]:
+        return [self.ca_file, self.dir / certs.CA_KEY_FILE, *(f for r in certs.ROLES for f in self.pair(r))]
+
+
+def make_cluster_tls(directory: Path) -> ClusterTLS:
+    """The CA and server, client and CLI certificates in ``directory``: the ones already
+    there when all are, else a fresh set (a half set could mix two CAs)."""
+    tls = ClusterTLS(Path(directory))
+    files = tls._all_files()
+    if all(f.exists() for f in files):
+        return tls
+    tls.dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(tls.dir, 0o700)
+    for f in files:
+        f.unlink(missing_ok=True)
+    ca = certs.create_ca()
+    certs.write_pair(ca, str(tls.ca_file), str(tls.dir / certs.CA_KEY_FILE))
+    for role in certs.ROLES:
+        cert, key = tls.pair(role)
+        certs.write_pair(certs.create_cert(ca, role), str(cert), str(key))
+    return tls
 
 
 # --- cluster.json -------------------------------------------------------------------------
@@ -308,8 +371,14 @@ class ClusterRecord:
     base_dir: str
     servers: tuple[ProcessRecord, ...]
     clients: tuple[ProcessRecord, ...] = ()
+    # Set when the cluster serves TLS: its ClusterTLS directory.
+    tls_dir: str = ""
 
     VERSION = 1
+
+    @property
+    def tls(self) -> ClusterTLS | None:
+        return ClusterTLS(Path(self.tls_dir)) if self.tls_dir else None
 
     @property
     def grpc_addresses(self) -> list[str]:
@@ -322,6 +391,7 @@ class ClusterRecord:
                 "base_dir": self.base_dir,
                 "servers": [s.to_dict() for s in self.servers],
                 "clients": [c.to_dict() for c in self.clients],
+                "tls_dir": self.tls_dir,
             },
             indent=2,
         )
@@ -335,6 +405,7 @@ class ClusterRecord:
             base_dir=str(data["base_dir"]),
             servers=tuple(ProcessRecord.from_dict(s) for s in data["servers"]),
             clients=tuple(ProcessRecord.from_dict(c) for c in data.get("clients", [])),
+            tls_dir=str(data.get("tls_dir", "")),
         )
 
     def save(self, path: Path) -> None:
@@ -499,12 +570,13 @@ class _Channels:
 
     by_index: dict[int, grpc.Channel] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    tls: TLSMaterial | None = None
 
     def get(self, index: int, address: str) -> grpc.Channel:
         with self.lock:
             channel = self.by_index.get(index)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                channel = open_channel(address, self.tls, _CHANNEL_OPTIONS)
                 self.by_index[index] = channel
             return channel
 
@@ -526,7 +598,11 @@ class LocalCluster:
     """``servers`` server agents (and ``clients`` client agents) as real local processes.
 
     ``extra_args`` are appended to every server's command line, ``client_extra_args`` to
-    every client's; ``env`` is merged over this process's environment. Methods taking ``i``
+    every client's; ``env`` is merged over this process's environment. ``tls`` (True, or a
+    directory) makes every port TLS with a CA and certificates of the cluster's own
+    (:func:`make_cluster_tls`, in ``<base_dir>/tls`` for True); the servers verify callers
+    unless ``verify_clients`` is False; ``cluster.tls.cli_files`` is what a test's SDK client
+    presents. Methods taking ``i``
     address servers by 0-based index; the ``*_client`` ones address clients. Usable from
     several threads (a live checker polling while the test kills servers), but start, kill,
     restart and stop belong to one thread.
@@ -542,6 +618,8 @@ class LocalCluster:
         *,
         client_extra_args: Sequence[str] = (),
         agent_module: str = AGENT_MODULE,
+        tls: bool | Path = False,
+        verify_clients: bool = True,
     ) -> None:
         if servers < 1 or clients < 0:
             raise ValueError(f"need servers >= 1 and clients >= 0, got {servers} and {clients}")
@@ -557,6 +635,9 @@ class LocalCluster:
         self._clients: list[_Member] = []
         self._channels = _Channels()
         self._started = False
+        tls_dir = self.base_dir / "tls" if tls is True else Path(tls) if tls else None
+        self.tls: ClusterTLS | None = ClusterTLS(tls_dir.resolve()) if tls_dir is not None else None
+        self._verify_clients = verify_clients
         self._raft_key_file: Path | None = None
 
     # --- lifecycle --------------------------------------------------------------------
@@ -570,6 +651,14 @@ class LocalCluster:
         # Servers with peers refuse to start unkeyed; a test that brings its own key says so.
         if self._n_servers > 1 and "-raft-key-file" not in self._extra_args:
             self._raft_key_file = write_raft_key(self.base_dir / RAFT_KEY_FILE)
+        if self.tls is not None:
+            self.tls = make_cluster_tls(self.tls.dir)
+            self._channels.tls = self.tls.cli_files.load()
+            self._extra_args = (
+                *self.tls.agent_args("server", verify_clients=self._verify_clients),
+                *self._extra_args,
+            )
+            self._client_extra_args = (*self.tls.agent_args("client"), *self._client_extra_args)
         specs = make_server_specs(self._n_servers)
         grpc_addresses = [spec.grpc_address for spec in specs]
         for i, spec in enumerate(specs):
@@ -745,6 +834,7 @@ class LocalCluster:
             base_dir=str(self.base_dir),
             servers=tuple(rec(m) for m in self._servers),
             clients=tuple(rec(m) for m in self._clients),
+            tls_dir=str(self.tls.dir) if self.tls is not None else "",
         )
 
     # --- asking the servers -----------------------------------------------------------
@@ -986,7 +1076,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
     for name in [f"s{i + 1}" for i in range(args.servers)] + [f"c{j + 1}" for j in range(args.clients)]:
         shutil.rmtree(base / name, ignore_errors=True)
         (base / f"{name}.log").unlink(missing_ok=True)
-    cluster = LocalCluster(base, servers=args.servers, clients=args.clients)
+    cluster = LocalCluster(base, servers=args.servers, clients=args.clients, tls=args.tls)
     try:
         cluster.start()
         # Recorded before waiting, so an interrupted start can still be stopped.
@@ -1008,7 +1098,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         )
     for client in record.clients:
         print(f"{client.name}  pid {client.pid}  log {client.log}")
-    print(f"export DROVER_ADDR={','.join(record.grpc_addresses)}")
+    _print_exports(record)
     print(f"stop it with: make cluster-stop  (or: python deploy/cluster.py stop --dir {args.dir})")
     return 0
 
@@ -1039,15 +1129,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
             healthy = False
             print(f"{server.name}  {server.grpc_address}  down")
             continue
-        answer = query_state_digest(server.grpc_address)
+        answer = _digest_asker(record)(server.grpc_address)
         healthy = healthy and answer is not None
         state = _describe_answer(answer) if answer is not None else "running, not answering"
         print(f"{server.name}  {server.grpc_address}  pid {server.pid}  {state}")
     for client in record.clients:
         state = f"pid {client.pid}" if _is_recorded_agent(client) else "down"
         print(f"{client.name}  {state}")
-    print(f"export DROVER_ADDR={','.join(record.grpc_addresses)}")
+    _print_exports(record)
     return 0 if healthy else 1
+
+
+def _print_exports(record: ClusterRecord) -> None:
+    """What a shell needs to reach the cluster (``eval "$(... | grep ^export)"``)."""
+    print(f"export DROVER_ADDR={','.join(record.grpc_addresses)}")
+    if record.tls is not None:
+        for name, value in record.tls.cli_env.items():
+            print(f"export {name}={shlex.quote(value)}")
+
+
+def _digest_asker(record: ClusterRecord) -> Callable[[str], api_pb2.StateDigestResponse | None]:
+    tls = record.tls.cli_files.load() if record.tls is not None else None
+    return lambda address: query_state_digest(address, tls=tls)
 
 
 def recorded_leader(
@@ -1076,7 +1179,8 @@ def _cmd_kill_leader(args: argparse.Namespace) -> int:
         return 1
     record = ClusterRecord.load(state_path)
     try:
-        found = wait_for(lambda: recorded_leader(record), args.timeout, message="exactly one leader")
+        ask = _digest_asker(record)
+        found = wait_for(lambda: recorded_leader(record, ask), args.timeout, message="exactly one leader")
     except TimeoutError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -1106,6 +1210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start.add_argument("--clients", type=int, default=0)
     start.add_argument("--dir", default=".cluster", help="data dirs, logs and cluster.json")
     start.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a leader")
+    start.add_argument(
+        "--tls", action="store_true", help="mTLS on every gRPC port, with a CA and certificates in <dir>/tls"
+    )
     stop = sub.add_parser("stop", help="stop the agents recorded in <dir>/cluster.json")
     stop.add_argument("--dir", default=".cluster")
     stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT, help="seconds before SIGKILL")

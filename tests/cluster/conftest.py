@@ -16,7 +16,8 @@ def wait_settled(cluster: LocalCluster, timeout: float = 60) -> None:
     cluster.wait_for_leader(timeout=timeout)
 
     def announced() -> bool:
-        with DroverClient(cluster.grpc_addresses, retry_deadline=5) as client:
+        tls = cluster.tls.cli_files if cluster.tls is not None else None
+        with DroverClient(cluster.grpc_addresses, retry_deadline=5, tls=tls) as client:
             peers = client.raft_peers().peers
         return len(peers) == len(cluster.server_names) and all(p.grpc_address for p in peers)
 
