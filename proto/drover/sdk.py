@@ -13,6 +13,9 @@ speak TLS, or whose certificate does not verify) is raised at once: waiting does
 
 TLS: ``DroverClient(addresses, tls=TLSFiles(ca_file=..., cert_file=..., key_file=...))``
 (``drover.common.tls``); the same ``host:port`` addresses, every channel over TLS.
+
+ACLs: ``DroverClient(addresses, token=SECRET)`` sends the token with every call; a call the
+token does not allow fails with ``PERMISSION_DENIED`` (never retried).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
 __all__ = ["DroverClient", "DroverError", "TLSFiles"]
 
+# The gRPC metadata key of the ACL token (server/acl/resolve.py reads the same key).
+TOKEN_METADATA_KEY: Final = "x-drover-token"
 # A blocking query without wait_ns waits this long on the server (api.proto: QueryOptions).
 DEFAULT_BLOCKING_WAIT_S: Final = 300.0
 MAX_BLOCKING_WAIT_S: Final = 600.0
@@ -72,6 +77,7 @@ class _Stubs:
     evals: api_pb2_grpc.EvalsStub
     allocs: api_pb2_grpc.AllocsStub
     operator: api_pb2_grpc.OperatorStub
+    acl: api_pb2_grpc.ACLStub
 
     @classmethod
     def open(cls, address: str, tls: TLSMaterial | None) -> _Stubs:
@@ -84,6 +90,7 @@ class _Stubs:
             evals=api_pb2_grpc.EvalsStub(channel),
             allocs=api_pb2_grpc.AllocsStub(channel),
             operator=api_pb2_grpc.OperatorStub(channel),
+            acl=api_pb2_grpc.ACLStub(channel),
         )
 
 
@@ -101,7 +108,8 @@ class DroverClient:
 
     ``timeout`` bounds one attempt (a blocking query gets its wait on top); ``retry_deadline``
     bounds the whole call including retries. ``tls``: TLS to every address (see the module
-    docstring). Safe to share between threads.
+    docstring). ``token``: the ACL token secret sent with every call (metadata
+    ``x-drover-token``), for servers with ACLs on. Safe to share between threads.
     """
 
     def __init__(
@@ -111,10 +119,12 @@ class DroverClient:
         timeout: float = 10.0,
         retry_deadline: float = 30.0,
         tls: TLSFiles | None = None,
+        token: str | None = None,
     ) -> None:
         self.addresses = parse_addresses(addresses)
         self.timeout = timeout
         self.retry_deadline = retry_deadline
+        self._metadata: tuple[tuple[str, str], ...] = ((TOKEN_METADATA_KEY, token),) if token else ()
         # Read once, here: a missing or mismatched file is a TLSError (a ValueError) now.
         tls_material = tls.load() if tls is not None else None
         self._stubs = [_Stubs.open(addr, tls_material) for addr in self.addresses]
@@ -286,7 +296,7 @@ class DroverClient:
         :class:`DroverError`) the caller re-opens the watch from the last index it saw."""
         opts = _options(stale, min_index, 0)
         req = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=secret_id, options=opts)
-        stream = self._pick().nodes.WatchClientAllocs(req)
+        stream = self._pick().nodes.WatchClientAllocs(req, metadata=self._metadata)
         try:
             yield from stream
         except grpc.RpcError as exc:
@@ -377,6 +387,60 @@ class DroverClient:
         to check every server, use one single-address client per server."""
         return self._call(lambda s: s.operator.Invariants, api_pb2.InvariantsRequest())
 
+    # -- ACL ----------------------------------------------------------------------------
+
+    def acl_bootstrap(self, *, bootstrap_secret: str = "") -> api_pb2.ACLBootstrapResponse:
+        """The first management token (its ``secret_id`` is in the answer, and only there).
+        Works once per cluster; after that it fails with FAILED_PRECONDITION."""
+        req = api_pb2.ACLBootstrapRequest(bootstrap_secret=bootstrap_secret)
+        return self._call(lambda s: s.acl.Bootstrap, req, write=True)
+
+    def acl_upsert_policy(
+        self, name: str, rules: str, *, description: str = ""
+    ) -> api_pb2.ACLPolicyUpsertResponse:
+        req = api_pb2.ACLPolicyUpsertRequest(name=name, description=description, rules=rules)
+        return self._call(lambda s: s.acl.UpsertPolicy, req, write=True)
+
+    def acl_delete_policy(self, name: str) -> api_pb2.ACLPolicyDeleteResponse:
+        req = api_pb2.ACLPolicyDeleteRequest(name=name)
+        return self._call(lambda s: s.acl.DeletePolicy, req, write=True)
+
+    def acl_list_policies(self, *, prefix: str = "", stale: bool = False) -> api_pb2.ACLPolicyListResponse:
+        opts = _options(stale, 0, 0)
+        req = api_pb2.ACLPolicyListRequest(prefix=prefix, options=opts)
+        return self._call(lambda s: s.acl.ListPolicies, req, options=opts)
+
+    def acl_get_policy(self, name: str, *, stale: bool = False) -> api_pb2.ACLPolicyGetResponse:
+        opts = _options(stale, 0, 0)
+        req = api_pb2.ACLPolicyGetRequest(name=name, options=opts)
+        return self._call(lambda s: s.acl.GetPolicy, req, options=opts)
+
+    def acl_create_token(
+        self, *, name: str = "", token_type: str = "client", policies: Sequence[str] = ()
+    ) -> api_pb2.ACLTokenCreateResponse:
+        """A new token; its ``secret_id`` is in the answer, and only there."""
+        req = api_pb2.ACLTokenCreateRequest(name=name, type=token_type, policies=list(policies))
+        return self._call(lambda s: s.acl.CreateToken, req, write=True)
+
+    def acl_delete_token(self, accessor_id: str) -> api_pb2.ACLTokenDeleteResponse:
+        req = api_pb2.ACLTokenDeleteRequest(accessor_id=accessor_id)
+        return self._call(lambda s: s.acl.DeleteToken, req, write=True)
+
+    def acl_list_tokens(self, *, prefix: str = "", stale: bool = False) -> api_pb2.ACLTokenListResponse:
+        opts = _options(stale, 0, 0)
+        req = api_pb2.ACLTokenListRequest(prefix=prefix, options=opts)
+        return self._call(lambda s: s.acl.ListTokens, req, options=opts)
+
+    def acl_get_token(self, accessor_id: str, *, stale: bool = False) -> api_pb2.ACLTokenGetResponse:
+        opts = _options(stale, 0, 0)
+        req = api_pb2.ACLTokenGetRequest(accessor_id=accessor_id, options=opts)
+        return self._call(lambda s: s.acl.GetToken, req, options=opts)
+
+    def acl_token_self(self, *, stale: bool = False) -> api_pb2.ACLTokenSelfResponse:
+        """The token this client sends."""
+        opts = _options(stale, 0, 0)
+        return self._call(lambda s: s.acl.TokenSelf, api_pb2.ACLTokenSelfRequest(options=opts), options=opts)
+
     # -- the retry loop -----------------------------------------------------------------
 
     def _pick(self) -> _Stubs:
@@ -409,7 +473,7 @@ class DroverClient:
         while True:
             stubs = self._pick()
             try:
-                return method(stubs)(request, timeout=attempt_timeout)
+                return method(stubs)(request, timeout=attempt_timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
                 err = _translate(exc)
                 if err.code not in retryable or _is_tls_failure(err):

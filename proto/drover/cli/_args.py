@@ -20,7 +20,9 @@ __all__ = [
     "ADDRESS_ENV",
     "DEFAULT_ADDRESS",
     "DEFAULT_MONITOR_TIMEOUT_S",
+    "TOKEN_ENV",
     "Subcommands",
+    "acl_token",
     "add_command",
     "add_group",
     "address",
@@ -36,6 +38,7 @@ __all__ = [
 
 DEFAULT_ADDRESS: Final = "127.0.0.1:4646"
 ADDRESS_ENV: Final = "DROVER_ADDR"
+TOKEN_ENV: Final = "DROVER_TOKEN"
 DEFAULT_MONITOR_TIMEOUT_S: Final = 60.0
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -83,6 +86,7 @@ def conn_flags(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="keep retrying while no server or leader is available for this long",
     )
+    flag(p, "token", metavar="SECRET", help=f"ACL token secret, for servers with ACLs on (env {TOKEN_ENV})")
     # A CA means TLS to the same addresses; the cert and key when the servers verify clients.
     flag(p, "ca-cert", metavar="FILE", help=f"CA that signs the servers' certificates (env {CA_ENV})")
     flag(p, "client-cert", metavar="FILE", help=f"certificate to present to the servers (env {CERT_ENV})")
@@ -131,6 +135,12 @@ def address(args: argparse.Namespace) -> str:
 def client_tls(args: argparse.Namespace) -> TLSFiles | None:
     """The TLS files from ``-ca-cert``/``-client-cert``/``-client-key`` or the environment."""
     return files_from_env(os.environ, args.ca_cert, args.client_cert, args.client_key)
+
+
+def acl_token(args: argparse.Namespace) -> str | None:
+    """The ACL token from ``-token`` or the environment; None for none."""
+    given: str | None = getattr(args, "token", None)
+    return given or os.environ.get(TOKEN_ENV) or None
 
 
 def is_verbose(args: argparse.Namespace) -> bool:

@@ -11,12 +11,12 @@ from typing import Final, Generic, NoReturn, TypeVar
 
 import grpc
 
-from drover.cli._args import address, client_tls
+from drover.cli._args import acl_token, address, client_tls
 from drover.cli._errors import CLIError
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 
-__all__ = ["ALLOCS", "EVALS", "UUID_LEN", "RecordKind", "connect", "find", "no_unique_match"]
+__all__ = ["ALLOCS", "EVALS", "UUID_LEN", "RecordKind", "connect", "connect_to", "find", "no_unique_match"]
 
 # A reference this long is a whole ID, never a prefix.
 UUID_LEN: Final = 36
@@ -26,8 +26,16 @@ T = TypeVar("T")
 
 def connect(args: argparse.Namespace) -> DroverClient:
     """A client for ``-address`` (or the environment's), retrying for ``-retry-deadline``."""
+    return connect_to(args, address(args))
+
+
+def connect_to(args: argparse.Namespace, addresses: str) -> DroverClient:
+    """A client for ``addresses`` with every other connection flag (TLS, ACL token) of ``args``:
+    the one place the CLI builds a client, so no command can forget one."""
     try:
-        return DroverClient(address(args), retry_deadline=args.retry_deadline, tls=client_tls(args))
+        return DroverClient(
+            addresses, retry_deadline=args.retry_deadline, tls=client_tls(args), token=acl_token(args)
+        )
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
 

@@ -12,7 +12,7 @@ from typing import Final, TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from drover.cli._args import Subcommands, add_command, add_group, address, conn_flags, flag, read_flags
-from drover.cli._connect import connect
+from drover.cli._connect import connect, connect_to
 from drover.cli._errors import CLIError, fail
 from drover.cli._format import print_json, print_kv, print_table
 from drover.sdk import DroverClient, DroverError, parse_addresses
@@ -302,7 +302,7 @@ def _ask_each(
     does not answer gets an error in its row instead of failing the whole command."""
     answers: list[tuple[str, _Answer | DroverError]] = []
     for addr in addresses:
-        with DroverClient(addr, retry_deadline=args.retry_deadline) as client:
+        with connect_to(args, addr) as client:
             try:
                 answers.append((addr, ask(client)))
             except DroverError as exc:
