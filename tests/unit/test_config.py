@@ -218,3 +218,90 @@ def test_bad_file_is_one_line_error(tmp_path: Path, name: str, text: str, match:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="No such file"):
         load_server_config({}, str(tmp_path / "nope.hcl"))
+
+
+# ---------------------------------------------------------------------------------------
+# TLS: the ``tls`` block, its flags, and half settings refused at load
+
+TLS_HCL = """
+node_name = "s1"
+data_dir  = "/d"
+tls {
+  ca_file             = "/etc/drover/ca.pem"
+  cert_file           = "/etc/drover/server.pem"
+  key_file            = "/etc/drover/server-key.pem"
+  verify_https_client = true
+}
+"""
+
+TLS_YAML = """
+node_name: s1
+data_dir: /d
+tls:
+  ca_file: /etc/drover/ca.pem
+  cert_file: /etc/drover/server.pem
+  key_file: /etc/drover/server-key.pem
+  verify_https_client: true
+"""
+
+
+@pytest.mark.parametrize(("name", "text"), [("s.hcl", TLS_HCL), ("s.yaml", TLS_YAML)], ids=["hcl", "yaml"])
+def test_server__tls_block(tmp_path: Path, name: str, text: str) -> None:
+    cfg = load_server_config({}, write(tmp_path, name, text))
+    assert (cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_verify_https_client) == (
+        "/etc/drover/ca.pem",
+        "/etc/drover/server.pem",
+        "/etc/drover/server-key.pem",
+        True,
+    )
+    assert cfg.tls is not None and cfg.tls.has_identity
+
+
+def test_server__tls_flags_override_block(tmp_path: Path) -> None:
+    cfg = load_server_config({"tls_ca_file": "/other/ca.pem"}, write(tmp_path, "s.hcl", TLS_HCL))
+    assert cfg.tls_ca_file == "/other/ca.pem" and cfg.tls_cert_file == "/etc/drover/server.pem"
+
+
+def test_server__no_tls__plaintext() -> None:
+    assert load_server_config({"node_name": "s1", "data_dir": "/d"}, None).tls is None
+
+
+def test_tls_block__unknown_key_named(tmp_path: Path) -> None:
+    text = 'node_name = "s1"\ndata_dir = "/d"\ntls {\n  ca_fil = "x"\n}\n'
+    with pytest.raises(ConfigError, match=r"unknown key 'tls\.ca_fil' \(did you mean 'ca_file'\?\)"):
+        load_server_config({}, write(tmp_path, "s.hcl", text))
+
+
+def test_client__tls_block_without_verify(tmp_path: Path) -> None:
+    text = 'node_name = "c1"\ndata_dir = "/d"\ntls {\n  ca_file = "/ca.pem"\n}\n'
+    cfg = load_client_config({}, write(tmp_path, "c.hcl", text))
+    assert cfg.tls is not None and cfg.tls.ca_file == "/ca.pem" and not cfg.tls.has_identity
+
+
+def test_client__verify_https_client__does_not_apply(tmp_path: Path) -> None:
+    text = (
+        'node_name = "c1"\ndata_dir = "/d"\ntls {\n  ca_file = "/ca.pem"\n  verify_https_client = true\n}\n'
+    )
+    with pytest.raises(ConfigError, match=r"unknown key 'tls\.verify_https_client'"):
+        load_client_config({}, write(tmp_path, "c.hcl", text))
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        ({"tls_ca_file": "ca", "tls_cert_file": "c"}, "-tls-cert-file was given without -tls-key-file"),
+        ({"tls_cert_file": "c", "tls_key_file": "k"}, "-tls-cert-file was given without -tls-ca-file"),
+        ({"tls_ca_file": "ca"}, "a server presents a certificate"),
+        ({"tls_verify_https_client": True}, "-tls-verify-client needs -tls-ca-file"),
+    ],
+    ids=["cert-without-key", "cert-without-ca", "server-without-identity", "verify-without-tls"],
+)
+def test_server__half_a_tls_setting__one_line_naming_the_flags(flags: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        load_server_config({"node_name": "s1", "data_dir": "/d", **flags}, None)
+    assert "\n" not in str(info.value)
+
+
+def test_client__ca_only_is_enough() -> None:
+    cfg = load_client_config({"node_name": "c1", "data_dir": "/d", "tls_ca_file": "ca"}, None)
+    assert cfg.tls is not None and not cfg.tls.has_identity
