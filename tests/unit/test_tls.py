@@ -29,6 +29,7 @@ from drover.common.tls import (
     server_credentials,
     tls_files,
 )
+from drover.sdk import DroverClient, DroverError
 
 CA = certs.create_ca()
 OTHER_CA = certs.create_ca()
@@ -250,3 +251,51 @@ def test_handshake__a_client_certificate_cannot_pose_as_a_server() -> None:
 def test_handshake__server_from_another_ca__refused() -> None:
     with _health_server(SERVER, verify=False) as address:
         assert _check(address, _material(OTHER_CA, None)) == grpc.StatusCode.UNAVAILABLE
+
+
+# --- the SDK: which TLS failures are retried ------------------------------------------------
+
+
+@contextmanager
+def _plaintext_server() -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+def _write_ca(tmp_path: Path) -> str:
+    path = tmp_path / "ca.pem"
+    path.write_bytes(CA.cert)
+    return str(path)
+
+
+def test_sdk__tls_to_a_plaintext_server__raised_at_the_first_attempt(tmp_path: Path) -> None:
+    with (
+        _plaintext_server() as address,
+        DroverClient(address, retry_deadline=60, tls=TLSFiles(_write_ca(tmp_path))) as client,
+        pytest.raises(DroverError) as err,
+    ):
+        client.list_jobs()
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "handshake failed" in err.value.message.lower()
+    assert "no server answered after" not in err.value.message  # not retried
+
+
+def test_sdk__plaintext_to_a_tls_server__retried_then_says_it_may_be_tls() -> None:
+    with (
+        _health_server(SERVER, verify=False) as address,
+        DroverClient(address, retry_deadline=0.3) as client,
+        pytest.raises(DroverError) as err,
+    ):
+        client.list_jobs()
+    assert err.value.message.startswith("no server answered after")
+    assert "is it serving TLS?" in err.value.message
+
+
+def test_sdk__missing_ca_file__value_error_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"ca_file .*nope\.pem: No such file"):
+        DroverClient("127.0.0.1:1", tls=TLSFiles(str(tmp_path / "nope.pem")))
