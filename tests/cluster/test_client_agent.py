@@ -42,6 +42,19 @@ def _exactly(allocs: list[structs_pb2.Allocation], n: int) -> list[structs_pb2.A
     return allocs if len(allocs) == n else None
 
 
+def _two_web_allocs_running(
+    client: DroverClient, cluster: LocalCluster, when: str = ""
+) -> list[structs_pb2.Allocation]:
+    allocs = wait_for(
+        lambda: _exactly(_running(client, "web"), 2),
+        60,
+        0.2,
+        lambda: f"two running allocs{when}\n" + cluster.logs_tail(),
+    )
+    assert allocs is not None
+    return allocs
+
+
 def test_client_agent__registers_and_runs_a_mock_service(one_of_each: LocalCluster) -> None:
     cluster = one_of_each
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
@@ -54,14 +67,7 @@ def test_client_agent__registers_and_runs_a_mock_service(one_of_each: LocalClust
         assert not node.secret_id  # readers never see it
 
         client.register_job(service_job("web", count=2))
-        allocs = wait_for(
-            lambda: _exactly(_running(client, "web"), 2),
-            60,
-            0.2,
-            lambda: "two running allocs\n" + cluster.logs_tail(),
-        )
-        assert allocs is not None
-        for a in allocs:
+        for a in _two_web_allocs_running(client, cluster):
             assert a.node_id == node.id
             state = a.task_states["server"]
             assert state.state == "running" and state.started_at_ns > 0
@@ -73,14 +79,7 @@ def test_client_agent__restarted_agent_keeps_the_same_allocs_running(one_of_each
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
         wait_for(lambda: _ready_node(client, "c1"), 60, 0.2, lambda: "c1 ready\n" + cluster.logs_tail())
         client.register_job(service_job("web", count=2))
-        before = wait_for(
-            lambda: _exactly(_running(client, "web"), 2),
-            60,
-            0.2,
-            lambda: "two running allocs\n" + cluster.logs_tail(),
-        )
-        assert before is not None
-        ids = sorted(a.id for a in before)
+        ids = sorted(a.id for a in _two_web_allocs_running(client, cluster))
 
         assert cluster.stop_client(0) == 0  # SIGTERM: the agent leaves its tasks running
         cluster.restart_client(0)
@@ -90,13 +89,7 @@ def test_client_agent__restarted_agent_keeps_the_same_allocs_running(one_of_each
             0.2,
             lambda: "the restarted agent registering\n" + cluster.logs_tail(),
         )
-        after = wait_for(
-            lambda: _exactly(_running(client, "web"), 2),
-            60,
-            0.2,
-            lambda: "two running allocs after the restart\n" + cluster.logs_tail(),
-        )
-        assert after is not None
+        after = _two_web_allocs_running(client, cluster, " after the restart")
         assert sorted(a.id for a in after) == ids
         for a in after:
             events = [e.type for e in a.task_states["server"].events]

@@ -75,6 +75,17 @@ job "{job_id}" {{
 """
 
 
+def _constant_delay(attempts: int, *, interval: str, delay: str) -> str:
+    """A limited reschedule block: ``attempts`` within ``interval``, each ``delay`` after the failure."""
+    return f"""reschedule {{
+      attempts       = {attempts}
+      interval       = "{interval}"
+      delay          = "{delay}"
+      delay_function = "constant"
+      unlimited      = false
+    }}"""
+
+
 def _cli(cluster: LocalCluster, *args: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "drover.cli", *args],
@@ -96,6 +107,24 @@ def _ready_nodes(client: DroverClient, n: int) -> list[structs_pb2.Node] | None:
     return nodes if len(nodes) >= n else None
 
 
+def _run_job(
+    cluster: LocalCluster,
+    client: DroverClient,
+    tmp_path: Path,
+    job_id: str,
+    script: str,
+    reschedule: str,
+    *,
+    nodes: int = 2,
+    job_type: str = "service",
+) -> None:
+    """Once ``nodes`` clients are ready, ``drover job run`` the job whose one task runs ``script``."""
+    wait_for(
+        lambda: _ready_nodes(client, nodes), 60, 0.2, lambda: f"{nodes} ready nodes\n" + cluster.logs_tail()
+    )
+    _run(cluster, _job_file(tmp_path, job_id, _service(job_id, script, reschedule, job_type=job_type)))
+
+
 def _allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:
     """The job's allocs, full records, oldest first."""
     listed = client.list_allocs(job_id=job_id).allocs
@@ -107,6 +136,17 @@ def _failed(client: DroverClient, job_id: str, n: int) -> list[structs_pb2.Alloc
     allocs = _allocs(client, job_id)
     failed = [a for a in allocs if a.client_status == "failed"]
     return allocs if len(failed) >= n else None
+
+
+def _wait_failed(
+    cluster: LocalCluster, client: DroverClient, job_id: str, n: int, timeout_s: float, what: str
+) -> list[structs_pb2.Allocation]:
+    """The job's allocs once ``n`` of them failed."""
+    allocs = wait_for(
+        lambda: _failed(client, job_id, n), timeout_s, 0.3, lambda: f"{what}\n" + cluster.logs_tail()
+    )
+    assert allocs is not None
+    return allocs
 
 
 def _settled(client: DroverClient, job_id: str) -> bool:
@@ -141,20 +181,10 @@ def test_reschedule__attempts_within_interval_then_left_failed(
     two_clients: LocalCluster, tmp_path: Path
 ) -> None:
     cluster = two_clients
-    policy = """reschedule {
-      attempts       = 2
-      interval       = "10m"
-      delay          = "2s"
-      delay_function = "constant"
-      unlimited      = false
-    }"""
+    policy = _constant_delay(2, interval="10m", delay="2s")
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
-        _run(cluster, _job_file(tmp_path, "crash", _service("crash", "exit 1", policy)))
-        allocs = wait_for(
-            lambda: _failed(client, "crash", 3), 90, 0.3, lambda: "3 failed allocs\n" + cluster.logs_tail()
-        )
-        assert allocs is not None
+        _run_job(cluster, client, tmp_path, "crash", "exit 1", policy)
+        allocs = _wait_failed(cluster, client, "crash", 3, 90, "3 failed allocs")
         wait_for(lambda: _settled(client, "crash"), 60, 0.3, "the job's evaluations to settle")
         allocs = _allocs(client, "crash")
         assert len(allocs) == 3, [(a.id, a.client_status) for a in allocs]
@@ -182,12 +212,8 @@ def test_reschedule__unlimited_goes_on_with_growing_delays(two_clients: LocalClu
       max_delay      = "1m"
     }"""
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
-        _run(cluster, _job_file(tmp_path, "flappy", _service("flappy", "exit 3", policy)))
-        allocs = wait_for(
-            lambda: _failed(client, "flappy", 4), 120, 0.3, lambda: "4 failed allocs\n" + cluster.logs_tail()
-        )
-        assert allocs is not None
+        _run_job(cluster, client, tmp_path, "flappy", "exit 3", policy)
+        allocs = _wait_failed(cluster, client, "flappy", 4, 120, "4 failed allocs")
         chain = [a for a in allocs if a.client_status == "failed"][:4]
         _check_chain(chain)
         gaps = _gaps(chain)
@@ -207,16 +233,9 @@ def test_reschedule__fails_on_one_node_runs_on_the_other(two_clients: LocalClust
         f'if [ -z \\"$first\\" ]; then echo $NOMAD_NODE_NAME > {marker}; exit 1; fi; '
         f'[ \\"$first\\" = \\"$DROVER_NODE_NAME\\" ] && exit 1; exec sleep 600'
     )
-    policy = """reschedule {
-      attempts       = 1
-      interval       = "1h"
-      delay          = "1s"
-      delay_function = "constant"
-      unlimited      = false
-    }"""
+    policy = _constant_delay(1, interval="1h", delay="1s")
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
-        _run(cluster, _job_file(tmp_path, "picky", _service("picky", script, policy)))
+        _run_job(cluster, client, tmp_path, "picky", script, policy)
 
         def moved_and_running() -> list[structs_pb2.Allocation] | None:
             allocs = _allocs(client, "picky")
@@ -236,12 +255,8 @@ def test_reschedule__batch_job_uses_the_batch_defaults(two_clients: LocalCluster
     """No reschedule block on a batch job: one more attempt within 24 h, after 5 s."""
     cluster = two_clients
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
-        _run(cluster, _job_file(tmp_path, "report", _service("report", "exit 2", "", job_type="batch")))
-        allocs = wait_for(
-            lambda: _failed(client, "report", 2), 90, 0.3, lambda: "2 failed allocs\n" + cluster.logs_tail()
-        )
-        assert allocs is not None
+        _run_job(cluster, client, tmp_path, "report", "exit 2", "", job_type="batch")
+        allocs = _wait_failed(cluster, client, "report", 2, 90, "2 failed allocs")
         wait_for(lambda: _settled(client, "report"), 60, 0.3, "the job's evaluations to settle")
         allocs = _allocs(client, "report")
         assert len(allocs) == 2 and all(a.client_status == "failed" for a in allocs)
@@ -255,18 +270,11 @@ def test_reschedule__batch_job_uses_the_batch_defaults(two_clients: LocalCluster
 def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None:
     """The leader dies while the replacement waits for its delay: the next leader rebuilds
     the delayed evaluation from the replicated state and reschedules on time."""
-    policy = """reschedule {
-      attempts       = 1
-      interval       = "1h"
-      delay          = "12s"
-      delay_function = "constant"
-      unlimited      = false
-    }"""
+    policy = _constant_delay(1, interval="1h", delay="12s")
     with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
         cluster.wait_for_leader(60)
         with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-            wait_for(lambda: _ready_nodes(client, 1), 60, 0.2, lambda: "1 node\n" + cluster.logs_tail())
-            _run(cluster, _job_file(tmp_path, "phoenix", _service("phoenix", "exit 1", policy)))
+            _run_job(cluster, client, tmp_path, "phoenix", "exit 1", policy, nodes=1)
 
             def delayed_eval() -> structs_pb2.Evaluation | None:
                 evals = client.list_evals(job_id="phoenix").evals
@@ -290,13 +298,7 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             )
             leader = cluster.leader_index()
             cluster.kill(leader)
-            allocs = wait_for(
-                lambda: _failed(client, "phoenix", 2),
-                90,
-                0.3,
-                lambda: "the replacement\n" + cluster.logs_tail(),
-            )
-            assert allocs is not None
+            allocs = _wait_failed(cluster, client, "phoenix", 2, 90, "the replacement")
             replacement = allocs[1]
             assert replacement.previous_allocation == failed.id
             assert replacement.create_time_ns >= waiting.wait_until_ns - WINDOW_NS
@@ -314,9 +316,8 @@ def test_reschedule__zero_attempts_never_reschedules(two_clients: LocalCluster, 
       unlimited = false
     }"""
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        wait_for(lambda: _ready_nodes(client, 2), 60, 0.2, lambda: "2 nodes\n" + cluster.logs_tail())
-        _run(cluster, _job_file(tmp_path, "once", _service("once", "exit 1", policy)))
-        wait_for(lambda: _failed(client, "once", 1), 60, 0.3, lambda: "the failure\n" + cluster.logs_tail())
+        _run_job(cluster, client, tmp_path, "once", "exit 1", policy)
+        _wait_failed(cluster, client, "once", 1, 60, "the failure")
         wait_for(lambda: _settled(client, "once"), 60, 0.3, "the job's evaluations to settle")
         (alloc,) = _allocs(client, "once")
         assert alloc.client_status == "failed" and not alloc.followup_eval_id
