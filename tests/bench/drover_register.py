@@ -120,7 +120,7 @@ def _one_run(
     label = f"c{run.concurrency}-{run.via}-{time.monotonic_ns()}"
     sequence = itertools.count()
     profile: contextlib.AbstractContextManager[dict[str, Any]] = (
-        recording(leader_pid, warmup + duration, profile_path)
+        recording(leader_pid, profile_path, seconds=warmup + duration)
         if profile_path is not None
         else contextlib.nullcontext({})
     )

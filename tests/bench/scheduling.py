@@ -44,9 +44,7 @@ import os
 import pickle
 import random
 import re
-import signal
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -54,7 +52,7 @@ import traceback
 import tracemalloc
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -85,7 +83,7 @@ from drover.server.plan_apply import RejectionTracker, evaluate_plan
 from drover.server.state_store import Snapshot, StateStore, Txn
 from drover.v1 import raft_pb2, structs_pb2
 from tests.bench._procs import MAX_SECONDS_ENV, PARENT_PID_ENV, BenchError
-from tests.bench._pyspy import py_spy_path, python_thread_names, thread_role
+from tests.bench._pyspy import cpu_percent_by_role, python_thread_names, raw_stacks, recording
 from tests.bench._stats import CpuProbe, wait_quiet
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node
@@ -612,43 +610,11 @@ class _Timeline:
         return None if value is None else self.t0 + value
 
 
-@contextlib.contextmanager
-def _py_spy(pid: int, out: Path) -> Iterator[dict[str, Any]]:
+def _py_spy(pid: int, out: Path) -> contextlib.AbstractContextManager[dict[str, Any]]:
     """py-spy record (GIL holder, all threads, raw stacks) of ``pid`` until the block ends."""
-    info: dict[str, Any] = {}
-    exe = py_spy_path()
-    if exe is None:
-        info["error"] = "py-spy not installed"
-        yield info
-        return
-    argv = [exe, "record", "--pid", str(pid), "--rate", str(PY_SPY_RATE), "--gil", "--threads"]
-    argv += ["--format", "raw", "--output", str(out)]
-    with open(out.with_suffix(".log"), "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    time.sleep(0.5)  # attached before the work starts
-    started = time.perf_counter()
-    try:
-        yield info
-    finally:
-        # SIGINT: py-spy stops sampling and writes what it has.
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    seconds = time.perf_counter() - started
-    if out.exists():
-        info.update(file=str(out), **summarize_spy(out, seconds, PY_SPY_RATE))
-    else:
-        info["error"] = f"py-spy wrote nothing (exit {proc.returncode}), see {out.with_suffix('.log')}"
-
-
-def _frame(frame: str) -> str:
-    """``func (path/to/file.py:123)`` -> ``func (file.py)``: a function's lines together."""
-    name, _, where = frame.partition(" (")
-    return f"{name} ({Path(where.rsplit(':', 1)[0]).name})" if where else name
+    return recording(
+        pid, out, rate=PY_SPY_RATE, summarize=lambda raw, seconds: summarize_spy(raw, seconds, PY_SPY_RATE)
+    )
 
 
 def summarize_spy(raw: Path, seconds: float, rate: int, top: int = 12) -> dict[str, Any]:
@@ -660,14 +626,7 @@ def summarize_spy(raw: Path, seconds: float, rate: int, top: int = 12) -> dict[s
     total = 0
     threads: dict[str, dict[str, Counter[str]]] = {}
     samples: Counter[str] = Counter()
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
-        role = thread_role(frames[0].partition(": ")[2], "?")
-        names = [_frame(f) for f in frames[1:]]
+    for role, names, count in raw_stacks(raw):
         total += count
         samples[role] += count
         per = threads.setdefault(role, {"own": Counter(), "inclusive": Counter()})
@@ -790,11 +749,12 @@ def _run_on_cluster(
         response = client.register_job(job)
         timeline.mark("register_returned")
         out["eval_id"] = response.eval_id
-        placed = _poll_placement(cfg, scenario, poller, follower_pollers, response.eval_id, timeline, out)
+        watch = _PlacementWatch(cfg, scenario, poller, follower_pollers, response.eval_id, timeline, out)
+        placed = watch.until_placed()
         all_in = timeline.at("all_allocs_on_leader")
         cpu = probe.stop(all_in if all_in is not None else time.perf_counter())
         # The eval's own write and the followers: waited for, reported, outside the figure.
-        _poll_after(cfg, scenario, poller, follower_pollers, response.eval_id, timeline, out)
+        watch.until_settled()
         spies.close()
         time.sleep(cfg.settle_s)
         end_t = time.perf_counter()
@@ -870,19 +830,14 @@ def threads_by_role(
     thread_percent: Mapping[int, tuple[str, float]], names: Mapping[int, str], allocs: int, seconds: float
 ) -> dict[str, dict[str, float]]:
     """The leader's CPU over the placement window by thread role, and CPU us per alloc."""
-    by_role: dict[str, float] = {}
-    for tid, (kernel_name, percent) in thread_percent.items():
-        role = thread_role(names.get(tid), kernel_name)
-        by_role[role] = by_role.get(role, 0.0) + percent
     out: dict[str, dict[str, float]] = {}
-    for role, percent in sorted(by_role.items(), key=lambda item: -item[1]):
-        if percent >= 0.5:
-            cpu_s = percent / 100.0 * seconds
-            out[role] = {
-                "cpu_percent": round(percent, 1),
-                "cpu_s": round(cpu_s, 3),
-                "cpu_us_per_alloc": round(cpu_s / max(allocs, 1) * 1e6, 1),
-            }
+    for role, percent in cpu_percent_by_role(thread_percent, names).items():
+        cpu_s = percent / 100.0 * seconds
+        out[role] = {
+            "cpu_percent": round(percent, 1),
+            "cpu_s": round(cpu_s, 3),
+            "cpu_us_per_alloc": round(cpu_s / max(allocs, 1) * 1e6, 1),
+        }
     return out
 
 
@@ -972,92 +927,87 @@ def _log_events(text: str) -> dict[str, Any]:
     return out
 
 
-def _poll_placement(
-    cfg: SchedulingConfig,
-    scenario: Scenario,
-    poller: _Poller,
-    followers: Mapping[str, _Poller],
-    eval_id: str,
-    timeline: _Timeline,
-    out: dict[str, Any],
-) -> int:
-    """Poll the job summary on the leader until it counts every alloc (or time runs out)."""
-    expected = scenario.expected_allocs
-    deadline = time.monotonic() + cfg.placement_timeout_s
-    placed = 0
-    last_change = time.monotonic()
-    eval_done_at: float | None = None
-    progress: list[tuple[float, int]] = []
-    while time.monotonic() < deadline:
-        response = poller.call(lambda c: c.job_summary(scenario.job_id))
-        now = time.perf_counter()
-        count = placed if response is None else _summary_placed(response.summary)
-        if count != placed:
-            placed, last_change = count, time.monotonic()
-            progress.append((round(now - timeline.t0, 3), count))
-        if count > 0:
-            timeline.mark("first_alloc_on_leader", now)
-        if count >= expected:
-            timeline.mark("all_allocs_on_leader", now)
-            break
-        ev = poller.call(lambda c: c.get_eval(eval_id))
-        status = ev.eval.status if ev is not None else EVAL_STATUS_PENDING
-        if status != EVAL_STATUS_PENDING:
-            timeline.mark(f"eval_{status}")
-        if status in ("complete", "failed", "canceled", "blocked"):
-            eval_done_at = eval_done_at or time.monotonic()
-            if time.monotonic() - max(eval_done_at, last_change) > STALL_AFTER_EVAL_S:
-                out["error"] = f"eval {status} with {count} of {expected} allocs placed"
+@dataclass(frozen=True, slots=True)
+class _PlacementWatch:
+    """What the polls of one measured placement look at and write to."""
+
+    cfg: SchedulingConfig
+    scenario: Scenario
+    poller: _Poller  # the leader
+    followers: Mapping[str, _Poller]
+    eval_id: str
+    timeline: _Timeline
+    out: dict[str, Any]
+
+    def until_placed(self) -> int:
+        """Poll the job summary on the leader until it counts every alloc (or time runs out)."""
+        expected = self.scenario.expected_allocs
+        deadline = time.monotonic() + self.cfg.placement_timeout_s
+        placed = 0
+        last_change = time.monotonic()
+        eval_done_at: float | None = None
+        progress: list[tuple[float, int]] = []
+        while time.monotonic() < deadline:
+            response = self.poller.call(lambda c: c.job_summary(self.scenario.job_id))
+            now = time.perf_counter()
+            count = placed if response is None else _summary_placed(response.summary)
+            if count != placed:
+                placed, last_change = count, time.monotonic()
+                progress.append((round(now - self.timeline.t0, 3), count))
+            if count > 0:
+                self.timeline.mark("first_alloc_on_leader", now)
+            if count >= expected:
+                self.timeline.mark("all_allocs_on_leader", now)
                 break
-        _follower_marks(followers, scenario, timeline)
-        time.sleep(POLL_S)
-    out["placement_progress"] = progress[:50]
-    return placed
+            ev = self.poller.call(lambda c: c.get_eval(self.eval_id))
+            status = ev.eval.status if ev is not None else EVAL_STATUS_PENDING
+            if status != EVAL_STATUS_PENDING:
+                self.timeline.mark(f"eval_{status}")
+            if status in ("complete", "failed", "canceled", "blocked"):
+                eval_done_at = eval_done_at or time.monotonic()
+                if time.monotonic() - max(eval_done_at, last_change) > STALL_AFTER_EVAL_S:
+                    self.out["error"] = f"eval {status} with {count} of {expected} allocs placed"
+                    break
+            self.followers_marked()
+            time.sleep(POLL_S)
+        self.out["placement_progress"] = progress[:50]
+        return placed
 
+    def followers_marked(self) -> bool:
+        """Mark each follower that serves every alloc (a stale read: its own state). All done?"""
+        done = True
+        for name, fp in self.followers.items():
+            key = f"all_allocs_on_{name}"
+            if key in self.timeline.marks:
+                continue
+            response = fp.call(lambda c: c.job_summary(self.scenario.job_id, stale=True))
+            count = 0 if response is None else _summary_placed(response.summary)
+            if count > 0:
+                self.timeline.mark(f"first_alloc_on_{name}")
+            if count >= self.scenario.expected_allocs:
+                self.timeline.mark(key)
+            else:
+                done = False
+        return done
 
-def _follower_marks(followers: Mapping[str, _Poller], scenario: Scenario, timeline: _Timeline) -> bool:
-    """Mark each follower that serves every alloc (a stale read: its own state). All done?"""
-    done = True
-    for name, fp in followers.items():
-        key = f"all_allocs_on_{name}"
-        if key in timeline.marks:
-            continue
-        response = fp.call(lambda c: c.job_summary(scenario.job_id, stale=True))
-        count = 0 if response is None else _summary_placed(response.summary)
-        if count > 0:
-            timeline.mark(f"first_alloc_on_{name}")
-        if count >= scenario.expected_allocs:
-            timeline.mark(key)
-        else:
-            done = False
-    return done
-
-
-def _poll_after(
-    cfg: SchedulingConfig,
-    scenario: Scenario,
-    poller: _Poller,
-    followers: Mapping[str, _Poller],
-    eval_id: str,
-    timeline: _Timeline,
-    out: dict[str, Any],
-) -> None:
-    eval_deadline = time.monotonic() + EVAL_WAIT_S
-    follower_deadline = time.monotonic() + cfg.follower_timeout_s
-    eval_status = ""
-    while True:
-        now = time.monotonic()
-        if now < eval_deadline and eval_status in ("", EVAL_STATUS_PENDING):
-            ev = poller.call(lambda c: c.get_eval(eval_id))
-            eval_status = ev.eval.status if ev is not None else ""
-            if eval_status not in ("", EVAL_STATUS_PENDING):
-                timeline.mark(f"eval_{eval_status}")
-        followers_done = now >= follower_deadline or _follower_marks(followers, scenario, timeline)
-        eval_settled = now >= eval_deadline or eval_status not in ("", EVAL_STATUS_PENDING)
-        if followers_done and eval_settled:
-            break
-        time.sleep(POLL_S)
-    out["eval_status"] = eval_status
+    def until_settled(self) -> None:
+        """After the placement: the eval's own write and the followers catching up."""
+        eval_deadline = time.monotonic() + EVAL_WAIT_S
+        follower_deadline = time.monotonic() + self.cfg.follower_timeout_s
+        eval_status = ""
+        while True:
+            now = time.monotonic()
+            if now < eval_deadline and eval_status in ("", EVAL_STATUS_PENDING):
+                ev = self.poller.call(lambda c: c.get_eval(self.eval_id))
+                eval_status = ev.eval.status if ev is not None else ""
+                if eval_status not in ("", EVAL_STATUS_PENDING):
+                    self.timeline.mark(f"eval_{eval_status}")
+            followers_done = now >= follower_deadline or self.followers_marked()
+            eval_settled = now >= eval_deadline or eval_status not in ("", EVAL_STATUS_PENDING)
+            if followers_done and eval_settled:
+                break
+            time.sleep(POLL_S)
+        self.out["eval_status"] = eval_status
 
 
 def _rss_report(sampler: Sampler, name: str, t0: float, t_end: float, allocs: int) -> dict[str, Any]:
