@@ -57,6 +57,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ import grpc
 from drover.common import certs
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
 from drover.common.tls import CA_ENV, CERT_ENV, KEY_ENV, TLSFiles, TLSMaterial, open_channel
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, api_pb2_grpc
 
 __all__ = [
@@ -602,7 +604,9 @@ class LocalCluster:
     directory) makes every port TLS with a CA and certificates of the cluster's own
     (:func:`make_cluster_tls`, in ``<base_dir>/tls`` for True); the servers verify callers
     unless ``verify_clients`` is False; ``cluster.tls.cli_files`` is what a test's SDK client
-    presents. Methods taking ``i``
+    presents. ``acl`` starts the servers with ``-acl-enabled``; ``start`` then also waits
+    for a leader and bootstraps, and ``cluster.management_token`` is the management secret
+    (the launcher's own digest polls send it). Methods taking ``i``
     address servers by 0-based index; the ``*_client`` ones address clients. Usable from
     several threads (a live checker polling while the test kills servers), but start, kill,
     restart and stop belong to one thread.
@@ -620,6 +624,7 @@ class LocalCluster:
         agent_module: str = AGENT_MODULE,
         tls: bool | Path = False,
         verify_clients: bool = True,
+        acl: bool = False,
     ) -> None:
         if servers < 1 or clients < 0:
             raise ValueError(f"need servers >= 1 and clients >= 0, got {servers} and {clients}")
@@ -635,10 +640,14 @@ class LocalCluster:
         self._clients: list[_Member] = []
         self._channels = _Channels()
         self._started = False
+        self._raft_key_file: Path | None = None
         tls_dir = self.base_dir / "tls" if tls is True else Path(tls) if tls else None
         self.tls: ClusterTLS | None = ClusterTLS(tls_dir.resolve()) if tls_dir is not None else None
         self._verify_clients = verify_clients
-        self._raft_key_file: Path | None = None
+        self._acl = acl
+        # Chosen here and handed to ACL.Bootstrap, so a bootstrap retried after a lost answer
+        # can still tell that its own secret is the cluster's management token.
+        self.management_token: str | None = str(uuid.uuid4()) if acl else None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -659,6 +668,8 @@ class LocalCluster:
                 *self._extra_args,
             )
             self._client_extra_args = (*self.tls.agent_args("client"), *self._client_extra_args)
+        if self._acl and "-acl-enabled" not in self._extra_args:
+            self._extra_args = (*self._extra_args, "-acl-enabled")
         specs = make_server_specs(self._n_servers)
         grpc_addresses = [spec.grpc_address for spec in specs]
         for i, spec in enumerate(specs):
@@ -680,9 +691,26 @@ class LocalCluster:
         try:
             for member in self._members():
                 self._spawn(member)
+            if self._acl:
+                self._bootstrap_acl()
         except BaseException:
             self.stop_all()
             raise
+
+    def _bootstrap_acl(self, timeout: float = 60.0) -> None:
+        """ACL.Bootstrap with ``management_token`` as the secret, once a leader answers."""
+        tls = self.tls.cli_files if self.tls is not None else None
+        with DroverClient(self.grpc_addresses, retry_deadline=timeout, tls=tls) as client:
+            try:
+                client.acl_bootstrap(bootstrap_secret=self.management_token or "")
+            except DroverError as exc:
+                if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise ClusterError(f"ACL bootstrap failed: {exc}\n{self.logs_tail()}") from exc
+                # Done already: by our own earlier attempt if our secret works, else not ours.
+                with DroverClient(
+                    self.grpc_addresses, retry_deadline=timeout, tls=tls, token=self.management_token
+                ) as check:
+                    check.acl_token_self()
 
     def __enter__(self) -> LocalCluster:
         if not self._started:
@@ -844,9 +872,10 @@ class LocalCluster:
         if not self.is_alive(i):
             return None
         channel = self._channels.get(i, self._spec(i).grpc_address)
+        metadata = (("x-drover-token", self.management_token),) if self.management_token else None
         try:
             return api_pb2_grpc.OperatorStub(channel).StateDigest(
-                api_pb2.StateDigestRequest(), timeout=timeout
+                api_pb2.StateDigestRequest(), timeout=timeout, metadata=metadata
             )
         except grpc.RpcError:
             return None
