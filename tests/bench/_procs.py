@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Final
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -180,3 +181,17 @@ def start_watchdog(on_expiry: Callable[[], None] | None = None) -> None:
         os._exit(3)
 
     threading.Thread(target=watch, name="bench-watchdog", daemon=True).start()
+
+
+def child_stop_event() -> threading.Event:
+    """In a child, first thing: an event SIGTERM or SIGINT sets (the parent asking it to wind
+    down), and the watchdog (:func:`start_watchdog`) for a parent that never gets to ask."""
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    start_watchdog()
+    return stop

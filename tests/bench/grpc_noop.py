@@ -12,28 +12,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 import grpc
 
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from tests.bench import _procs
 from tests.bench._load import Operation, closed_loop
-from tests.bench._procs import (
-    children_stopped_on_exit,
-    python_module_argv,
-    read_json,
-    spawn,
-    start_watchdog,
-    wait_until,
-    write_json,
-)
 from tests.bench._pyspy import thread_cpu_by_role
 
 SERVICE: Final = "drover.bench.Noop"
@@ -46,14 +35,7 @@ def _noop(_request: bytes, _context: grpc.ServicerContext) -> bytes:
 
 
 def serve(port_file: Path, workers: int) -> None:
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    start_watchdog()
+    stop = _procs.child_stop_event()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
         options=[*MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
@@ -64,7 +46,7 @@ def serve(port_file: Path, workers: int) -> None:
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    write_json(port_file, {"port": port, "pid": os.getpid()})
+    _procs.write_json(port_file, {"port": port, "pid": os.getpid()})
     while not stop.wait(1.0):
         pass
     server.stop(1.0).wait(3.0)
@@ -88,14 +70,17 @@ def _noop_caller(address: str) -> Iterator[Operation]:
 def measure_grpc_noop(*, threads: int, server_workers: int, warmup: float, duration: float) -> dict[str, Any]:
     """Requests/s and latency of the no-op call from ``threads`` client threads."""
     max_seconds = warmup + duration + 90.0
-    with tempfile.TemporaryDirectory(prefix="drover-bench-noop-") as tmp, children_stopped_on_exit() as kids:
+    with (
+        tempfile.TemporaryDirectory(prefix="drover-bench-noop-") as tmp,
+        _procs.children_stopped_on_exit() as kids,
+    ):
         port_file = Path(tmp) / "port.json"
-        argv = python_module_argv(
+        argv = _procs.python_module_argv(
             "tests.bench.grpc_noop", "--port-file", str(port_file), "--workers", str(server_workers)
         )
-        server = spawn("grpc-noop-server", argv, Path(tmp) / "server.log", max_seconds)
+        server = _procs.spawn("grpc-noop-server", argv, Path(tmp) / "server.log", max_seconds)
         kids.append(server)
-        info = wait_until(lambda: read_json(port_file), 30.0, "the no-op server's port", kids)
+        info = _procs.wait_until(lambda: _procs.read_json(port_file), 30.0, "the no-op server's port", kids)
         address = f"127.0.0.1:{info['port']}"
         result = closed_loop(
             lambda _i: _noop_caller(address),

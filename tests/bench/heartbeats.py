@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import grpc
 
@@ -64,19 +64,7 @@ from drover.sdk import DroverClient, DroverError
 from drover.server.codec import to_proto
 from drover.server.jobspec import parse_jobspec
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
-from tests.bench._procs import (
-    MAX_SECONDS_ENV,
-    PARENT_PID_ENV,
-    BenchError,
-    Child,
-    children_stopped_on_exit,
-    python_module_argv,
-    read_json,
-    spawn,
-    start_watchdog,
-    wait_until,
-    write_json,
-)
+from tests.bench import _procs
 from tests.bench._stats import OTHERS, QUIET_PERCENT, CpuProbe, latency_ms, rss_mb
 from tests.cluster.nodes import simulated_node
 
@@ -329,13 +317,13 @@ class _Sim:
 
     async def _watch_control(self) -> None:
         while not self.stop.is_set():
-            data = read_json(self.control) or {}
+            data = _procs.read_json(self.control) or {}
             if data.get("stop"):
                 self.stop.set()
                 break
             self.paused = frozenset(int(x) for x in data.get("paused", ()))
             status = {"registered": len(self.registered), "records": len(self.records)}
-            write_json(self.out.with_suffix(".status.json"), status)
+            _procs.write_json(self.out.with_suffix(".status.json"), status)
             await self._sleep(CONTROL_POLL_S)
 
     async def run(self) -> None:
@@ -349,7 +337,7 @@ class _Sim:
         finally:
             for channel in self.channels:
                 await channel.close()
-        write_json(
+        _procs.write_json(
             self.out,
             {
                 "first": self.first,
@@ -372,7 +360,7 @@ def sim_main(argv: Sequence[str]) -> int:
     parser.add_argument("--control", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    start_watchdog(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    _procs.start_watchdog(lambda: os.kill(os.getpid(), signal.SIGTERM))
     sim = _Sim(args)
     loop = asyncio.new_event_loop()
     loop.add_signal_handler(signal.SIGTERM, sim.stop.set)
@@ -386,7 +374,36 @@ def sim_main(argv: Sequence[str]) -> int:
 # --- the fleet's alloc runners, played by the benchmark ---------------------------------------
 
 
-class FleetReporter:
+class _EveryInterval:
+    """A daemon thread calling ``tick`` every ``interval_s`` while the with-block runs, then
+    ``close`` once it has ended."""
+
+    def __init__(self, name: str, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(RPC_TIMEOUT_S * 2)
+        self.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.tick()
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what ``tick`` used."""
+
+
+class FleetReporter(_EveryInterval):
     """Reports allocs as their clients would: placed -> running, stopped -> complete, and a
     node back from a partition resends its allocs' states (unknown -> running).
 
@@ -395,6 +412,7 @@ class FleetReporter:
     """
 
     def __init__(self, addresses: Sequence[str], nonce: str) -> None:
+        super().__init__("fleet-reporter", REPORT_INTERVAL_S)
         self._api = DroverClient(addresses, timeout=RPC_TIMEOUT_S, retry_deadline=RPC_TIMEOUT_S)
         # UpdateAllocs as a client sends it (with its node's secret): the SDK's has no node.
         self._channels = [grpc.insecure_channel(a) for a in addresses]
@@ -405,27 +423,18 @@ class FleetReporter:
         self.reports = 0
         self.refused = 0
         self.errors: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fleet-reporter", daemon=True)
 
-    def __enter__(self) -> FleetReporter:
-        self._thread.start()
-        return self
+    def tick(self) -> None:
+        try:
+            self.report_once()
+        except DroverError as exc:
+            self.errors[f"list:{exc.code.name}"] += 1
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(RPC_TIMEOUT_S * 2)
+    def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._api.close()
         for channel in self._channels:
             channel.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(REPORT_INTERVAL_S):
-            try:
-                self.report_once()
-            except DroverError as exc:
-                self.errors[f"list:{exc.code.name}"] += 1
 
     def report_once(self) -> None:
         allocs = self._api.list_allocs(job_id=JOB_ID).allocs
@@ -477,31 +486,23 @@ class FleetReporter:
 # --- watching the servers ---------------------------------------------------------------------
 
 
-class StatusPoller:
+class StatusPoller(_EveryInterval):
     """Every node's status, polled from one follower (stale reads: the leader is spared)."""
 
     def __init__(self, address: str) -> None:
+        super().__init__("status-poller", STATUS_POLL_S)
         self._api = DroverClient([address], timeout=RPC_TIMEOUT_S, retry_deadline=RPC_TIMEOUT_S)
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self.latest: dict[str, str] = {}
         self.non_ready_seen: dict[str, set[str]] = {}
         self.polls = 0
-        self._thread = threading.Thread(target=self._run, name="status-poller", daemon=True)
 
-    def __enter__(self) -> StatusPoller:
-        self._thread.start()
-        return self
+    def tick(self) -> None:
+        with contextlib.suppress(DroverError):
+            self.poll()
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(RPC_TIMEOUT_S * 2)
+    def close(self) -> None:
         self._api.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(STATUS_POLL_S):
-            with contextlib.suppress(DroverError):
-                self.poll()
 
     def poll(self) -> dict[str, str]:
         nodes = self._api.list_nodes(stale=True).nodes
@@ -528,7 +529,7 @@ class _Run:
     base: Path
     nonce: str
     cluster: LocalCluster
-    children: list[Child]
+    children: list[_procs.Child]
     control: Path
     api: DroverClient
     marks: dict[str, float] = field(default_factory=dict)  # phase -> wall clock
@@ -539,12 +540,12 @@ class _Run:
         return t
 
     def set_control(self, **data: Any) -> None:
-        write_json(self.control, data)
+        _procs.write_json(self.control, data)
 
     def sims_registered(self) -> int:
         total = 0
         for child in self.children:
-            status = read_json(self.base / f"{child.name}.status.json") or {}
+            status = _procs.read_json(self.base / f"{child.name}.status.json") or {}
             total += int(status.get("registered", 0))
         return total
 
@@ -569,7 +570,9 @@ def _wait_peers(cluster: LocalCluster) -> None:
             peers = api.raft_peers().peers
             return len(peers) == len(cluster.server_names) and all(p.grpc_address for p in peers)
 
-        wait_until(announced, CLUSTER_WAIT_S, "every server to announce its gRPC address", interval=0.2)
+        _procs.wait_until(
+            announced, CLUSTER_WAIT_S, "every server to announce its gRPC address", interval=0.2
+        )
     cluster.wait_converged(CLUSTER_WAIT_S)
 
 
@@ -583,7 +586,7 @@ def _spawn_sims(run: _Run) -> None:
         if count <= 0:
             break
         name = f"sim{k}"
-        argv = python_module_argv(
+        argv = _procs.python_module_argv(
             MODULE,
             "sim",
             "--nonce",
@@ -603,7 +606,7 @@ def _spawn_sims(run: _Run) -> None:
             "--out",
             str(run.base / f"{name}.json"),
         )
-        run.children.append(spawn(name, argv, run.base / f"{name}.log", cfg.budget_s()))
+        run.children.append(_procs.spawn(name, argv, run.base / f"{name}.log", cfg.budget_s()))
 
 
 def _collect_sims(run: _Run) -> tuple[list[Record], dict[str, int], list[str]]:
@@ -614,15 +617,15 @@ def _collect_sims(run: _Run) -> tuple[list[Record], dict[str, int], list[str]]:
     for child in run.children:
         out = run.base / f"{child.name}.json"
 
-        def result(path: Path = out, child: Child = child) -> Any:
-            doc = read_json(path)
-            if doc is None and not child.alive() and read_json(path) is None:
-                raise BenchError(
+        def result(path: Path = out, child: _procs.Child = child) -> Any:
+            doc = _procs.read_json(path)
+            if doc is None and not child.alive() and _procs.read_json(path) is None:
+                raise _procs.BenchError(
                     f"{child.name} exited ({child.proc.returncode}) without results:\n{child.log_tail()}"
                 )
             return doc
 
-        doc = wait_until(result, SIM_OUT_WAIT_S, f"{child.name} results")
+        doc = _procs.wait_until(result, SIM_OUT_WAIT_S, f"{child.name} results")
         records.extend(
             (float(t), float(lat), int(ok), int(kind), int(server))
             for t, lat, ok, kind, server in doc["records"]
@@ -696,7 +699,9 @@ def _phase_wait(
     run: _Run, predicate: Callable[[], Any], what: str, timeout: float | None = None
 ) -> tuple[Any, float]:
     start = time.monotonic()
-    result = wait_until(predicate, timeout or run.cfg.phase_timeout_s, what, run.children, interval=0.2)
+    result = _procs.wait_until(
+        predicate, timeout or run.cfg.phase_timeout_s, what, run.children, interval=0.2
+    )
     return result, round(time.monotonic() - start, 2)
 
 
@@ -916,12 +921,12 @@ def run_heartbeats(cfg: HeartbeatsConfig) -> dict[str, Any]:
     """The whole benchmark on one fresh cluster; failures are recorded, not raised."""
     errors: list[str] = []
     results: dict[str, Any] = {}
-    env = {PARENT_PID_ENV: str(os.getpid()), MAX_SECONDS_ENV: f"{cfg.budget_s():.0f}"}
+    env = {_procs.PARENT_PID_ENV: str(os.getpid()), _procs.MAX_SECONDS_ENV: f"{cfg.budget_s():.0f}"}
     nonce = os.urandom(3).hex()
     try:
         with (
             tempfile.TemporaryDirectory(prefix="drover-bench-hb-") as tmp,
-            children_stopped_on_exit() as children,
+            _procs.children_stopped_on_exit() as children,
         ):
             base = Path(tmp)
             cluster = LocalCluster(
@@ -931,7 +936,7 @@ def run_heartbeats(cfg: HeartbeatsConfig) -> dict[str, Any]:
                 cluster.wait_for_leader(CLUSTER_WAIT_S)
                 _wait_peers(cluster)
                 control = base / "control.json"
-                write_json(control, {"paused": []})
+                _procs.write_json(control, {"paused": []})
                 with DroverClient(
                     cluster.grpc_addresses, timeout=RPC_TIMEOUT_S, retry_deadline=CLUSTER_WAIT_S
                 ) as api:
@@ -943,7 +948,7 @@ def run_heartbeats(cfg: HeartbeatsConfig) -> dict[str, Any]:
                         results = {"error": detail[:4000], "traceback": traceback.format_exc()[-4000:]}
                         results["marks"] = {k: round(v, 2) for k, v in run.marks.items()}
                         errors.append(detail.splitlines()[0][:300])
-    except BenchError as exc:
+    except _procs.BenchError as exc:
         errors.append(str(exc).splitlines()[0][:300])
         results.setdefault("error", str(exc)[:4000])
     steady = results.get("heartbeats", {}).get("steady", {})

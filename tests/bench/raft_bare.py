@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import signal
 import tempfile
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
@@ -26,16 +24,7 @@ from pysyncobj.config import FAIL_REASON
 
 from deploy.cluster import pick_free_ports
 from drover.server.raft.tuning import RaftTuning, tuned_conf
-from tests.bench._procs import (
-    Child,
-    children_stopped_on_exit,
-    python_module_argv,
-    read_json,
-    spawn,
-    start_watchdog,
-    wait_until,
-    write_json,
-)
+from tests.bench import _procs
 from tests.bench._stats import CpuProbe, OpRecord, WindowStats
 
 STATUS_INTERVAL_S: Final = 0.05
@@ -142,14 +131,7 @@ def _propose_load(node: BenchCounter, go: dict[str, Any]) -> dict[str, Any]:
 
 
 def node_main(self_address: str, peers: list[str], run_dir: Path) -> int:
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    start_watchdog()
+    stop = _procs.child_stop_event()
     name = _file_name(self_address)
     data_dir = run_dir / name
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -158,11 +140,11 @@ def node_main(self_address: str, peers: list[str], run_dir: Path) -> int:
     ran = False
     try:
         while not stop.wait(STATUS_INTERVAL_S):
-            write_json(status_path, node.status())
-            go = read_json(run_dir / GO_FILE)
+            _procs.write_json(status_path, node.status())
+            go = _procs.read_json(run_dir / GO_FILE)
             if not ran and go is not None and go["leader"] == self_address:
                 ran = True
-                write_json(run_dir / f"{name}.result.json", _propose_load(node, go))
+                _procs.write_json(run_dir / f"{name}.result.json", _propose_load(node, go))
     finally:
         node.destroy()
         thread = node._SyncObj__thread
@@ -181,7 +163,7 @@ def _sleep_until(t: float) -> None:
 
 def _ready_leader(run_dir: Path, addresses: list[str]) -> str | None:
     """The one leader that is ready and connected and that every node names, if there is one."""
-    statuses = [read_json(run_dir / f"{_file_name(a)}.status.json") for a in addresses]
+    statuses = [_procs.read_json(run_dir / f"{_file_name(a)}.status.json") for a in addresses]
     if any(s is None for s in statuses):
         return None
     leaders = [a for a, s in zip(addresses, statuses, strict=True) if s["is_leader"]]
@@ -200,18 +182,23 @@ def measure_pysyncobj_bare(
     """Commits/s and commit latency of bare pysyncobj, 3 nodes on loopback."""
     max_seconds = warmup + duration + 120.0
     addresses = [f"127.0.0.1:{p}" for p in pick_free_ports(3)]
-    with tempfile.TemporaryDirectory(prefix="drover-bench-raft-") as tmp, children_stopped_on_exit() as kids:
+    with (
+        tempfile.TemporaryDirectory(prefix="drover-bench-raft-") as tmp,
+        _procs.children_stopped_on_exit() as kids,
+    ):
         run_dir = Path(tmp)
-        by_address: dict[str, Child] = {}
+        by_address: dict[str, _procs.Child] = {}
         for i, address in enumerate(addresses):
             peers = ",".join(a for a in addresses if a != address)
-            argv = python_module_argv(
+            argv = _procs.python_module_argv(
                 "tests.bench.raft_bare", "--self", address, "--peers", peers, "--dir", str(run_dir)
             )
-            child = spawn(f"raft-{i + 1}", argv, run_dir / f"node{i + 1}.log", max_seconds)
+            child = _procs.spawn(f"raft-{i + 1}", argv, run_dir / f"node{i + 1}.log", max_seconds)
             kids.append(child)
             by_address[address] = child
-        leader = wait_until(lambda: _ready_leader(run_dir, addresses), 60.0, "a ready raft leader", kids)
+        leader = _procs.wait_until(
+            lambda: _ready_leader(run_dir, addresses), 60.0, "a ready raft leader", kids
+        )
         start_at = time.time() + 0.3
         go = {
             "leader": leader,
@@ -222,7 +209,7 @@ def measure_pysyncobj_bare(
             "threads": threads,
             "payload_bytes": payload_bytes,
         }
-        write_json(run_dir / GO_FILE, go)
+        _procs.write_json(run_dir / GO_FILE, go)
         others = [a for a in addresses if a != leader]
         pids = {"leader": by_address[leader].pid, "bench_parent": os.getpid()}
         pids.update({f"follower_{i + 1}": by_address[a].pid for i, a in enumerate(others)})
@@ -232,10 +219,10 @@ def measure_pysyncobj_bare(
         _sleep_until_wall(start_at + warmup + duration)
         cpu = probe.stop(time.monotonic())
         result_path = run_dir / f"{_file_name(leader)}.result.json"
-        result: dict[str, Any] = wait_until(
-            lambda: read_json(result_path), DRAIN_TIMEOUT_S + 30.0, "the leader's result", kids
+        result: dict[str, Any] = _procs.wait_until(
+            lambda: _procs.read_json(result_path), DRAIN_TIMEOUT_S + 30.0, "the leader's result", kids
         )
-        follower_status = [read_json(run_dir / f"{_file_name(a)}.status.json") for a in others]
+        follower_status = [_procs.read_json(run_dir / f"{_file_name(a)}.status.json") for a in others]
     result["cpu_percent_of_one_core"] = cpu
     result["follower_status"] = follower_status
     result.update(inflight=inflight, proposer_threads=threads, payload_bytes=payload_bytes)
