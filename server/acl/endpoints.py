@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 from google.protobuf.message import Message
 
@@ -19,6 +19,7 @@ from drover.server.acl.policy import PolicyError, check_policy_name, parse_polic
 from drover.server.acl.records import TOKEN_CLIENT, TOKEN_MANAGEMENT, TOKEN_TYPES, ACLPolicy, ACLTokenRecord
 from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
+from drover.server.endpoints import Proposer
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
 from drover.server.fsm import ApplyResult, encode_entry
 from drover.server.state_store import StateStore
@@ -33,12 +34,6 @@ MAX_TOKEN_NAME: Final = 256
 MAX_DESCRIPTION: Final = 1024
 MAX_TOKEN_POLICIES: Final = 64
 BOOTSTRAP_TOKEN_NAME: Final = "Bootstrap Token"
-
-
-class Proposer(Protocol):
-    """What the endpoints need of raft (server/raft/node.py RaftNode has it)."""
-
-    def propose(self, data: bytes, timeout: float) -> ApplyResult: ...
 
 
 @dataclass(frozen=True, slots=True)

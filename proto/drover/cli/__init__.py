@@ -22,6 +22,9 @@ its commands to the parser, and the handlers that run them:
 - ``system``: ``reconcile summaries``.
 - ``operator``: ``raft list-peers|logs|state``, ``snapshot save|restore|inspect``,
   ``state``, ``invariants``.
+- ``acl``: ``bootstrap``, ``policy apply|list|info|delete``,
+  ``token create|list|info|self|delete`` (servers with ``-acl-enabled``; every command
+  sends ``-token`` or ``DROVER_TOKEN``).
 - ``tls``: ``ca create``, ``cert create``: a private CA and the cluster's certificates.
 
 Shared, private:
