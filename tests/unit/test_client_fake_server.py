@@ -346,51 +346,48 @@ def fake_server(ttl_ns: int = DEFAULT_TTL_NS) -> Iterator[FakeServer]:
 # --- the fake's own contract --------------------------------------------------------------
 
 
-def _stub(address: str) -> tuple[grpc.Channel, api_pb2_grpc.NodesStub]:
-    channel = grpc.insecure_channel(address)
-    return channel, api_pb2_grpc.NodesStub(channel)
+@contextmanager
+def _n1_registered() -> Iterator[tuple[FakeServer, api_pb2_grpc.NodesStub, structs_pb2.Node]]:
+    """A fake server with node n1 (secret "s") registered through a client stub."""
+    with fake_server() as server, grpc.insecure_channel(server.address) as channel:
+        stub = api_pb2_grpc.NodesStub(channel)
+        node = structs_pb2.Node(id="n1", name="n1", datacenter="dc1", secret_id="s")
+        stub.Register(api_pb2.NodeRegisterRequest(node=node))
+        yield server, stub, node
 
 
 def test_fake_server__blocking_query__returns_when_node_index_passes_min_index() -> None:
-    with fake_server() as server:
-        channel, stub = _stub(server.address)
-        with channel:
-            node = structs_pb2.Node(id="n1", name="n1", datacenter="dc1", secret_id="s")
-            stub.Register(api_pb2.NodeRegisterRequest(node=node))
-            first = stub.GetClientAllocs(api_pb2.ClientAllocsRequest(node_id="n1"))
-            assert first.meta.index == 0 and not first.allocs
-            j = job()
-            result: list[api_pb2.ClientAllocsResponse] = []
+    with _n1_registered() as (server, stub, _node):
+        first = stub.GetClientAllocs(api_pb2.ClientAllocsRequest(node_id="n1"))
+        assert first.meta.index == 0 and not first.allocs
+        j = job()
+        result: list[api_pb2.ClientAllocsResponse] = []
 
-            def blocked() -> None:
-                req = api_pb2.ClientAllocsRequest(
-                    node_id="n1", options=api_pb2.QueryOptions(min_index=1, wait_ns=10_000_000_000)
-                )
-                result.append(stub.GetClientAllocs(req, timeout=15))
+        def blocked() -> None:
+            req = api_pb2.ClientAllocsRequest(
+                node_id="n1", options=api_pb2.QueryOptions(min_index=1, wait_ns=10_000_000_000)
+            )
+            result.append(stub.GetClientAllocs(req, timeout=15))
 
-            t = threading.Thread(target=blocked)
-            t.start()
-            server.nodes.place(alloc("a1", j, "n1"), j)
-            t.join(10)
-            assert result and [a.id for a in result[0].allocs] == ["a1"]
-            assert "web@0" in result[0].jobs
+        t = threading.Thread(target=blocked)
+        t.start()
+        server.nodes.place(alloc("a1", j, "n1"), j)
+        t.join(10)
+        assert result and [a.id for a in result[0].allocs] == ["a1"]
+        assert "web@0" in result[0].jobs
 
 
 def test_fake_server__down_node__updates_refused_until_registered() -> None:
-    with fake_server() as server:
-        channel, stub = _stub(server.address)
-        with channel:
-            node = structs_pb2.Node(id="n1", name="n1", datacenter="dc1", secret_id="s")
-            stub.Register(api_pb2.NodeRegisterRequest(node=node))
-            j = job()
-            server.nodes.place(alloc("a1", j, "n1"), j)
-            server.nodes.mark_down("n1")
-            update = api_pb2.AllocUpdateRequest(
-                node_id="n1", secret_id="s", allocs=[structs_pb2.Allocation(id="a1", client_status="running")]
-            )
-            with pytest.raises(grpc.RpcError) as refused:
-                stub.UpdateAllocs(update)
-            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            stub.Register(api_pb2.NodeRegisterRequest(node=node))
+    with _n1_registered() as (server, stub, node):
+        j = job()
+        server.nodes.place(alloc("a1", j, "n1"), j)
+        server.nodes.mark_down("n1")
+        update = api_pb2.AllocUpdateRequest(
+            node_id="n1", secret_id="s", allocs=[structs_pb2.Allocation(id="a1", client_status="running")]
+        )
+        with pytest.raises(grpc.RpcError) as refused:
             stub.UpdateAllocs(update)
-            assert server.nodes.client_status("a1") == "running"
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        stub.Register(api_pb2.NodeRegisterRequest(node=node))
+        stub.UpdateAllocs(update)
+        assert server.nodes.client_status("a1") == "running"
