@@ -202,7 +202,11 @@ def parse_policy(text: str) -> Policy:
         tree = hcl2.parses(text)
     except UnexpectedInput as exc:
         raise PolicyError(f"line {exc.line}, column {exc.column}: syntax error") from exc
-    except (LarkError, RuntimeError, ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise PolicyError("rules: nested too deeply to read") from exc
+    except (LarkError, RuntimeError, ValueError) as exc:
+        if isinstance(exc.__context__, RecursionError) or "recursion" in str(exc):
+            raise PolicyError("rules: nested too deeply to read") from exc
         raise PolicyError(f"syntax error: {_one_line(str(exc))}") from exc
     namespaces: list[NamespaceRule] = []
     levels: dict[str, str] = {}

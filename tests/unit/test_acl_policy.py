@@ -155,3 +155,16 @@ def test_check_policy_name__valid__accepted(name: str) -> None:
 def test_check_policy_name__invalid__refused(name: str) -> None:
     with pytest.raises(PolicyError, match=r"^name: "):
         check_policy_name(name)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'namespace "a" { capabilities = ' + "[" * 15000 + "]" * 15000 + " }",
+        'namespace "a" { policy = ' + "(" * 15000 + "1" + ")" * 15000 + " }",
+    ],
+    ids=["lists", "parentheses"],
+)
+def test_parse_policy__deep_nesting__one_line_refusal_not_a_crash(text: str) -> None:
+    with pytest.raises(PolicyError, match=r"^rules: nested too deeply to read$"):
+        parse_policy(text)

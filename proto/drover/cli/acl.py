@@ -68,10 +68,13 @@ def register(top: Subcommands) -> None:
 
 
 def _read_text(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"{path}: not valid UTF-8 (byte offset {exc.start})") from exc
 
 
 def _print_token(token: api_pb2.ACLToken) -> None:
