@@ -5,6 +5,7 @@
     ├── NotFoundError        no such job/node/alloc/eval          -> NOT_FOUND
     ├── ConflictError        check-and-set or state refusal       -> FAILED_PRECONDITION
     ├── PermissionDeniedError  wrong node secret                  -> PERMISSION_DENIED
+    ├── ResourceExhaustedError  over a caller's rate or parking limit -> RESOURCE_EXHAUSTED
     └── RaftError            could not commit                     -> INTERNAL
         ├── NotLeaderError   this server is not the leader        -> UNAVAILABLE (retryable)
         ├── NoLeaderError    no leader known / leadership moved   -> UNAVAILABLE (retryable)
@@ -36,6 +37,12 @@ class ConflictError(DroverError):
 
 class PermissionDeniedError(DroverError):
     code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhaustedError(DroverError):
+    """Refused before any work was done, so the same call may be retried after a pause."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class RaftError(DroverError):

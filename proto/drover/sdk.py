@@ -8,7 +8,9 @@ Retries: ``UNAVAILABLE`` (no leader elected yet, server down, connection refused
 with exponential backoff and jitter until ``retry_deadline``, moving to the next address
 after each failure. Every other status is raised at once. ``DEADLINE_EXCEEDED`` is retried
 for reads only: a write that timed out may still have been applied, and registering a job
-twice would create a second evaluation. A failed TLS handshake (a server that does not
+twice would create a second evaluation. ``RESOURCE_EXHAUSTED`` ending "retry later" (a
+server's per-caller rate or parking limit, refused before any work) is retried too, reads
+and writes alike. A failed TLS handshake (a server that does not
 speak TLS, or whose certificate does not verify) is raised at once: waiting does not fix it.
 
 TLS: ``DroverClient(addresses, tls=TLSFiles(ca_file=..., cert_file=..., key_file=...))``
@@ -476,7 +478,7 @@ class DroverClient:
                 return method(stubs)(request, timeout=attempt_timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
                 err = _translate(exc)
-                if err.code not in retryable or _is_tls_failure(err):
+                if (err.code not in retryable and not _is_backoff(err)) or _is_tls_failure(err):
                     raise err from exc
                 self._rotate(stubs)
                 delay = _backoff(attempt, self._rng)
@@ -517,6 +519,12 @@ _TLS_FAILURE_MARKERS: Final = ("handshake failed", "verification check failed")
 # What a closed socket most likely means, with TLS and without.
 _CLOSED_HINT_PLAINTEXT: Final = " (is it serving TLS? a server with TLS closes plaintext connections)"
 _CLOSED_HINT_TLS: Final = " (does it verify clients? it closes connections without a certificate from its CA)"
+
+
+def _is_backoff(err: DroverError) -> bool:
+    """A server's per-caller rate or parking limit: refused before any work, so any call
+    (a write too) may be sent again once the caller has waited."""
+    return err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.message.endswith("retry later")
 
 
 def _is_tls_failure(err: DroverError) -> bool:

@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from drover.scheduler import validate
 from drover.server.acl import rights
 from drover.server.acl.resolve import TOKEN_METADATA_KEY, acting_as, resolve
+from drover.server.api._limits import CALLER_METADATA_KEY, caller_limits, current_caller
 from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -105,7 +106,10 @@ def _forward(
     # The caller's token goes with the call: the leader authorizes it (Nomad forwards the
     # auth token the same way), so a follower never decides for the leader.
     token = call_token(context)
-    metadata: tuple[tuple[str, str | bytes], ...] = ((FORWARDED_KEY, core.name),)
+    metadata: tuple[tuple[str, str | bytes], ...] = (
+        (FORWARDED_KEY, core.name),
+        (CALLER_METADATA_KEY, current_caller()),
+    )
     if token:
         metadata += ((TOKEN_METADATA_KEY, token),)
     try:
@@ -165,7 +169,10 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
                     _wait_leader_ready(core)
                 return here()
 
-            return _map_errors(context, run)
+            # Rate and parking limits per caller come first (server/api/_limits.py).
+            return _map_errors(
+                context, lambda: caller_limits(core).admit(core, rpc_name, request, context, run)
+            )
 
         return wrapper  # type: ignore[return-value]
 

@@ -9,8 +9,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.grpc_options import SERVER_MESSAGE_SIZE_OPTIONS
 from drover.common.tls import server_credentials
+from drover.server.api._decode import DecodeGuard
 from drover.server.api.acl import ACLServicer
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
 from drover.server.api.jobs import JobsServicer
@@ -28,7 +29,9 @@ MAX_WORKERS: Final = 256
 def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
-        options=[*MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=[*SERVER_MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
+        # Undecodable requests: INVALID_ARGUMENT and a rate-limited WARN (server/api/_decode.py).
+        interceptors=[DecodeGuard()],
     )
     api_pb2_grpc.add_JobsServicer_to_server(JobsServicer(core), server)
     api_pb2_grpc.add_NodesServicer_to_server(NodesServicer(core), server)

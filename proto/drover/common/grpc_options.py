@@ -10,12 +10,30 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_MESSAGE_BYTES", "MESSAGE_SIZE_OPTIONS", "fast_reconnect_options"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MAX_REQUEST_BYTES",
+    "MESSAGE_SIZE_OPTIONS",
+    "SERVER_MESSAGE_SIZE_OPTIONS",
+    "fast_reconnect_options",
+]
 
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 MESSAGE_SIZE_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+# What a server accepts in one request. Answers (a state dump, a node's allocs) may be
+# large, but no request needs to be: a job is at most 1 MiB, a client's status batch far
+# less. Anyone who reaches the port could otherwise make each of the 256 gRPC threads hold
+# 64 MiB. gRPC refuses a larger request itself (RESOURCE_EXHAUSTED, "Received message
+# larger than max") before it reaches drover; only ``Operator.SnapshotRestore`` of a state
+# over this size is affected, and says so.
+MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
+SERVER_MESSAGE_SIZE_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
 )
 
 

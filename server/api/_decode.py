@@ -1,0 +1,136 @@
+"""Requests that do not decode: INVALID_ARGUMENT and one rate-limited WARN line.
+
+gRPC decodes a request before any servicer sees it; when the bytes are not the method's
+message (truncated, bad UTF-8 in a string, a wrong wire type) grpc itself logs a full
+traceback ("Exception deserializing request!") and answers INTERNAL. Anyone who reaches
+the port can send such bytes in a loop, filling the log and reading as a server bug. The
+interceptor here wraps every method's deserializer: an undecodable request becomes a
+marker, the method answers INVALID_ARGUMENT naming the message type it expected, and the
+log gets one WARN line per ``WARN_INTERVAL_S`` with how many were suppressed since.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn
+
+import grpc
+import structlog
+
+from drover.server.api._limits import peer_host
+
+__all__ = ["WARN_INTERVAL_S", "DecodeGuard", "RateLimitedWarning"]
+
+log = structlog.get_logger("drover.api")
+
+WARN_INTERVAL_S: Final = 10.0
+
+
+class RateLimitedWarning:
+    """At most one WARN line per ``interval_s``; the next one says how many were dropped."""
+
+    def __init__(
+        self, event: str, interval_s: float = WARN_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ):
+        self._event = event
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._suppressed = 0
+
+    def warn(self, **fields: Any) -> bool:
+        """Log unless one was logged within the interval; True if this one was."""
+        now = self._clock()
+        with self._lock:
+            if now - self._last < self._interval_s:
+                self._suppressed += 1
+                return False
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        log.warning(self._event, suppressed=suppressed, **fields)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Undecodable:
+    """What the wrapped deserializer returns for bytes that are not the expected message."""
+
+    reason: str
+
+
+_WARNING: Final = RateLimitedWarning("api.undecodable_request")
+
+
+def _guarded(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def safe(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, and anything else a parser raises
+            return _Undecodable(" ".join(str(exc).split())[:200] or type(exc).__name__)
+
+    return safe
+
+
+def _refuse(request: _Undecodable, context: grpc.ServicerContext, method: str) -> NoReturn:
+    _WARNING.warn(method=method, peer=peer_host(context.peer() or ""), reason=request.reason)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: does not decode as {method}'s request message")
+
+
+class DecodeGuard(grpc.ServerInterceptor):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = str(handler_call_details.method)
+        deserialize = _guarded(handler.request_deserializer)
+        serialize = handler.response_serializer
+        if handler.unary_unary is not None:
+            unary_unary = handler.unary_unary
+
+            def uu(request: Any, context: grpc.ServicerContext) -> Any:
+                if isinstance(request, _Undecodable):
+                    _refuse(request, context, method)
+                return unary_unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(uu, deserialize, serialize)
+        if handler.unary_stream is not None:
+            unary_stream = handler.unary_stream
+
+            def us(request: Any, context: grpc.ServicerContext) -> Any:
+                if isinstance(request, _Undecodable):
+                    _refuse(request, context, method)
+                return unary_stream(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(us, deserialize, serialize)
+
+        def checked(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            for request in requests:
+                if isinstance(request, _Undecodable):
+                    _refuse(request, context, method)
+                yield request
+
+        if handler.stream_unary is not None:
+            stream_unary = handler.stream_unary
+
+            def su(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+                return stream_unary(checked(requests, context), context)
+
+            return grpc.stream_unary_rpc_method_handler(su, deserialize, serialize)
+        stream_stream = handler.stream_stream
+        if stream_stream is None:
+            return handler
+
+        def ss(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            return stream_stream(checked(requests, context), context)
+
+        return grpc.stream_stream_rpc_method_handler(ss, deserialize, serialize)
