@@ -361,6 +361,8 @@ class Node:
     secret_id: str = ""
     last_missed_heartbeat_index: int = 0
     last_alloc_update_index: int = 0
+    # The hash of the node's secret (drover.common.secrets); the secret itself is never kept.
+    secret_hash: str = ""
 
     @property
     def drain(self) -> bool:

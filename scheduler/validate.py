@@ -224,6 +224,8 @@ _NAME_FIELDS: Final = frozenset(
         ("Node", "node_class"),
         ("Node", "status"),
         ("Node", "scheduling_eligibility"),
+        ("Node", "secret_id"),
+        ("Node", "secret_hash"),
     }
 )
 # Fields with a bound of their own, checked by the rules that read them.

@@ -13,6 +13,7 @@ from typing import Any, Final, Protocol
 
 from google.protobuf.message import Message
 
+from drover.common.secrets import hash_secret, secret_matches
 from drover.scheduler import validate
 from drover.scheduler.periodic import derive_dispatched_child, dispatched_child_id
 from drover.scheduler.reconciler import next_reschedule
@@ -80,12 +81,14 @@ class Endpoints:
         clock: Clock,
         ids: IdSource,
         heartbeats: HeartbeatTimers | None = None,
+        limits: validate.Limits = validate.DEFAULT_LIMITS,
     ) -> None:
         self._raft = raft
         self._store = store
         self._clock = clock
         self._ids = ids
         self._heartbeats = heartbeats
+        self._limits = limits
 
     def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
         result = self._raft.propose(encode_entry(entry_type, payload), DEFAULT_WRITE_TIMEOUT)
@@ -101,7 +104,7 @@ class Endpoints:
         self, job: Job, *, enforce_index: bool = False, job_modify_index: int = 0
     ) -> tuple[ApplyResult, str]:
         job = validate.canonicalize_job(job)
-        validate.validate_job(job)
+        validate.validate_job(job, self._limits)
         snap = self._store.snapshot()
         existing = snap.job(job.namespace, job.id)
         if enforce_index:
@@ -215,7 +218,7 @@ class Endpoints:
     def plan_job(self, job: Job) -> PlanPreview:
         """Dry run of a registration: the scheduler's buckets on a private copy of the state."""
         job = validate.canonicalize_job(job)
-        validate.validate_job(job)
+        validate.validate_job(job, self._limits)
         snap = self._store.snapshot()
         existing = snap.job(job.namespace, job.id)
         now = self._clock.now_ns()
@@ -285,14 +288,28 @@ class Endpoints:
         return evals
 
     def register_node(self, node: Node) -> tuple[ApplyResult, list[str], int]:
+        """Trust on first use (Nomad's): a new node ID registers with the secret it brings,
+        and from then on every call for that node needs the same secret. Only the secret's
+        hash enters the log."""
         if not node.status:
             node = replace(node, status=NODE_STATUS_READY)
-        validate.validate_node(node)
+        validate.validate_node(node, self._limits)
+        if not node.secret_id:
+            raise PermissionDeniedError(
+                "Permission denied: node.secret_id: a node registers with a secret of its own"
+            )
         now = self._clock.now_ns()
         snap = self._store.snapshot()
         existing = snap.node(node.id)
-        if existing is not None and existing.secret_id and node.secret_id != existing.secret_id:
-            raise PermissionDeniedError(f"node {node.id!r} is registered with a different secret")
+        if (
+            existing is not None
+            and existing.secret_hash
+            and not secret_matches(node.secret_id, existing.secret_hash)
+        ):
+            raise PermissionDeniedError(
+                f"Permission denied: node {node.id!r} is registered with a different secret"
+            )
+        node = replace(node, secret_id="", secret_hash=hash_secret(node.secret_id))
         if existing is not None:
             node = replace(
                 node,
@@ -309,6 +326,19 @@ class Endpoints:
             to_proto(ev, entry.evals.add())
         result = self._propose(ET.ENTRY_TYPE_NODE_REGISTER, entry)
         return result, [e.id for e in evals], self._arm_heartbeat(node.id, node.status, now)
+
+    def authenticate_node(self, snap: Snapshot, node_id: str, secret_id: str) -> Node:
+        """The node ``secret_id`` proves to be; PermissionDeniedError for anything else
+        (no ID, no secret, an unknown node, another node's secret), said the same way for
+        an unknown node as for a wrong secret, so the answer reveals no node IDs."""
+        if not node_id or not secret_id:
+            raise PermissionDeniedError("Permission denied: node_id and the node's secret_id are required")
+        node = snap.node(node_id)
+        if node is None or not secret_matches(secret_id, node.secret_hash):
+            raise PermissionDeniedError(
+                f"Permission denied: unknown node {node_id[:64]!r} or wrong node secret (register first)"
+            )
+        return node
 
     def _node(self, node_id: str) -> tuple[Snapshot, Node]:
         if not node_id:
@@ -341,17 +371,22 @@ class Endpoints:
         return self._heartbeats.reset(node_id, now)
 
     def update_node_status(
-        self, node_id: str, status: str, *, secret_id: str = "", event: str = ""
+        self, node_id: str, status: str, *, secret_id: str
     ) -> tuple[ApplyResult | None, list[str], int]:
-        """A status change, or a client's heartbeat (status "ready" again: no raft write).
+        """A node's own status change, or its heartbeat (status "ready" again: no raft
+        write), authenticated by its secret.
 
         Returns the write (None when nothing changed), the evals created, and the TTL to
         tell the client.
         """
         validate.validate_node_status(status, "status")
+        self.authenticate_node(self._store.snapshot(), node_id, secret_id)
+        return self._set_node_status(node_id, status)
+
+    def _set_node_status(
+        self, node_id: str, status: str, *, event: str = ""
+    ) -> tuple[ApplyResult | None, list[str], int]:
         snap, node = self._node(node_id)
-        if secret_id and node.secret_id and secret_id != node.secret_id:
-            raise PermissionDeniedError(f"node {node_id!r}: wrong node secret")
         now = self._clock.now_ns()
         new_status = self._next_status(snap, node, status)
         result: ApplyResult | None = None
@@ -380,7 +415,7 @@ class Endpoints:
         status = NODE_STATUS_DOWN
         if node.status != NODE_STATUS_INIT and self._awaits_reconnect(snap, node_id, now):
             status = NODE_STATUS_DISCONNECTED
-        self.update_node_status(node_id, status, event="Node heartbeat missed")
+        self._set_node_status(node_id, status, event="Node heartbeat missed")
         return status
 
     def _awaits_reconnect(self, snap: Snapshot, node_id: str, now: int) -> bool:
@@ -477,30 +512,27 @@ class Endpoints:
 
     # -- allocs ------------------------------------------------------------------------
     def update_allocs(
-        self, allocs: list[structs_pb2.Allocation], *, node_id: str = "", secret_id: str = ""
+        self, allocs: list[structs_pb2.Allocation], *, node_id: str, secret_id: str
     ) -> ApplyResult:
+        """A node's report on its own allocs, authenticated by its secret: an alloc placed on
+        another node refuses the whole report."""
         if not allocs:
             raise ValidationError("allocs: at least one alloc required")
+        _check_alloc_updates(allocs, self._limits)
         snap = self._store.snapshot()
-        if node_id:
-            node = snap.node(node_id)
-            if node is None:
-                raise NotFoundError(f"node {node_id!r} not found")
-            if secret_id and node.secret_id and secret_id != node.secret_id:
-                raise PermissionDeniedError(f"node {node_id!r}: wrong node secret")
-            if node.status in (NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED):
-                # Nomad #15068: a node back from a partition heartbeats (re-registers) first.
-                raise ConflictError(f"node {node_id!r} is {node.status}: heartbeat before reporting allocs")
+        node = self.authenticate_node(snap, node_id, secret_id)
+        if node.status in (NODE_STATUS_DOWN, NODE_STATUS_DISCONNECTED):
+            # Nomad #15068: a node back from a partition heartbeats (re-registers) first.
+            raise ConflictError(f"node {node_id!r} is {node.status}: heartbeat before reporting allocs")
         entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=self._clock.now_ns(), node_id=node_id)
         for i, alloc in enumerate(allocs):
-            if not alloc.id:
-                raise ValidationError(f"allocs[{i}].id: required")
-            if alloc.client_status and alloc.client_status not in _CLIENT_STATUSES:
-                raise ValidationError(
-                    f"allocs[{i}].client_status: {alloc.client_status!r} is not one of {', '.join(_CLIENT_STATUSES)}"
-                )
-            if snap.alloc(alloc.id) is None:
+            existing = snap.alloc(alloc.id)
+            if existing is None:
                 continue  # garbage-collected meanwhile: nothing to update, the rest still counts
+            if existing.node_id != node_id:
+                raise PermissionDeniedError(
+                    f"Permission denied: allocs[{i}]: alloc {alloc.id!r} is not on node {node_id!r}"
+                )
             slim = entry.allocs.add(
                 id=alloc.id, client_status=alloc.client_status, client_description=alloc.client_description
             )
@@ -560,6 +592,42 @@ class Endpoints:
 
 
 _CLIENT_STATUSES: Final = ("pending", "running", "complete", "failed", "lost", "unknown")
+# One report covers at most this many allocs (a client sends what changed since its last
+# report, every 200 ms), and each alloc's task states this many events.
+MAX_ALLOCS_PER_UPDATE: Final = 4096
+MAX_TASK_EVENTS: Final = 256
+
+
+def _check_alloc_updates(allocs: list[structs_pb2.Allocation], limits: validate.Limits) -> None:
+    """The request's own shape: every field the entry copies, bounded, before any lookup."""
+    if len(allocs) > MAX_ALLOCS_PER_UPDATE:
+        raise ValidationError(f"allocs: at most {MAX_ALLOCS_PER_UPDATE} per report, got {len(allocs)}")
+    for i, alloc in enumerate(allocs):
+        if not alloc.id:
+            raise ValidationError(f"allocs[{i}].id: required")
+        if len(alloc.id) > limits.max_name_length:
+            raise ValidationError(f"allocs[{i}].id: must be at most {limits.max_name_length} characters")
+        if alloc.client_status and alloc.client_status not in _CLIENT_STATUSES:
+            raise ValidationError(
+                f"allocs[{i}].client_status: {alloc.client_status[:64]!r} is not one of {', '.join(_CLIENT_STATUSES)}"
+            )
+        if len(alloc.client_description) > limits.max_string_length:
+            raise ValidationError(
+                f"allocs[{i}].client_description: must be at most {limits.max_string_length} characters"
+            )
+        if len(alloc.task_states) > limits.max_list_items:
+            raise ValidationError(f"allocs[{i}].task_states: at most {limits.max_list_items} tasks")
+        for name, state in alloc.task_states.items():
+            where = f"allocs[{i}].task_states[{name[:64]!r}]"
+            if len(name) > limits.max_name_length or len(state.state) > limits.max_name_length:
+                raise ValidationError(
+                    f"{where}: names and states are at most {limits.max_name_length} characters"
+                )
+            if len(state.events) > MAX_TASK_EVENTS:
+                raise ValidationError(f"{where}.events: at most {MAX_TASK_EVENTS}, got {len(state.events)}")
+            for event in state.events:
+                if len(event.type) > limits.max_name_length or len(event.message) > limits.max_string_length:
+                    raise ValidationError(f"{where}.events: a type or message over its length bound")
 
 
 def _job_type(snap: Snapshot, namespace: str, job_id: str) -> str:

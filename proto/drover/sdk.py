@@ -248,8 +248,11 @@ class DroverClient:
         req = api_pb2.NodeRegisterRequest(node=node)
         return self._call(lambda s: s.nodes.Register, req, write=True)
 
-    def update_node_status(self, node_id: str, status: str) -> api_pb2.NodeUpdateStatusResponse:
-        req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status=status)
+    def update_node_status(
+        self, node_id: str, status: str, *, secret_id: str = ""
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        """A node's own status (its heartbeat): ``secret_id`` is the node's secret."""
+        req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status=status, secret_id=secret_id)
         return self._call(lambda s: s.nodes.UpdateStatus, req, write=True)
 
     def list_nodes(
@@ -306,8 +309,11 @@ class DroverClient:
         finally:
             stream.cancel()
 
-    def update_allocs(self, allocs: Sequence[structs_pb2.Allocation]) -> api_pb2.AllocUpdateResponse:
-        req = api_pb2.AllocUpdateRequest(allocs=allocs)
+    def update_allocs(
+        self, allocs: Sequence[structs_pb2.Allocation], *, node_id: str = "", secret_id: str = ""
+    ) -> api_pb2.AllocUpdateResponse:
+        """A node's report on its own allocs, authenticated by the node's secret."""
+        req = api_pb2.AllocUpdateRequest(allocs=allocs, node_id=node_id, secret_id=secret_id)
         return self._call(lambda s: s.nodes.UpdateAllocs, req, write=True)
 
     # -- Evals --------------------------------------------------------------------------

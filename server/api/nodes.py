@@ -1,7 +1,15 @@
-"""Nodes service: registration, status, drain and eligibility, and the client's alloc feed."""
+"""Nodes service: registration, status, drain and eligibility, and the client's alloc feed.
+
+Node identity. The calls a client agent makes (Register, UpdateStatus, GetClientAllocs,
+WatchClientAllocs, UpdateAllocs) authenticate with the node's own secret, not with an ACL
+token: Register is trust-on-first-use, every later call needs the secret whose hash the
+node was registered with, and a node reads and reports only its own allocs
+(``Endpoints.authenticate_node``). No read answer carries a node's secret or its hash.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -10,16 +18,25 @@ import grpc
 
 from drover.scheduler.structs import Node
 from drover.server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
+from drover.server.api._limits import caller_limits
 from drover.server.codec import from_proto, to_proto
 from drover.server.endpoints import decode_drain
-from drover.server.errors import ValidationError
+from drover.server.errors import DroverError, ValidationError
 from drover.server.state_store import Snapshot
-from drover.v1 import api_pb2, api_pb2_grpc
+from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
 if TYPE_CHECKING:
     from drover.server.core import ServerCore
 
 S = "Nodes"
+
+
+def _without_secret(node: structs_pb2.Node) -> structs_pb2.Node:
+    """A node as readers see it: the secret authenticates the node's own client agent, and
+    even its hash is not for readers."""
+    node.ClearField("secret_id")
+    node.ClearField("secret_hash")
+    return node
 
 
 def _node_alloc_index(snap: Snapshot, node_id: str) -> int:
@@ -65,16 +82,14 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
                 node.id.startswith(request.prefix) or node.name.startswith(request.prefix)
             ):
                 continue
-            to_proto(node, response.nodes.add()).ClearField("secret_id")
+            _without_secret(to_proto(node, response.nodes.add()))
         return response
 
     @rpc(S, "read")
     def Get(self, request: api_pb2.NodeGetRequest, context: grpc.ServicerContext) -> api_pb2.NodeGetResponse:
         node, meta = get_by_id(self.core, request.options, "nodes", "node", request.node_id, Snapshot.node)
         response = api_pb2.NodeGetResponse(meta=meta)
-        to_proto(node, response.node)
-        # The secret authenticates the node's own client; it is not for readers.
-        response.node.ClearField("secret_id")
+        _without_secret(to_proto(node, response.node))
         return response
 
     @rpc(S, "write")
@@ -125,6 +140,7 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
     ) -> api_pb2.ClientAllocsResponse:
         if not request.node_id:
             raise ValidationError("node_id: required")
+        self.core.endpoints.authenticate_node(self.core.store.snapshot(), request.node_id, request.secret_id)
         options = request.options
         wait = options.wait_ns / 1e9 if options.wait_ns > 0 else DEFAULT_WAIT_S
         if options.min_index:
@@ -137,15 +153,26 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
     def WatchClientAllocs(
         self, request: api_pb2.ClientAllocsRequest, context: grpc.ServicerContext
     ) -> Iterator[api_pb2.ClientAllocsResponse]:
-        """Served from this server's own state (like Nomad's AllowStale client queries)."""
+        """Served from this server's own state (like Nomad's AllowStale client queries).
+
+        A stream parks a thread for as long as it is open, so it counts against the
+        caller's parked queries (server/api/_limits.py) for all of that time."""
         if not request.node_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
-        index = request.options.min_index
-        while context.is_active() and not self.core.store.closed:
-            snap, new_index = self._wait_node_allocs(request.node_id, index, 5.0)
-            if new_index > index or (index == 0 and new_index == 0):
-                index = max(new_index, 1) if new_index == 0 else new_index
-                yield self._client_allocs(snap, request.node_id, new_index)
+        limits = caller_limits(self.core)
+        with contextlib.ExitStack() as held:
+            try:
+                snap = self.core.store.snapshot()
+                self.core.endpoints.authenticate_node(snap, request.node_id, request.secret_id)
+                held.enter_context(limits.parked(limits.caller(self.core, context)))
+            except DroverError as exc:
+                context.abort(exc.code, str(exc))
+            index = request.options.min_index
+            while context.is_active() and not self.core.store.closed:
+                snap, new_index = self._wait_node_allocs(request.node_id, index, 5.0)
+                if new_index > index or (index == 0 and new_index == 0):
+                    index = max(new_index, 1) if new_index == 0 else new_index
+                    yield self._client_allocs(snap, request.node_id, new_index)
 
     @rpc(S, "write")
     def UpdateAllocs(

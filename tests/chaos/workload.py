@@ -39,7 +39,7 @@ import grpc
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.chaos.history import DEFINITE_ERRORS, History, Op
-from tests.cluster.nodes import simulated_node
+from tests.cluster.nodes import simulated_node, simulated_secret
 
 T = TypeVar("T")
 
@@ -508,7 +508,14 @@ class Workload:
                     if self._stop_all.is_set():
                         return
                     try:
-                        caller.call(partial(DroverClient.update_node_status, node_id=node_id, status="ready"))
+                        caller.call(
+                            partial(
+                                DroverClient.update_node_status,
+                                node_id=node_id,
+                                status="ready",
+                                secret_id=simulated_secret(node_id),
+                            )
+                        )
                     except DroverError:
                         pass
         finally:
@@ -545,7 +552,12 @@ class Workload:
                         "clients",
                         "alloc-update",
                         node_id,
-                        partial(DroverClient.update_allocs, allocs=updates),
+                        partial(
+                            DroverClient.update_allocs,
+                            allocs=updates,
+                            node_id=node_id,
+                            secret_id=simulated_secret(node_id),
+                        ),
                         statuses=statuses,
                     )
                     if op.ok:

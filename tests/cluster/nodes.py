@@ -6,9 +6,15 @@ from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 
 
+def simulated_secret(node_id: str) -> str:
+    """The secret a simulated node registers with (and authenticates its later calls by)."""
+    return f"{node_id}-secret"
+
+
 def simulated_node(node_id: str, *, cpu: int = 4000, memory: int = 8192) -> structs_pb2.Node:
     return structs_pb2.Node(
         id=node_id,
+        secret_id=simulated_secret(node_id),
         name=node_id,
         datacenter="dc1",
         status="ready",

@@ -847,6 +847,7 @@ class Node(_message.Message):
     SECRET_ID_FIELD_NUMBER: _builtins.int
     LAST_MISSED_HEARTBEAT_INDEX_FIELD_NUMBER: _builtins.int
     LAST_ALLOC_UPDATE_INDEX_FIELD_NUMBER: _builtins.int
+    SECRET_HASH_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     datacenter: _builtins.str
@@ -859,12 +860,19 @@ class Node(_message.Message):
     create_index: _builtins.int
     modify_index: _builtins.int
     secret_id: _builtins.str
+    """The client agent's secret, sent only in its registration: the leader stores its hash
+    in secret_hash and clears this before the node enters the raft log.
+    """
     last_missed_heartbeat_index: _builtins.int
     """Raft index at which the node last became unresponsive (down/disconnected), 0 when
     responsive, and of its last alloc status report: a node coming back is "ready" only
     once it has re-sent its allocs' states (Nomad #15808).
     """
     last_alloc_update_index: _builtins.int
+    secret_hash: _builtins.str
+    """drover.common.secrets.hash_secret of the node's secret: what every node RPC's secret
+    is checked against. Read APIs clear it; snapshots hold it (it is not a credential).
+    """
     @_builtins.property
     def drain_strategy(self) -> Global___DrainStrategy: ...
     @_builtins.property
@@ -897,10 +905,11 @@ class Node(_message.Message):
         secret_id: _builtins.str = ...,
         last_missed_heartbeat_index: _builtins.int = ...,
         last_alloc_update_index: _builtins.int = ...,
+        secret_hash: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["drain_strategy", b"drain_strategy", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attributes", b"attributes", "create_index", b"create_index", "datacenter", b"datacenter", "drain_strategy", b"drain_strategy", "events", b"events", "id", b"id", "last_alloc_update_index", b"last_alloc_update_index", "last_missed_heartbeat_index", b"last_missed_heartbeat_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "node_class", b"node_class", "resources", b"resources", "scheduling_eligibility", b"scheduling_eligibility", "secret_id", b"secret_id", "status", b"status", "status_description", b"status_description", "status_updated_at_ns", b"status_updated_at_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attributes", b"attributes", "create_index", b"create_index", "datacenter", b"datacenter", "drain_strategy", b"drain_strategy", "events", b"events", "id", b"id", "last_alloc_update_index", b"last_alloc_update_index", "last_missed_heartbeat_index", b"last_missed_heartbeat_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "node_class", b"node_class", "resources", b"resources", "scheduling_eligibility", b"scheduling_eligibility", "secret_hash", b"secret_hash", "secret_id", b"secret_id", "status", b"status", "status_description", b"status_description", "status_updated_at_ns", b"status_updated_at_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
