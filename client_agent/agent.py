@@ -84,7 +84,9 @@ class ClientAgent:
         self._cfg = cfg
         self._clock: Clock = clock or SystemClock()
         self._rng = rng or random.Random()
-        self._drivers: Mapping[str, Driver] = drivers if drivers is not None else default_drivers(self._clock)
+        self._drivers: Mapping[str, Driver] = (
+            drivers if drivers is not None else default_drivers(self._clock, raw_exec=cfg.enable_raw_exec)
+        )
         self._tuning = tuning or AgentTuning()
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
         self._host_facts = host_facts
@@ -200,6 +202,7 @@ class ClientAgent:
         self._log.info(
             "client.started",
             servers=list(self._cfg.servers),
+            drivers=sorted(self._drivers),
             cpu_mhz=fp.cpu_mhz,
             memory_mb=fp.memory_mb,
             restored=len(self._runners),
@@ -545,9 +548,13 @@ def start_embedded_client(servers: list[str], data_dir: str, node_name: str) -> 
     """A started client agent inside the calling process (``drover agent -dev``).
 
     Logging is left as the caller configured it. Stop it with ``stop()`` (which kills its
-    tasks, as a dev agent should).
+    tasks, as a dev agent should). raw_exec is on: ``-dev`` is one developer's own machine,
+    as with Nomad's ``-dev``.
     """
-    agent = ClientAgent(EmbeddedSettings(node_name=node_name, data_dir=data_dir, servers=tuple(servers)))
+    settings = EmbeddedSettings(
+        node_name=node_name, data_dir=data_dir, servers=tuple(servers), enable_raw_exec=True
+    )
+    agent = ClientAgent(settings)
     agent.start()
     return agent
 

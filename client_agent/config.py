@@ -32,6 +32,8 @@ class ClientSettings(Protocol):
     def log_json(self) -> bool: ...
     @property
     def log_level(self) -> str: ...
+    @property
+    def enable_raw_exec(self) -> bool: ...
 
 
 class ProcessSettings(ClientSettings, Protocol):
@@ -74,3 +76,4 @@ class EmbeddedSettings:
     meta: Mapping[str, str] = field(default_factory=dict)
     log_json: bool = False
     log_level: str = "info"
+    enable_raw_exec: bool = False

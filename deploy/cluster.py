@@ -247,6 +247,8 @@ def client_argv(
         str(data_dir),
         "-servers",
         ",".join(servers),
+        # The test and example jobs run raw_exec tasks; a client offers it only when asked.
+        "-enable-raw-exec",
         *extra_args,
     ]
 

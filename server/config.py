@@ -71,6 +71,9 @@ class ClientConfig:
     meta: dict[str, str] = field(default_factory=dict)
     log_json: bool = False
     log_level: str = "info"
+    # raw_exec runs a job's command as this agent's own user (root under systemd), with no
+    # isolation: whoever can submit a job then runs code here. Off unless set, as Nomad's.
+    enable_raw_exec: bool = False
     # TLS to the servers: a CA means TLS; cert and key when the servers verify clients.
     tls_ca_file: str = ""
     tls_cert_file: str = ""
@@ -97,6 +100,10 @@ class ConfigError(ValueError):
 _SERVER_REQUIRED = ("node_name", "data_dir")
 _CLIENT_REQUIRED = ("node_name", "data_dir")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+# Nomad's spellings drover does not take, with what to write instead.
+_NOMAD_ONLY_KEYS = {
+    "plugin": "drover has no plugin blocks; for raw_exec write enable_raw_exec = true (or pass -enable-raw-exec)",
+}
 # Keys whose value lists "host:port" addresses; a string value is split on commas.
 _ADDRESS_KEYS = frozenset({"peers", "servers"})
 
@@ -162,6 +169,8 @@ def _load(
         for key, raw in values.items():
             if key not in hints and origin == "flags":
                 raise ConfigError(f"flag -{key.replace('_', '-')} does not apply to this agent (key {key!r})")
+            if key in _NOMAD_ONLY_KEYS and key not in hints:
+                raise ConfigError(f"{origin}: key {key!r}: {_NOMAD_ONLY_KEYS[key]}")
             if key not in hints:
                 raise ConfigError(f"{origin}: unknown key {key!r}{_suggest(key, names)}")
             merged[key] = _coerce(key, raw, hints[key], origin)

@@ -1,4 +1,4 @@
-"""Task drivers: ``mock`` (a timer) and ``raw_exec`` (a real process group)."""
+"""Task drivers: ``mock`` (a timer) and ``raw_exec`` (a real process group, opt-in)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ __all__ = [
 ]
 
 
-def default_drivers(clock: Clock) -> dict[str, Driver]:
-    """Every driver this agent offers, by name (fingerprinted as ``driver.<name>=1``)."""
-    return {"mock": MockDriver(clock), "raw_exec": RawExecDriver()}
+def default_drivers(clock: Clock, *, raw_exec: bool) -> dict[str, Driver]:
+    """The drivers this agent offers, by name (fingerprinted as ``driver.<name>=1``).
+
+    ``raw_exec`` runs a job's command unisolated as the agent's user, so it is offered only
+    when the operator enabled it (``-enable-raw-exec``, ``enable_raw_exec = true``, or
+    ``-dev``), as in Nomad. A node without it is never picked for a raw_exec task, and a
+    raw_exec task that reaches it anyway fails with "driver not available".
+    """
+    drivers: dict[str, Driver] = {"mock": MockDriver(clock)}
+    if raw_exec:
+        drivers["raw_exec"] = RawExecDriver()
+    return drivers

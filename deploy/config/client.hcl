@@ -12,5 +12,10 @@ meta = {
   rack = "r1"
 }
 
+# raw_exec runs a job's command as this agent's user (drover-client.service: drover),
+# unisolated: anyone who can submit a job runs code on this node. Off unless set, as in
+# Nomad; turn it on only where every job submitter is trusted (ACLs: docs/SECURITY.md).
+enable_raw_exec = false
+
 log_json  = true
 log_level = "info"

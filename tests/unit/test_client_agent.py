@@ -51,7 +51,13 @@ FAST = AgentTuning(
 
 
 def settings(data_dir: Path, *servers: FakeServer) -> EmbeddedSettings:
-    return EmbeddedSettings(node_name="c1", data_dir=str(data_dir), servers=tuple(s.address for s in servers))
+    # These tests run raw_exec tasks: an agent offers the driver only when it is enabled.
+    return EmbeddedSettings(
+        node_name="c1",
+        data_dir=str(data_dir),
+        servers=tuple(s.address for s in servers),
+        enable_raw_exec=True,
+    )
 
 
 @contextmanager
@@ -513,6 +519,7 @@ def test_run_client__sigterm__exits_zero_leaving_tasks(tmp_path: Path, server: F
             meta: dict = field(default_factory=dict)
             log_json: bool = True
             log_level: str = "info"
+            enable_raw_exec: bool = False
             tls: None = None
 
         raise SystemExit(run_client(Cfg()))

@@ -29,6 +29,13 @@ def register(top: Subcommands) -> None:
     flag(p, "datacenter")
     flag(p, "node-class")
     flag(p, "meta", action="append", metavar="KEY=VALUE", help="client node metadata (repeatable)")
+    flag(
+        p,
+        "enable-raw-exec",
+        action="store_true",
+        default=None,
+        help="client: offer the raw_exec driver (runs job commands unisolated as this agent's user)",
+    )
     flag(p, "num-workers", type=int)
     flag(p, "min-heartbeat-ttl", metavar="DURATION", help="shortest client heartbeat TTL (10s)")
     flag(p, "max-heartbeats-per-second", type=int, help="heartbeat rate the TTL scales to (50)")
@@ -86,6 +93,7 @@ _AGENT_KEYS: Final = {
         "datacenter",
         "node_class",
         "meta",
+        "enable_raw_exec",
         "log_json",
         "log_level",
         "tls_ca_file",
