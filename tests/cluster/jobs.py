@@ -28,6 +28,15 @@ def service_job(job_id: str, count: int = 2, **meta: str) -> structs_pb2.Job:
     )
 
 
+def batch_job(job_id: str, parameterized: structs_pb2.ParameterizedConfig | None = None) -> structs_pb2.Job:
+    """A one-alloc batch job; with ``parameterized``, a dispatchable template."""
+    job = service_job(job_id, count=1)
+    job.type = "batch"
+    if parameterized is not None:
+        job.parameterized.CopyFrom(parameterized)
+    return job
+
+
 def periodic_job(job_id: str, **meta: str) -> structs_pb2.Job:
     """A periodic batch parent: a template, so registering it creates no evaluation."""
     job = service_job(job_id, count=1, **meta)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import pytest
 from deploy.cluster import LocalCluster
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
+from tests.cluster.cli import run_cli
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 
@@ -134,13 +132,7 @@ def test_bad_input__cli_job_run__exit_1_one_line_and_writes_nothing(
     path = tmp_path / "job.hcl"
     path.write_text(text)
     before = _state(server)
-    result = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "job", "run", "-detach", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "DROVER_ADDR": server.grpc_addresses[0]},
-    )
+    result = run_cli(server, "job", "run", "-detach", str(path))
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr

@@ -8,9 +8,6 @@ call its own token so that its own retries are safe.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,8 +15,9 @@ import pytest
 from deploy.cluster import LocalCluster
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
+from tests.cluster.cli import run_cli
 from tests.cluster.conftest import wait_settled
-from tests.cluster.jobs import service_job
+from tests.cluster.jobs import batch_job
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +25,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("dispatch-idempotency"), servers=1) as c:
         wait_settled(c)
         with DroverClient(c.grpc_addresses[0]) as client:
-            job = service_job("resize", count=1)
-            job.type = "batch"
-            job.parameterized.CopyFrom(structs_pb2.ParameterizedConfig(payload="optional"))
-            client.register_job(job)
+            client.register_job(batch_job("resize", structs_pb2.ParameterizedConfig(payload="optional")))
         yield c
 
 
@@ -40,13 +35,7 @@ def _children(server: LocalCluster) -> list[str]:
 
 
 def _cli_dispatch(server: LocalCluster, *extra: str) -> dict[str, object]:
-    result = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "job", "dispatch", "-detach", "-json", *extra, "resize"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "DROVER_ADDR": server.grpc_addresses[0]},
-    )
+    result = run_cli(server, "job", "dispatch", "-detach", "-json", *extra, "resize")
     assert result.returncode == 0, result.stderr
     parsed: dict[str, object] = json.loads(result.stdout)
     return parsed

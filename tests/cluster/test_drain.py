@@ -9,9 +9,6 @@ no longer draining but stays ineligible until an operator re-enables it, as in N
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
+from tests.cluster.cli import run_cli
 
 _TASK = """
     task "t" {
@@ -63,17 +61,6 @@ def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
         yield cluster
 
 
-def _cli(cluster: LocalCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "drover.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
-    )
-
-
 def _running(client: DroverClient, job_id: str, n: int) -> list[structs_pb2.Allocation] | None:
     allocs = [
         a
@@ -90,7 +77,7 @@ def test_drain__follows_until_every_alloc_moved_and_stopped(
     for name, text in (("web", SERVICE), ("agent", SYSTEM)):
         path = tmp_path / f"{name}.hcl"
         path.write_text(text)
-        ran = _cli(cluster, "job", "run", "-detach", str(path))
+        ran = run_cli(cluster, "job", "run", "-detach", str(path))
         assert ran.returncode == 0, ran.stderr
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
         nodes = wait_for(
@@ -113,7 +100,7 @@ def test_drain__follows_until_every_alloc_moved_and_stopped(
         on_target = {a.id for a in web if a.node_id == target.id}
         assert on_target
 
-        drained = _cli(cluster, "node", "drain", "-enable", "-ignore-system", target.id, timeout=120)
+        drained = run_cli(cluster, "node", "drain", "-enable", "-ignore-system", target.id, timeout=120)
         assert drained.returncode == 0, drained.stdout + drained.stderr
         out = drained.stdout
         assert "allocation(s) to move" in out, out
@@ -144,7 +131,7 @@ def test_drain__detach_returns_at_once_and_the_leader_still_completes_it(two_cli
             "a node",
         )
         assert node is not None
-        detached = _cli(cluster, "node", "drain", "-enable", "-detach", "-yes", node.id)
+        detached = run_cli(cluster, "node", "drain", "-enable", "-detach", "-yes", node.id)
         assert detached.returncode == 0, detached.stderr
         assert "to move" not in detached.stdout
 

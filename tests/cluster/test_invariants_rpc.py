@@ -7,26 +7,14 @@ CLI exits 1 naming it, and ``drover system reconcile summaries`` repairs it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import raft_pb2
+from tests.cluster.cli import run_cli
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import register_nodes
-
-
-def _cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "drover.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
-    )
 
 
 def _violations(cluster: LocalCluster, i: int) -> list[str]:
@@ -41,7 +29,7 @@ def test_invariants_rpc__restored_bad_summary__every_server_reports_it_until_rec
         register_nodes(client, ["n1"])
         client.register_job(service_job("web", count=2))
         wait_for(lambda: len(client.list_allocs(job_id="web").allocs) == 2, 60, 0.2, "two allocs placed")
-        clean = _cli(cluster, "operator", "invariants")
+        clean = run_cli(cluster, "operator", "invariants", timeout=120)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         assert clean.stdout.count("no violations") == 3
 
@@ -56,11 +44,11 @@ def test_invariants_rpc__restored_bad_summary__every_server_reports_it_until_rec
             "job-summaries: job 'web' (default): web.starting is negative (-1)",
             "job-summaries: job 'web' (default): web.starting is -1, a recount of the allocs gives 2",
         ]
-    broken = _cli(cluster, "operator", "invariants")
+    broken = run_cli(cluster, "operator", "invariants", timeout=120)
     assert broken.returncode == 1
     assert broken.stdout.count("2 violation(s)") == 3 and "web.starting is negative (-1)" in broken.stdout
 
-    fixed = _cli(cluster, "system", "reconcile", "summaries")
+    fixed = run_cli(cluster, "system", "reconcile", "summaries", timeout=120)
     assert fixed.returncode == 0, fixed.stderr
     for i in range(3):
         assert wait_for(lambda i=i: not _violations(cluster, i), 30, 0.2, f"s{i + 1} clean again")

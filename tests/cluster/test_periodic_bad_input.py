@@ -12,7 +12,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.conftest import wait_settled
-from tests.cluster.jobs import periodic_job, service_job
+from tests.cluster.jobs import batch_job, periodic_job, service_job
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +20,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("periodic-bad-input"), servers=1) as c:
         wait_settled(c)
         with DroverClient(c.grpc_addresses[0]) as client:
-            batch = service_job("plain-batch", count=1)
-            batch.type = "batch"
-            client.register_job(batch)
-            encode = service_job("encode", count=1)
-            encode.type = "batch"
-            encode.parameterized.CopyFrom(
-                structs_pb2.ParameterizedConfig(
-                    payload="forbidden", meta_required=["file"], meta_optional=["codec"]
-                )
+            client.register_job(batch_job("plain-batch"))
+            encode = structs_pb2.ParameterizedConfig(
+                payload="forbidden", meta_required=["file"], meta_optional=["codec"]
             )
-            client.register_job(encode)
-            upload = service_job("upload", count=1)
-            upload.type = "batch"
-            upload.parameterized.CopyFrom(structs_pb2.ParameterizedConfig(payload="required"))
-            client.register_job(upload)
+            client.register_job(batch_job("encode", encode))
+            client.register_job(batch_job("upload", structs_pb2.ParameterizedConfig(payload="required")))
             # The plain batch job's eval is processed (blocked: there are no nodes) before any
             # test takes its "before" state; after that nothing writes on its own.
             wait_for(

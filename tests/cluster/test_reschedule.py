@@ -13,10 +13,7 @@ latency (the lower bound is the policy's delay less the scheduler's 1 s reschedu
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +22,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
+from tests.cluster.cli import run_cli
 
 SECOND = 1_000_000_000
 # The scheduler reschedules a failure due within this window at once (scheduler/reconciler/reschedule.py).
@@ -87,13 +85,7 @@ def _constant_delay(attempts: int, *, interval: str, delay: str) -> str:
 
 
 def _cli(cluster: LocalCluster, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "drover.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
-    )
+    result = run_cli(cluster, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
