@@ -34,7 +34,6 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 
 __all__ = ["BLACKHOLE", "REFUSE", "ProxyStats", "TcpProxy", "proxies_for"]
@@ -191,12 +190,7 @@ class TcpProxy:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
