@@ -111,6 +111,26 @@ def sleep_task(seconds: int = 30) -> structs_pb2.Task:
     return task(driver="raw_exec", config=f'{{"command": "sleep", "args": ["{seconds}"]}}')
 
 
+def task_pid(server: FakeServer, alloc_id: str, pids: list[int]) -> int:
+    """The PID the agent reported for the alloc's task, once it has; added to ``pids``."""
+    pid = wait_until(lambda: (server.nodes.task_state(alloc_id) or structs_pb2.TaskState()).pid, 10, "a pid")
+    pids.append(pid)
+    return pid
+
+
+@contextmanager
+def agent_leaving_tasks(data_dir: Path, server: FakeServer) -> Iterator[ClientAgent]:
+    """A registered agent that, when the block ends, stops and leaves its tasks running (as
+    ``drover agent`` does on SIGTERM) for the next agent on the same data dir."""
+    agent = ClientAgent(settings(data_dir, server), tuning=FAST)
+    agent.start()
+    try:
+        agent.wait_registered(10)
+        yield agent
+    finally:
+        agent.stop(leave_tasks_running=True, timeout_s=10)
+
+
 # --- registration and heartbeats ---------------------------------------------------------------
 
 
@@ -232,10 +252,7 @@ def test_agent__restart_policy__service_restarts_a_crashed_process(
     with running_agent(tmp_path, server) as agent:
         agent.wait_registered(10)
         server.nodes.place(alloc("s1", svc, agent.node_id), svc)
-        first = wait_until(
-            lambda: (server.nodes.task_state("s1") or structs_pb2.TaskState()).pid, 10, "a pid"
-        )
-        pids.append(first)
+        first = task_pid(server, "s1", pids)
         os.killpg(first, signal.SIGKILL)
 
         def restarted() -> int:
@@ -262,8 +279,7 @@ def test_agent__raw_exec_ignoring_sigterm__killed_after_kill_timeout(
     with running_agent(tmp_path, server) as agent:
         agent.wait_registered(10)
         server.nodes.place(alloc("k1", j, agent.node_id), j)
-        pid = wait_until(lambda: (server.nodes.task_state("k1") or structs_pb2.TaskState()).pid, 10, "a pid")
-        pids.append(pid)
+        task_pid(server, "k1", pids)
         wait_until(lambda: len(processes_of("k1")) == 2, 5, "sh and its sleep")
         started = time.monotonic()
         server.nodes.set_desired("k1", "stop")
@@ -288,10 +304,7 @@ def test_agent__offline__tasks_keep_running__updates_delivered_after_reregister(
         agent.wait_registered(10)
         server.nodes.place(alloc("svc1", svc, agent.node_id), svc)
         server.nodes.place(alloc("short1", short, agent.node_id), short)
-        pid = wait_until(
-            lambda: (server.nodes.task_state("svc1") or structs_pb2.TaskState()).pid, 10, "svc pid"
-        )
-        pids.append(pid)
+        pid = task_pid(server, "svc1", pids)
         wait_until(lambda: status_is(server.nodes, "short1", "running"), 10, "short1 running")
 
         server.nodes.set_unavailable(True)
@@ -418,16 +431,10 @@ def test_agent__restart__reattaches_to_the_same_process(
     fresh_process: bool,
 ) -> None:
     j = job("svc", tasks=[sleep_task()])
-    first = ClientAgent(settings(tmp_path, server), tuning=FAST)
-    first.start()
-    try:
-        first.wait_registered(10)
+    with agent_leaving_tasks(tmp_path, server) as first:
         server.nodes.place(alloc("a1", j, first.node_id), j)
-        pid = wait_until(lambda: (server.nodes.task_state("a1") or structs_pb2.TaskState()).pid, 10, "a pid")
-        pids.append(pid)
+        pid = task_pid(server, "a1", pids)
         wait_until(lambda: status_is(server.nodes, "a1", "running"), 10, "a1 running")
-    finally:
-        first.stop(leave_tasks_running=True, timeout_s=10)
     assert alive(pid) and processes_of("a1") == [pid]
     assert first.alloc_status("a1") is not None
     if fresh_process:
@@ -450,14 +457,9 @@ def test_agent__restart__reattaches_to_the_same_process(
 
 def test_agent__restart__mock_task_keeps_its_deadline(tmp_path: Path, server: FakeServer) -> None:
     j = job("b", job_type="batch", tasks=[task(config='{"run_for": "2s"}')])
-    first = ClientAgent(settings(tmp_path, server), tuning=FAST)
-    first.start()
-    try:
-        first.wait_registered(10)
+    with agent_leaving_tasks(tmp_path, server) as first:
         server.nodes.place(alloc("m1", j, first.node_id), j)
         wait_until(lambda: status_is(server.nodes, "m1", "running"), 10, "m1 running")
-    finally:
-        first.stop(leave_tasks_running=True, timeout_s=10)
     with running_agent(tmp_path, server):
         wait_until(lambda: status_is(server.nodes, "m1", "complete"), 10, "m1 completes on schedule")
         assert event_types(server.nodes, "m1").count("Started") == 1
@@ -468,15 +470,9 @@ def test_agent__restart__task_gone_meanwhile__unknown_exit_goes_through_restart_
 ) -> None:
     policy = structs_pb2.RestartPolicy(attempts=1, interval_ns=60 * S, delay_ns=50_000_000, mode="fail")
     j = job("svc", tasks=[sleep_task()], restart=policy)
-    first = ClientAgent(settings(tmp_path, server), tuning=FAST)
-    first.start()
-    try:
-        first.wait_registered(10)
+    with agent_leaving_tasks(tmp_path, server) as first:
         server.nodes.place(alloc("a1", j, first.node_id), j)
-        pid = wait_until(lambda: (server.nodes.task_state("a1") or structs_pb2.TaskState()).pid, 10, "a pid")
-        pids.append(pid)
-    finally:
-        first.stop(leave_tasks_running=True, timeout_s=10)
+        pid = task_pid(server, "a1", pids)
     os.killpg(pid, signal.SIGKILL)
     wait_until(lambda: not alive(pid), 5, "the task gone while no agent runs")
     with running_agent(tmp_path, server) as second:
@@ -497,8 +493,7 @@ def test_agent__stop__kills_tasks_by_default(tmp_path: Path, server: FakeServer,
     with running_agent(tmp_path, server) as agent:
         agent.wait_registered(10)
         server.nodes.place(alloc("a1", j, agent.node_id), j)
-        pid = wait_until(lambda: (server.nodes.task_state("a1") or structs_pb2.TaskState()).pid, 10, "a pid")
-        pids.append(pid)
+        pid = task_pid(server, "a1", pids)
     assert not alive(pid)
     assert status_is(server.nodes, "a1", "complete")  # the final state was flushed
 
