@@ -44,6 +44,10 @@ class ServerConfig:
     max_heartbeats_per_second: int = 50
     heartbeat_grace: str = "10s"
     failover_heartbeat_ttl: str = "5m"
+    # Allocations one task group may ask for (Nomad's job_max_count idea, per group): the
+    # scheduler holds every one of them in memory, so a count of 2**31-1 would take the
+    # leader down. Jobs over it are refused naming the group's count.
+    job_max_group_count: int = 10_000
     # ACLs (server/acl/): every API call needs a token that allows it. Config block
     # ``acl { enabled = true }``; flag -acl-enabled.
     acl_enabled: bool = False

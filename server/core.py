@@ -21,6 +21,7 @@ from drover.common.duration import parse_duration
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import TLSError, TLSMaterial, open_channel
 from drover.scheduler.structs import ServerMember
+from drover.scheduler.validate import Limits
 from drover.server.clock import Clock, IdSource, SystemClock, UuidIds
 from drover.server.codec import to_proto
 from drover.server.config import ServerConfig
@@ -101,6 +102,12 @@ def read_server_tls(cfg: ServerConfig) -> TLSMaterial | None:
         raise StartupError(str(exc)) from exc
 
 
+def job_limits(cfg: ServerConfig) -> Limits:
+    if cfg.job_max_group_count < 1:
+        raise StartupError("-job-max-group-count: must be >= 1")
+    return Limits(max_group_count=cfg.job_max_group_count)
+
+
 def heartbeat_config(cfg: ServerConfig) -> HeartbeatConfig:
     def ns(text: str, key: str) -> int:
         try:
@@ -153,7 +160,9 @@ class ServerCore:
             on_state_changed=self._on_leadership,
         )
         self.heartbeats = HeartbeatTimers(heartbeat_config(cfg))
-        self.endpoints = Endpoints(self.raft, self.store, self.clock, self.ids, self.heartbeats)
+        self.endpoints = Endpoints(
+            self.raft, self.store, self.clock, self.ids, self.heartbeats, limits=job_limits(cfg)
+        )
         self.leader = LeaderServices(self, cfg.num_workers)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -101,7 +101,9 @@ NODE_MEMORY_MB: Final = 16_384
 AGENT_MODULE: Final = "tests.bench._agent"
 # Simulated nodes never heartbeat: give them TTLs that outlast any run, so none is marked
 # down (and its allocs lost) half way through.
-SERVER_ARGS: Final = ("-min-heartbeat-ttl", "2h", "-heartbeat-grace", "2h")
+# The full service scenario places 20,000 allocs of one group: past the default per-group
+# count limit (10,000), which the servers are told to raise.
+SERVER_ARGS: Final = ("-min-heartbeat-ttl", "2h", "-heartbeat-grace", "2h", "-job-max-group-count", "20000")
 CLUSTER_WAIT_S: Final = 60.0
 RPC_TIMEOUT_S: Final = 30.0
 POLL_S: Final = 0.05

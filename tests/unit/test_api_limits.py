@@ -201,3 +201,14 @@ def test_rate_limited_warning__one_line_per_interval_counting_the_rest(
         ("test.event", 0),
         ("test.event", 100),
     ]
+
+
+def test_job_limits__from_server_config__default_and_raised() -> None:
+    from drover.server.config import ServerConfig, load_server_config
+    from drover.server.core import StartupError, job_limits
+
+    assert job_limits(ServerConfig(node_name="s", data_dir="/d")).max_group_count == 10_000
+    raised = load_server_config({"node_name": "s", "data_dir": "/d", "job_max_group_count": 20_000}, None)
+    assert job_limits(raised).max_group_count == 20_000
+    with pytest.raises(StartupError, match="job-max-group-count"):
+        job_limits(ServerConfig(node_name="s", data_dir="/d", job_max_group_count=0))

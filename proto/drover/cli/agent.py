@@ -41,6 +41,7 @@ def register(top: Subcommands) -> None:
     flag(p, "max-heartbeats-per-second", type=int, help="heartbeat rate the TTL scales to (50)")
     flag(p, "heartbeat-grace", metavar="DURATION", help="extra wait before a node is marked down (10s)")
     flag(p, "failover-heartbeat-ttl", metavar="DURATION", help="TTL every node gets from a new leader (5m)")
+    flag(p, "job-max-group-count", type=int, help="the largest count a task group may ask for (10000)")
     flag(p, "log-json", action="store_true", default=None)
     flag(
         p,
@@ -78,6 +79,7 @@ _AGENT_KEYS: Final = {
         "max_heartbeats_per_second",
         "heartbeat_grace",
         "failover_heartbeat_ttl",
+        "job_max_group_count",
         "acl_enabled",
         "log_json",
         "log_level",
