@@ -67,12 +67,21 @@ def take(broker: EvalBroker, now: int = T0) -> tuple[Evaluation, str]:
     return item
 
 
-def e1_taken() -> tuple[EvalBroker, str]:
-    """An enabled broker that has handed eval e1 to a worker: (broker, e1's token)."""
+def one_taken(eval_id: str = "e1") -> tuple[EvalBroker, str]:
+    """An enabled broker that has handed ``eval_id`` (job web, the oldest) to a worker:
+    (broker, its token)."""
     broker = enabled_broker()
-    broker.enqueue(ev("e1"), T0)
+    broker.enqueue(ev(eval_id), T0)
     _, token = take(broker)
     return broker, token
+
+
+def web_queue(n: int) -> EvalBroker:
+    """An enabled broker with evals a1..an of job web enqueued, a1 the oldest."""
+    broker = enabled_broker()
+    for i in range(1, n + 1):
+        broker.enqueue(ev(f"a{i}", "web", create_index=i), T0)
+    return broker
 
 
 def nothing_ready(broker: EvalBroker, now: int = T0) -> bool:
@@ -174,9 +183,7 @@ def test_evals_without_job__are_not_serialized() -> None:
 
 
 def test_one_outstanding_per_job__second_eval_waits_until_ack() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    broker.enqueue(ev("a2", "web", create_index=2), T0)
+    broker = web_queue(2)
 
     first, token = take(broker)
     assert first.id == "a1"
@@ -189,18 +196,14 @@ def test_one_outstanding_per_job__second_eval_waits_until_ack() -> None:
 
 
 def test_one_outstanding_per_job__waits_while_first_is_ready_too() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    broker.enqueue(ev("a2", "web", create_index=2), T0)
+    broker = web_queue(2)
 
     assert broker.stats() == replace(EMPTY, ready=1, waiting=1)
     assert drain_ids(broker) == ["a1"]
 
 
 def test_one_outstanding_per_job__other_jobs_are_independent() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    broker.enqueue(ev("a2", "web", create_index=2), T0)
+    broker = web_queue(2)
     broker.enqueue(ev("b1", "db", create_index=3), T0)
 
     assert drain_ids(broker) == ["a1", "b1"]
@@ -215,9 +218,7 @@ def test_one_outstanding_per_job__same_job_id_in_other_namespace_is_another_job(
 
 
 def test_ack__only_newest_waiting_survives__others_returned_for_cancellation() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    _, token = take(broker)
+    broker, token = one_taken("a1")
     # Arrival order differs from age order on purpose.
     for eval_id, index in [("a4", 4), ("a2", 2), ("a5", 5), ("a3", 3)]:
         broker.enqueue(ev(eval_id, "web", create_index=index), T0)
@@ -230,9 +231,7 @@ def test_ack__only_newest_waiting_survives__others_returned_for_cancellation() -
 
 
 def test_ack__cancelled_evals_are_forgotten__can_be_enqueued_again() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    _, token = take(broker)
+    broker, token = one_taken("a1")
     broker.enqueue(ev("a2", "web", create_index=2), T0)
     broker.enqueue(ev("a3", "web", create_index=3), T0)
 
@@ -246,7 +245,7 @@ def test_ack__cancelled_evals_are_forgotten__can_be_enqueued_again() -> None:
 
 
 def test_ack__wrong_token__raises_and_keeps_eval_outstanding() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
 
     with pytest.raises(TokenMismatchError):
         broker.ack("e1", token + "-forged")
@@ -267,7 +266,7 @@ def test_ack__unknown_eval__raises() -> None:
 
 
 def test_ack__twice__second_raises() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
     broker.ack("e1", token)
 
     assert not broker.outstanding("e1", token)
@@ -276,7 +275,7 @@ def test_ack__twice__second_raises() -> None:
 
 
 def test_ack__stale_token_after_redelivery__raises() -> None:
-    broker, stale = e1_taken()
+    broker, stale = one_taken()
     broker.nack("e1", stale, T0)
     broker.tick(T0 + INITIAL_NACK_DELAY_NS)
     _, fresh = take(broker, T0 + INITIAL_NACK_DELAY_NS)
@@ -291,7 +290,7 @@ def test_ack__stale_token_after_redelivery__raises() -> None:
 
 
 def test_nack__stale_token_while_awaiting_redelivery__raises() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
     broker.nack("e1", token, T0)
 
     with pytest.raises(TokenMismatchError):
@@ -305,7 +304,7 @@ def test_nack__stale_token_while_awaiting_redelivery__raises() -> None:
 
 
 def test_nack__redelivered_only_after_initial_delay() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
 
     broker.nack("e1", token, T0)
     assert broker.stats() == replace(EMPTY, delayed=1)
@@ -335,9 +334,7 @@ def test_nack__later_redeliveries_use_subsequent_delay() -> None:
 
 
 def test_nack__job_slot_kept__waiting_eval_not_served_meanwhile() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    _, token = take(broker)
+    broker, token = one_taken("a1")
     broker.enqueue(ev("a2", "web", create_index=2), T0)
 
     broker.nack("a1", token, T0)
@@ -359,7 +356,7 @@ def test_nack__redelivery_keeps_priority_order() -> None:
 
 
 def test_tick__nack_timeout__redelivers_after_delay_and_invalidates_token() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
 
     broker.tick(T0 + DEFAULT_NACK_TIMEOUT_NS - 1)
     assert broker.outstanding("e1", token)
@@ -442,9 +439,7 @@ def test_delivery_limit__via_nack_timeouts() -> None:
 def web_evals_with_a1_failed(n: int) -> tuple[EvalBroker, int]:
     """Evals a1..an of job web queued (a1 the oldest), and a1 delivered and nacked up to the
     delivery limit: (broker, the time of the last nack). a1 must be the one failed."""
-    broker = enabled_broker()
-    for i in range(1, n + 1):
-        broker.enqueue(ev(f"a{i}", "web", create_index=i), T0)
+    broker = web_queue(n)
     now = deliver_and_nack(broker, "a1", DEFAULT_DELIVERY_LIMIT, T0)
     assert [e.id for e in broker.take_failed()] == ["a1"]
     return broker, now
@@ -529,9 +524,7 @@ def test_wait_until__in_the_past__ready_at_once() -> None:
 
 
 def test_wait_until__due_while_job_busy__waits_for_job_slot() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    _, token = take(broker)
+    broker, token = one_taken("a1")
     due = T0 + SECOND
     broker.enqueue(ev("a2", "web", create_index=2, wait_until_ns=due), T0)
 
@@ -635,7 +628,7 @@ def test_enqueue__known_eval__ignored() -> None:
 
 
 def test_enqueue__while_nacked_and_delayed__ignored() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
     broker.nack("e1", token, T0)
 
     assert not broker.enqueue(ev("e1"), T0)
@@ -644,7 +637,7 @@ def test_enqueue__while_nacked_and_delayed__ignored() -> None:
 
 
 def test_requeue__enqueue_of_held_eval__readmitted_after_ack() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
 
     assert broker.enqueue(ev("e1"), T0)
     assert nothing_ready(broker), "not redelivered while the worker still holds it"
@@ -658,9 +651,7 @@ def test_requeue__enqueue_of_held_eval__readmitted_after_ack() -> None:
 
 
 def test_requeue__readmitted_eval_respects_job_slot() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    _, token = take(broker)
+    broker, token = one_taken("a1")
     broker.enqueue(ev("a2", "web", create_index=2), T0)
     broker.enqueue(ev("a1", "web", create_index=1), T0)  # requeue
 
@@ -683,10 +674,7 @@ def test_untrack__ready_eval__not_delivered() -> None:
 
 
 def test_untrack__job_slot_holder__next_waiting_admitted() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    broker.enqueue(ev("a2", "web", create_index=2), T0)
-    broker.enqueue(ev("a3", "web", create_index=3), T0)
+    broker = web_queue(3)
 
     broker.untrack("a1")
     got, token = take(broker)
@@ -698,9 +686,7 @@ def test_untrack__job_slot_holder__next_waiting_admitted() -> None:
 
 
 def test_untrack__waiting_eval__dropped() -> None:
-    broker = enabled_broker()
-    broker.enqueue(ev("a1", "web", create_index=1), T0)
-    _, token = take(broker)
+    broker, token = one_taken("a1")
     broker.enqueue(ev("a2", "web", create_index=2), T0)
 
     broker.untrack("a2")
@@ -723,7 +709,7 @@ def test_untrack__delayed_eval__dropped() -> None:
 
 
 def test_untrack__held_eval__ignored__ack_still_works() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
 
     broker.untrack("e1")
 
@@ -732,7 +718,7 @@ def test_untrack__held_eval__ignored__ack_still_works() -> None:
 
 
 def test_untrack__held_eval_with_pending_requeue__not_redelivered_after_ack() -> None:
-    broker, token = e1_taken()
+    broker, token = one_taken()
     broker.enqueue(ev("e1"), T0)  # e.g. a leader rescan re-enqueues every pending eval
     broker.untrack("e1")  # the worker wrote it complete before acking
 
