@@ -24,8 +24,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from deploy.cluster import LocalCluster, wait_for
 from drover.common.tls import open_channel
 from drover.sdk import DroverClient, DroverError
-from drover.v1 import api_pb2
+from drover.v1 import structs_pb2
 from tests.cluster.jobs import service_job
+from tests.cluster.nodes import simulated_node, simulated_secret
 
 READ_POLICY = """
 namespace "default" { policy = "read" }
@@ -310,7 +311,35 @@ def test_acl__stopped_server_back__authorizes_from_its_replayed_state(
             _denied(lambda c=reader: c.snapshot_save(stale=True))
 
 
-def test_acl__rights_table__every_rpc_listed(cluster: LocalCluster) -> None:
-    # The servers run the table the unit tests check; one RPC per service proves it is wired.
+def test_acl__node_rpcs__need_the_nodes_own_secret_not_a_token(cluster: LocalCluster) -> None:
+    """Client agents hold no ACL token: their node RPCs are authenticated by the node's own
+    secret (empty refused), and one node's secret can not touch another node's alloc."""
+    with _client(cluster) as node_agent:
+        for node_id in ("acl-node-a", "acl-node-b"):
+            node_agent.register_node(simulated_node(node_id))
     with _client(cluster, cluster.management_token) as admin:
-        assert isinstance(admin.acl_list_tokens(), api_pb2.ACLTokenListResponse)
+        admin.register_job(service_job("on-one-node", count=1))
+
+        def placed() -> list[structs_pb2.Allocation]:
+            return [a for a in admin.list_allocs(job_id="on-one-node").allocs if a.desired_status == "run"]
+
+        (alloc,) = wait_for(placed, 60, 0.1, "the alloc of on-one-node to be placed")
+    owner = alloc.node_id
+    other = "acl-node-b" if owner == "acl-node-a" else "acl-node-a"
+    report = structs_pb2.Allocation(id=alloc.id, client_status="failed")
+    with _client(cluster) as node_agent:
+        for node_id, secret in (
+            (other, simulated_secret(other)),
+            (owner, ""),
+            (owner, simulated_secret(other)),
+        ):
+            with pytest.raises(DroverError) as caught:
+                node_agent.update_allocs([report], node_id=node_id, secret_id=secret)
+            assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED, (node_id, secret, caught.value)
+        with pytest.raises(DroverError) as caught:
+            node_agent.update_node_status(owner, "ready")
+        assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+        # The owner's own secret works with no ACL token at all.
+        node_agent.update_node_status(owner, "ready", secret_id=simulated_secret(owner))
+    with _client(cluster, cluster.management_token) as admin:
+        assert admin.get_alloc(alloc.id).alloc.client_status != "failed"
