@@ -16,10 +16,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 CHAOS_FACTOR: Final = 20
+# Every quick budget handed out, by the fuzzer modules as they are imported.
+QUICK_BUDGETS: list[int] = []
 
 
 def budgets(quick: int) -> list[object]:
     """``pytest.mark.parametrize("budget", budgets(n))``: n inputs, or 20n under ``chaos``."""
+    QUICK_BUDGETS.append(quick)
     return [
         pytest.param(quick, id="quick"),
         pytest.param(quick * CHAOS_FACTOR, id="chaos", marks=pytest.mark.chaos),

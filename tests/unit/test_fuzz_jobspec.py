@@ -302,14 +302,14 @@ def test_fuzz_jobspec__any_text__one_documented_error_or_a_job(budget: int) -> N
     run(st.text(alphabet=st.characters(codec="utf-8"), max_size=200) | st.text(max_size=50), budget)
 
 
-@pytest.mark.parametrize("budget", budgets(600))
+@pytest.mark.parametrize("budget", budgets(400))
 def test_fuzz_jobspec__hcl_documents__one_documented_error_or_a_job(budget: int) -> None:
     seen = run(documents(short=True).map(render_hcl).flatmap(mutated), budget)
     # The generator reaches every outcome, so each branch of the property is exercised.
     assert {"parse", "invalid"} <= set(seen), seen
 
 
-@pytest.mark.parametrize("budget", budgets(800))
+@pytest.mark.parametrize("budget", budgets(600))
 def test_fuzz_jobspec__json_documents__one_documented_error_or_a_job(budget: int) -> None:
     as_json = documents().map(lambda d: render_json(to_data(d))).flatmap(mutated)
     seen = run(as_json, budget)
