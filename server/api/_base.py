@@ -26,7 +26,13 @@ from google.protobuf.message import Message
 from drover.scheduler import validate
 from drover.server.acl import rights
 from drover.server.acl.resolve import TOKEN_METADATA_KEY, acting_as, resolve
-from drover.server.api._limits import CALLER_METADATA_KEY, caller_limits, current_caller
+from drover.server.api._limits import (
+    CALLER_CHECK_S,
+    CALLER_METADATA_KEY,
+    caller_limits,
+    caller_waiting,
+    current_caller,
+)
 from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -186,10 +192,28 @@ def query(
     names = tuple(tables)
     if options.min_index:
         wait = options.wait_ns / 1e9 if options.wait_ns > 0 else DEFAULT_WAIT_S
-        snap = core.store.wait_for(names, options.min_index, min(wait, MAX_WAIT_S))
+        snap = wait_while_caller_waits(core, names, options.min_index, min(wait, MAX_WAIT_S))
     else:
         snap = core.store.snapshot()
     return snap, meta_for(core, snap.table_index(*names))
+
+
+def wait_while_caller_waits(
+    core: ServerCore, names: tuple[str, ...], min_index: int, timeout: float
+) -> Snapshot:
+    """``store.wait_for``, in slices: a caller that went away frees its parked thread (and
+    its place under the parking limit, server/api/_limits.py) within a slice."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        snap = core.store.wait_for(names, min_index, max(0.0, min(remaining, CALLER_CHECK_S)))
+        if (
+            snap.table_index(*names) > min_index
+            or remaining <= CALLER_CHECK_S
+            or core.store.closed
+            or not caller_waiting()
+        ):
+            return snap
 
 
 def get_by_id(

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from drover.server.core import ServerCore
 
 __all__ = [
+    "CALLER_CHECK_S",
     "CALLER_METADATA_KEY",
     "MAX_PARKED_PER_CALLER",
     "MAX_PARKED_TOTAL",
@@ -54,6 +55,7 @@ __all__ = [
     "Rate",
     "TokenBucket",
     "caller_limits",
+    "caller_waiting",
     "current_caller",
     "peer_host",
 ]
@@ -131,11 +133,24 @@ def _address_host(address: str) -> str:
 
 
 _CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("drover_caller", default="")
+_CONTEXT: contextvars.ContextVar[grpc.ServicerContext | None] = contextvars.ContextVar(
+    "drover_rpc_context", default=None
+)
+# How often a parked query looks whether its caller is still there.
+CALLER_CHECK_S: Final = 1.0
 
 
 def current_caller() -> str:
     """The caller of the RPC this thread is serving ("" outside one): forwarded with it."""
     return _CALLER.get()
+
+
+def caller_waiting() -> bool:
+    """False once the caller of the RPC this thread serves has gone (cancelled, timed
+    out, disconnected): a parked query then gives its thread and parking place back
+    instead of holding them to the end of its wait."""
+    context = _CONTEXT.get()
+    return context is None or bool(context.is_active())
 
 
 class CallerLimits:
@@ -223,6 +238,7 @@ class CallerLimits:
         """Run ``call`` for this caller, within its rate and parking limits."""
         caller = self.caller(core, context)
         token = _CALLER.set(caller)
+        context_token = _CONTEXT.set(context)
         try:
             self.take(rpc_name, caller)
             if not _is_blocking(request):
@@ -230,6 +246,7 @@ class CallerLimits:
             with self.parked(caller):
                 return call()
         finally:
+            _CONTEXT.reset(context_token)
             _CALLER.reset(token)
 
 

@@ -18,7 +18,7 @@ import grpc
 
 from drover.scheduler.structs import Node
 from drover.server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
-from drover.server.api._limits import caller_limits
+from drover.server.api._limits import CALLER_CHECK_S, caller_limits, caller_waiting
 from drover.server.codec import from_proto, to_proto
 from drover.server.endpoints import decode_drain
 from drover.server.errors import DroverError, ValidationError
@@ -127,9 +127,15 @@ class NodesServicer(api_pb2_grpc.NodesServicer):
         deadline = time.monotonic() + timeout
         seen = min_index
         while True:
-            snap = self.core.store.wait_for(("allocs",), seen, max(0.0, deadline - time.monotonic()))
+            left = max(0.0, min(deadline - time.monotonic(), CALLER_CHECK_S))
+            snap = self.core.store.wait_for(("allocs",), seen, left)
             index = _node_alloc_index(snap, node_id)
-            if index > min_index or time.monotonic() >= deadline or self.core.store.closed:
+            if (
+                index > min_index
+                or time.monotonic() >= deadline
+                or self.core.store.closed
+                or not caller_waiting()
+            ):
                 return snap, index
             # Something else changed: wait for the next change of the alloc table.
             seen = max(seen, snap.table_index("allocs"))
