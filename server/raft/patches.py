@@ -15,6 +15,12 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | keep the leader's next index (``_install_message_hook``) | late acks set a follower's next index behind what is in flight, so the leader re-sends entries the follower holds | ``_SyncObj__raftNextIndex`` |
 | elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
 
+Outside pysyncobj, at import:
+
+| patch | why | private names |
+|---|---|---|
+| ``socket.inet_ntop`` restored (``_restore_inet_ntop``) | importing pysyncobj (``win_inet_pton``) replaces it on every OS with a Windows-only stand-in that raises ``TypeError``, so in any process that imported raft, psutil's connection list (and anything else formatting an address) failed | none |
+
 Reads, which change nothing:
 
 | read | why | private names |
@@ -30,7 +36,9 @@ docstrings, pysyncobj's own way to ask who leads, and not name-mangled.
 
 from __future__ import annotations
 
+import _socket
 import random
+import socket
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -58,6 +66,14 @@ __all__ = [
 ]
 
 log = structlog.get_logger("drover.raft")
+
+
+def _restore_inet_ntop() -> None:
+    """Undo pysyncobj's import-time replacement of ``socket.inet_ntop`` (table above)."""
+    socket.inet_ntop = _socket.inet_ntop
+
+
+_restore_inet_ntop()
 
 # The private attributes we read are those of this release; another release must be
 # re-checked against the defects in docs/design.md before it is allowed in.
