@@ -20,7 +20,13 @@ from typing import Any, Final
 from pysyncobj import SyncObj, replicated
 from pysyncobj.config import FAIL_REASON
 
-from drover.server.errors import CommitTimeoutError, NoLeaderError, NotLeaderError, RaftError
+from drover.server.errors import (
+    CommitTimeoutError,
+    NoLeaderError,
+    NotLeaderError,
+    RaftError,
+    ValidationError,
+)
 from drover.server.fsm import FSM, ApplyResult
 from drover.server.raft import patches
 from drover.server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
@@ -46,6 +52,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     ) -> None:
         patches.check_version()
         tuning = tuning or RaftTuning()
+        # Before SyncObj.__init__: its transport opens connections right away.
+        patches.install_frame_guard(tuning.frame_limit_bytes())
+        self._max_entry_bytes = tuning.max_entry_bytes
         os.makedirs(data_dir, exist_ok=True)
         self._fsm = fsm
         self._on_state_changed = on_state_changed
@@ -78,6 +87,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """Append ``data`` to the log on this leader and wait until it is applied here."""
         if not self._isLeader():
             raise NotLeaderError(self.leader_address())
+        self._check_size(data)
         done = threading.Event()
         box: list[Any] = [None, None]
 
@@ -103,6 +113,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if not self._isLeader():
             on_done(None, "not the leader")
             return
+        try:
+            self._check_size(data)
+        except ValidationError as exc:
+            on_done(None, str(exc))
+            return
 
         def on_result(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS:
@@ -111,6 +126,16 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 on_done(None, str(_FAIL_NAMES.get(error, error)))
 
         self.apply_entry(data, callback=on_result)
+
+    def _check_size(self, data: bytes) -> None:
+        """Refuse an entry over ``max_entry_bytes`` before it is in the log: a larger one
+        could make a frame over the bound followers accept (server/raft/frames.py), and
+        they would never catch up."""
+        if len(data) > self._max_entry_bytes:
+            raise ValidationError(
+                f"raft entry of {len(data)} bytes is over the {self._max_entry_bytes}-byte limit: "
+                "split it (plans are split at 2,000 allocs)"
+            )
 
     # -- status ------------------------------------------------------------------------
     def is_leader(self) -> bool:

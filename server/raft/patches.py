@@ -14,6 +14,8 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | append entries by Raft's rule (``_take_append_entries``, server/raft/append.py) | a follower truncates on every stale append, re-applying entries and briefly losing acknowledged ones; with compaction this emptied logs for good | ``_SyncObj__raftCurrentTerm``, ``_SyncObj__raftLog``, ``_SyncObj__raftCommitIndex``, ``_SyncObj__raftLastApplied`` (read), ``_SyncObj__deleteEntriesFrom`` (called, and shadowed on the instance for one call), ``_SyncObj__transport`` (send the retry hint) |
 | keep the leader's next index (``_install_message_hook``) | late acks set a follower's next index behind what is in flight, so the leader re-sends entries the follower holds | ``_SyncObj__raftNextIndex`` |
 | elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
+| batches stop before the entry that would take them over the batch size (``_install_bounded_batches``) | pysyncobj sends the entry that crosses the batch size along with the batch, so a message could be the batch size plus one whole entry, over the frame bound below: the follower would never catch up | ``_SyncObj__getEntries`` (shadowed on the instance) |
+| bounded, checked frames (``install_frame_guard``, on the ``TcpConnection`` class, once per process) | pysyncobj buffers whatever length a peer declares before checking anything (a 64 MiB frame from a socket deposed a leader) and drops bad frames silently; here a declared length over the bound (``frames.frame_limit``, or ``frames.HANDSHAKE_FRAME_BYTES`` before the session keys are exchanged) closes the connection before more is buffered, the Fernet seal is checked before anything is decompressed or unpickled, and every refusal is logged, once per peer address per minute | ``_TcpConnection__processRead``, ``_TcpConnection__processParseMessage`` (replaced), ``_TcpConnection__socket``, ``_TcpConnection__recvBufferSize``, ``_TcpConnection__readBuffer`` |
 
 Outside pysyncobj, at import:
 
@@ -37,19 +39,26 @@ docstrings, pysyncobj's own way to ask who leads, and not name-mangled.
 from __future__ import annotations
 
 import _socket
+import errno
 import random
 import socket
+import struct
+import zlib
 from collections.abc import Callable
 from typing import Any, Final
 
 import structlog
+from cryptography.fernet import InvalidToken
 from pysyncobj import SyncObj
+from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.syncobj import _COMMAND_TYPE
+from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from drover.server.raft.append import plan_append
+from drover.server.raft.frames import HANDSHAKE_FRAME_BYTES, RejectLog, batch_length
 from drover.server.raft.journal import command_bytes
 from drover.server.raft.tuning import RaftTuning
 from drover.v1 import raft_pb2
@@ -58,7 +67,9 @@ __all__ = [
     "SUPPORTED_PYSYNCOBJ",
     "check_version",
     "forwardable",
+    "frame_limit_installed",
     "install",
+    "install_frame_guard",
     "leader_lost_delay",
     "log_end_index",
     "noop_index",
@@ -88,9 +99,11 @@ def check_version() -> None:
 
 
 def install(raft: SyncObj, tuning: RaftTuning) -> None:
-    """Every patch in the table above, on a node whose ``SyncObj.__init__`` has run."""
+    """Every per-node patch in the table above, on a node whose ``SyncObj.__init__`` has run
+    (``install_frame_guard`` must run before it: connections open during ``__init__``)."""
     _install_message_hook(raft)
     _install_leader_lost_election(raft, tuning)
+    _install_bounded_batches(raft)
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,3 +299,151 @@ def leader_lost_delay(me: str, members: list[str], lost_leader: str, tuning: Raf
     survivors = sorted(m for m in members if m != lost_leader)
     rank = survivors.index(me) if me in survivors else len(survivors)
     return tuning.leader_lost_first_s + rank * tuning.leader_lost_step_s + u * tuning.leader_lost_jitter_s
+
+
+# ---------------------------------------------------------------------------------------
+# Bounded batches
+
+
+def _install_bounded_batches(raft: SyncObj) -> None:
+    """Cut every append_entries batch so its pickled entries fit in the batch size.
+
+    pysyncobj's ``__getEntries`` keeps the entry that crosses ``maxSizeBytes``, so a batch
+    could carry the batch size plus one whole entry: a frame over the bound followers
+    accept, which they would drop on every retry and never catch up. Only the leader's
+    send path passes ``maxSizeBytes``; every other call is left exactly as it was.
+    """
+    original = raft._SyncObj__getEntries
+
+    def get_entries(from_index: Any, count: Any = None, max_size_bytes: Any = None) -> Any:
+        entries = original(from_index, count)
+        if max_size_bytes is None:
+            return entries
+        return entries[: batch_length((len(entry[0]) for entry in entries), int(max_size_bytes))]
+
+    raft._SyncObj__getEntries = get_entries
+
+
+# ---------------------------------------------------------------------------------------
+# Frame guard
+
+# pysyncobj's frame header: a native 4-byte signed length.
+_LENGTH: Final = struct.Struct("i")
+_rejections: Final = RejectLog()
+# The bound for established sessions: the largest any node of this process was given.
+_frame_limit = [0]
+
+
+def install_frame_guard(limit: int) -> None:
+    """Bound and check every raft frame this process reads, on pysyncobj's one connection
+    class (every connection, in or out, is a ``TcpConnection``). Idempotent."""
+    _frame_limit[0] = max(_frame_limit[0], limit)
+    if TcpConnection.__dict__.get("_TcpConnection__processRead") is _read_bounded:
+        return
+    TcpConnection._TcpConnection__processRead = _read_bounded
+    TcpConnection._TcpConnection__processParseMessage = _parse_checked
+
+
+def frame_limit_installed() -> int:
+    """The bound established sessions get in this process (0 before ``install_frame_guard``)."""
+    return _frame_limit[0]
+
+
+def _read_bounded(conn: Any) -> bool:
+    """pysyncobj's read step, bounded: read once, then stop (return False) as soon as the
+    buffer holds one whole frame, and close the connection as soon as a header declares
+    more than the bound. pysyncobj reads until the socket is drained, so a peer that keeps
+    sending grew the buffer (by copying it, every 64 KiB) without limit."""
+    sock = conn._TcpConnection__socket
+    try:
+        incoming = sock.recv(conn._TcpConnection__recvBufferSize)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            conn.disconnect()
+        return False
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or not incoming:
+        conn.disconnect()
+        return False
+    buffer = conn._TcpConnection__readBuffer
+    if not isinstance(buffer, bytearray):  # pysyncobj resets it to bytes() on (re)connect
+        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
+    buffer += incoming
+    if len(buffer) < _LENGTH.size:
+        return True
+    declared = _declared_length(conn, buffer)
+    return declared is not None and len(buffer) < _LENGTH.size + declared
+
+
+def _parse_checked(conn: Any) -> Any:
+    """pysyncobj's frame parser, with nothing decompressed or unpickled before the Fernet
+    seal (HMAC-SHA256 with the cluster key) is verified, and every refusal logged.
+    None when there is no whole frame yet, or the connection was closed."""
+    buffer = conn._TcpConnection__readBuffer
+    if len(buffer) < _LENGTH.size:
+        return None
+    if not isinstance(buffer, bytearray):
+        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
+    declared = _declared_length(conn, buffer)
+    if declared is None or len(buffer) < _LENGTH.size + declared:
+        return None
+    data = bytes(buffer[_LENGTH.size : _LENGTH.size + declared])
+    del buffer[: _LENGTH.size + declared]
+    encryptor = conn.encryptor
+    if encryptor is not None:
+        try:
+            # Fernet checks the HMAC here, and again in decrypt, before it decrypts.
+            timestamp = encryptor.extract_timestamp(data)
+            data = encryptor.decrypt(data)
+        except (InvalidToken, TypeError, ValueError):
+            _refuse(conn, "not sealed with this cluster's raft key", frame_bytes=declared)
+            return None
+        if timestamp < conn.recvLastTimestamp:
+            _refuse(conn, "replayed or reordered frame", frame_bytes=declared)
+            return None
+        conn.recvLastTimestamp = timestamp
+    try:
+        message = pysyncobj_pickle.loads(zlib.decompress(data))
+    except Exception:  # a key holder's garbage: the same refusal, whatever the decoder raised
+        _refuse(conn, "sealed but undecodable", frame_bytes=declared)
+        return None
+    if conn.recvRandKey:
+        # Each session key is fresh per connection: a frame replayed from another carries
+        # the wrong one.
+        if not (isinstance(message, tuple) and len(message) == 2 and message[0] == conn.recvRandKey):
+            _refuse(conn, "frame from another session", frame_bytes=declared)
+            return None
+        message = message[1]
+    return message
+
+
+def _declared_length(conn: Any, buffer: bytearray) -> int | None:
+    """The next frame's declared length; None, the connection closed, if over the bound.
+
+    Before the session keys are exchanged the only frame is a sealed 32-byte key, so a
+    peer without the cluster key never gets more than ``HANDSHAKE_FRAME_BYTES`` buffered.
+    """
+    (declared,) = _LENGTH.unpack_from(buffer, 0)
+    established = conn.encryptor is None or bool(conn.sendRandKey)
+    limit = _frame_limit[0] if established else HANDSHAKE_FRAME_BYTES
+    if 0 <= declared <= limit:
+        return int(declared)
+    _refuse(conn, "frame over the size bound", frame_bytes=declared, limit_bytes=limit)
+    return None
+
+
+def _refuse(conn: Any, reason: str, **fields: int) -> None:
+    """Close the connection; log it unless this peer address was logged within the minute."""
+    peer = _peer_host(conn)
+    suppressed = _rejections.admit(peer, pysyncobj_monotonic())
+    conn.disconnect()
+    if suppressed is not None:
+        log.warning(
+            "raft.frame_refused", peer=peer, reason=reason, suppressed_since_last=suppressed, **fields
+        )
+
+
+def _peer_host(conn: Any) -> str:
+    try:
+        return str(conn._TcpConnection__socket.getpeername()[0])
+    except (OSError, AttributeError, IndexError):
+        return "unknown"

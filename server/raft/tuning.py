@@ -18,6 +18,8 @@ from typing import Any
 
 from pysyncobj import SyncObjConf
 
+from drover.server.raft.frames import frame_limit
+
 __all__ = ["RaftTuning", "tuned_conf"]
 
 
@@ -33,6 +35,11 @@ class RaftTuning:
     compaction_min_time: float = 600.0
     commands_queue_size: int = 100_000
     append_entries_batch_bytes: int = 16 * 1024 * 1024
+    # The largest entry a member proposes (``RaftNode`` refuses larger ones). Half the
+    # batch size: a pickled entry takes up to twice its bytes, so every entry still fits in
+    # one message, and none is chunked (the defect in ``tuned_conf``). Plans are split far
+    # below it (2,000 allocs are ~0.5 MiB).
+    max_entry_bytes: int = 8 * 1024 * 1024
     # A follower whose TCP connection to the leader closes (the leader's process died, its
     # kernel reset the socket) calls an election within a fraction of a second instead of
     # waiting out the full 1-2 s timeout; the followers go in a fixed order, one step apart,
@@ -41,6 +48,11 @@ class RaftTuning:
     leader_lost_first_s: float = 0.1
     leader_lost_step_s: float = 0.35
     leader_lost_jitter_s: float = 0.05
+
+    def frame_limit_bytes(self) -> int:
+        """The longest frame a member accepts from a peer whose session is established: a
+        few MiB above the largest message these settings let an honest member send."""
+        return frame_limit(self.append_entries_batch_bytes, self.max_entry_bytes)
 
 
 def tuned_conf(tuning: RaftTuning, *, journal_file: str, full_dump_file: str, **hooks: Any) -> SyncObjConf:

@@ -9,17 +9,29 @@ one of them and checks that nothing ran and nothing changed.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import os
+import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import time
+import zlib
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 
 from deploy.cluster import LocalCluster, pick_free_ports, query_state_digest, wait_for
+from drover.sdk import DroverClient
+from tests.cluster.jobs import service_job
 
 
 def _ip(text: str) -> str:
@@ -86,3 +98,144 @@ def test_dev_agent__starts_with_no_key_flag_and_listens_on_loopback_only(tmp_pat
         proc.send_signal(signal.SIGTERM)
         returncode = proc.wait(timeout=30)
     assert returncode == 0, log_path.read_text()
+
+
+# --- attacks from a socket ----------------------------------------------------------------
+
+REFUSED = "raft.frame_refused"
+
+
+class _MakeDir:
+    """Unpickled, it creates ``path``: proof that a frame's pickle ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.mkdir, (self.path,))
+
+
+def _frame(body: bytes) -> bytes:
+    """pysyncobj's framing: a native 4-byte length, then the body."""
+    return struct.pack("i", len(body)) + body
+
+
+def _pickle_frame(marker: Path) -> bytes:
+    """What an unkeyed pysyncobj peer sends: the message pickled and compressed."""
+    return _frame(zlib.compress(pickle.dumps(_MakeDir(marker), protocol=2)))
+
+
+# pysyncobj.encryptor's key derivation, restated: importing pysyncobj here would replace
+# socket.inet_ntop with its Windows-only stand-in, which psutil (above) needs. The right-key
+# control below proves the two derive the same key.
+_PYSYNCOBJ_SALT = b"\x15%q\xe6\xbb\x02\xa6\xf8\x13q\x90\xcf6+\x1e\xeb"
+
+
+def _fernet(key: str) -> Fernet:
+    kdf = PBKDF2HMAC(algorithm=hashes.SHA256(), length=32, salt=_PYSYNCOBJ_SALT, iterations=100000)
+    return Fernet(base64.urlsafe_b64encode(kdf.derive(key.encode())))
+
+
+def _sealed_frame(marker: Path, key: str) -> bytes:
+    """The same message sealed as a keyed pysyncobj peer seals it, with ``key``."""
+    body = zlib.compress(pickle.dumps(_MakeDir(marker), protocol=2))
+    return _frame(_fernet(key).encrypt_at_time(body, 1))
+
+
+def _address(raft_address: str) -> tuple[str, int]:
+    host, _, port = raft_address.rpartition(":")
+    return host, int(port)
+
+
+def _send_until_closed(raft_address: str, data: bytes, timeout: float = 30.0) -> None:
+    """Send ``data`` and return once the server has closed the connection."""
+    with socket.create_connection(_address(raft_address), timeout=timeout) as sock:
+        sock.sendall(data)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not sock.recv(65536):
+                    return
+            except ConnectionResetError:
+                return
+    raise AssertionError(f"{raft_address} kept the connection open for {timeout:g}s")
+
+
+def _wait_refused(cluster: LocalCluster, i: int, reason: str) -> str:
+    """Server ``i``'s log, once it holds a refusal for ``reason``."""
+
+    def logged() -> str | None:
+        text = cluster.log(i)
+        return text if reason in text else None
+
+    return wait_for(logged, 30, message=f"{cluster.server_names[i]} to log {reason!r}")
+
+
+@pytest.mark.timeout(180)
+def test_raft_port__raw_pickle_runs_nothing_changes_nothing_and_is_logged_once(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    before = cluster.digests()
+    leader = cluster.leader_index()
+
+    for _ in range(3):  # three connections, one after the other, from one address
+        _send_until_closed(cluster.raft_addresses[leader], _pickle_frame(marker))
+
+    log = _wait_refused(cluster, leader, "not sealed with this cluster's raft key")
+    assert not marker.exists(), "the pickle was unpickled"
+    assert log.count(REFUSED) == 1, "one line per peer address per minute"
+    assert "Traceback" not in log
+    assert cluster.digests() == before
+    assert cluster.leader_index() == leader
+
+
+@pytest.mark.timeout(180)
+def test_raft_port__wrong_key_frame_runs_nothing_the_right_key_would(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    key_file = cluster.raft_key_file
+    assert key_file is not None
+    marker = tmp_path / "ran"
+    before = cluster.digests()
+    target = 1
+
+    _send_until_closed(cluster.raft_addresses[target], _sealed_frame(marker, "not-the-cluster-key-at-all"))
+
+    log = _wait_refused(cluster, target, "not sealed with this cluster's raft key")
+    assert not marker.exists(), "a frame sealed with the wrong key was unpickled"
+    assert "Traceback" not in log
+    assert cluster.digests() == before
+    # The control: the very same frame sealed with the cluster's key is unpickled (key
+    # holders are members), so it is the key, not a malformed frame, that stopped it.
+    with socket.create_connection(_address(cluster.raft_addresses[target]), timeout=30) as sock:
+        sock.sendall(_sealed_frame(marker, key_file.read_text().strip()))
+        wait_for(marker.exists, 30, message="the right key's frame to be unpickled")
+
+
+@pytest.mark.timeout(180)
+def test_raft_port__oversized_frame_is_cut_off_and_the_leader_stays(cluster: LocalCluster) -> None:
+    leader = cluster.leader_index()
+    answer = cluster.query_digest(leader)
+    assert answer is not None and answer.leader
+    term = answer.term
+    declared = 64 * 1024 * 1024
+    chunk = b"\0" * (1024 * 1024)
+    sent = 0
+    with socket.create_connection(_address(cluster.raft_addresses[leader]), timeout=30) as sock:
+        sock.sendall(struct.pack("i", declared))
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while sent < declared:
+                sock.sendall(chunk)
+                sent += len(chunk)
+    # The kernel's buffers take a few MiB before the reset lands; the server read none of it.
+    assert sent < declared // 4, f"the server took {sent} bytes of a frame over the bound"
+    log = _wait_refused(cluster, leader, "frame over the size bound")
+    assert "Traceback" not in log
+
+    with DroverClient(cluster.grpc_addresses, retry_deadline=30) as client:
+        client.register_job(service_job("after-the-flood", count=1))
+    after = cluster.query_digest(leader)
+    assert after is not None and after.leader, "the leader was deposed"
+    assert after.term == term
+    assert cluster.wait_for_leader(timeout=30) == cluster.server_names[leader]

@@ -14,8 +14,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "server" / "raft" / "patches.py"
 PRODUCT_PACKAGES = ("server", "scheduler", "client_agent")
-# A name-mangled SyncObj attribute (``self.__raftLog`` inside pysyncobj is ``_SyncObj__raftLog``).
-MANGLED = re.compile(r"_SyncObj__\w+")
+# A name-mangled SyncObj or TcpConnection attribute (``self.__raftLog`` inside pysyncobj is
+# ``_SyncObj__raftLog``; ``self.__readBuffer`` in its connection ``_TcpConnection__readBuffer``).
+MANGLED = re.compile(r"_(?:SyncObj|TcpConnection)__\w+")
 
 
 def _code_without_docstrings(source: str) -> str:
@@ -81,4 +82,5 @@ def test_patches__checkers__catch_what_they_must() -> None:
     private_import = "from pysyncobj.syncobj import _COMMAND_TYPE, SyncObj"
 
     assert MANGLED.findall(_code_without_docstrings(code)) == ["_SyncObj__raftLog"]
+    assert MANGLED.findall("conn._TcpConnection__readBuffer") == ["_TcpConnection__readBuffer"]
     assert _private_pysyncobj_imports(private_import) == {"_COMMAND_TYPE"}
