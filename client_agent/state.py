@@ -7,6 +7,9 @@ Layout::
                                               and per task: state, driver handle, restarts
     <data_dir>/allocs/<alloc_id>/<task>/      task working directories and logs (drivers)
 
+The node's secret and every job's config live here, so the data dir is the agent's alone:
+directories 0700, files 0600, whatever the umask.
+
 Every file is replaced atomically (write a temporary file, fsync, rename, fsync the
 directory): a crash leaves the old record or the new one, never half of one. A record is
 written on every task state change, BEFORE the change is reported to the servers, so what
@@ -34,6 +37,8 @@ from drover.v1 import structs_pb2
 __all__ = ["AllocRecord", "NodeIdentity", "StateDB", "TaskRecord", "atomic_write_json"]
 
 FORMAT_VERSION: Final = 1
+PRIVATE_DIR_MODE: Final = 0o700
+PRIVATE_FILE_MODE: Final = 0o600
 log = structlog.get_logger("drover.client.state")
 
 
@@ -113,7 +118,9 @@ def atomic_write_json(path: Path, value: object) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     data = json.dumps(value, indent=1, sort_keys=True).encode()
     try:
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fd, PRIVATE_FILE_MODE)  # a leftover tmp file keeps its old mode
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -139,7 +146,9 @@ class StateDB:
         self._client_dir = self.data_dir / "client"
         self._allocs_dir = self._client_dir / "allocs"
         try:
-            self._allocs_dir.mkdir(parents=True, exist_ok=True)
+            self._allocs_dir.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+            for directory in (self.data_dir, self._client_dir, self._allocs_dir):
+                directory.chmod(PRIVATE_DIR_MODE)
         except OSError as exc:
             raise StateError(f"cannot create {self._allocs_dir}: {exc.strerror or exc}") from exc
 

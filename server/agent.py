@@ -15,6 +15,7 @@ import structlog
 from drover.common.logs import configure_logging
 from drover.server.config import DevConfig, ServerConfig
 from drover.server.core import ServerCore, StartupError
+from drover.server.datadir import PRIVATE_UMASK
 
 log = structlog.get_logger("drover.agent")
 
@@ -35,6 +36,8 @@ def _wait_for_signal() -> None:
 
 def run_server(cfg: ServerConfig) -> int:
     configure_logging(json=cfg.log_json, level=cfg.log_level)
+    # Everything this process writes (pysyncobj's journal included) is the owner's alone.
+    os.umask(PRIVATE_UMASK)
     try:
         core = ServerCore(cfg)
         core.start()
@@ -59,6 +62,7 @@ def run_dev(cfg: DevConfig) -> int:
     """One process: a single-server cluster on loopback plus an in-process client agent;
     data in a temp dir unless given."""
     configure_logging(json=cfg.log_json, level=cfg.log_level)
+    os.umask(PRIVATE_UMASK)  # as run_server: the dev cluster's files are the user's alone
     data_dir = cfg.data_dir or tempfile.mkdtemp(prefix="drover-dev-")
     # No peers and no -raft-key-file: the server makes a random raft key of its own, so
     # its raft port unseals nothing anyone sends (drover.server.core.read_raft_key).

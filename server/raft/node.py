@@ -20,6 +20,7 @@ from typing import Any, Final
 from pysyncobj import SyncObj, replicated
 from pysyncobj.config import FAIL_REASON
 
+from drover.server.datadir import narrow_files, private_dir
 from drover.server.errors import (
     CommitTimeoutError,
     NoLeaderError,
@@ -55,7 +56,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # Before SyncObj.__init__: its transport opens connections right away.
         patches.install_frame_guard(tuning.frame_limit_bytes())
         self._max_entry_bytes = tuning.max_entry_bytes
-        os.makedirs(data_dir, exist_ok=True)
+        private_dir(data_dir)
         self._fsm = fsm
         self._on_state_changed = on_state_changed
         dump_file = os.path.join(data_dir, SNAPSHOT_FILE)
@@ -74,6 +75,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             bindAddress=self_address,
         )
         super().__init__(self_address, peers, conf)
+        narrow_files(data_dir)  # the journal pysyncobj just created with our umask
         self._writer.attach(self.log_end_index)
         patches.install(self, tuning)
 

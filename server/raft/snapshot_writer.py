@@ -24,6 +24,7 @@ import structlog
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
+from drover.server.datadir import open_private
 from drover.server.fsm import FSM
 from drover.server.snapshot import from_snapshot, to_snapshot
 from drover.v1 import raft_pb2
@@ -79,7 +80,8 @@ class SnapshotWriter:
                 cluster=cluster,
             )
             path = self._dump_file + ".writing"
-            with open(path, "wb") as f:
+            # The whole state: the owner's alone, like everything in the data dir.
+            with os.fdopen(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as f:
                 f.write(msg.SerializeToString())
                 f.flush()
                 os.fsync(f.fileno())

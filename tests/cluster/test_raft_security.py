@@ -15,6 +15,7 @@ import os
 import pickle
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -239,3 +240,66 @@ def test_raft_port__oversized_frame_is_cut_off_and_the_leader_stays(cluster: Loc
     assert after is not None and after.leader, "the leader was deposed"
     assert after.term == term
     assert cluster.wait_for_leader(timeout=30) == cluster.server_names[leader]
+
+
+# --- at rest ------------------------------------------------------------------------------
+
+
+def _modes(root: Path) -> dict[str, int]:
+    """Every path under ``root`` (itself included) -> its permission bits."""
+    paths = [root, *root.rglob("*")]
+    return {str(p.relative_to(root.parent)): stat.S_IMODE(p.lstat().st_mode) for p in paths}
+
+
+def _not_private(modes: dict[str, int], root: Path) -> dict[str, str]:
+    return {
+        path: oct(mode)
+        for path, mode in modes.items()
+        if mode != (0o700 if (root.parent / path).is_dir() else 0o600)
+    }
+
+
+@pytest.mark.timeout(240)
+def test_at_rest__data_dirs_journal_snapshots_client_state_and_saved_snapshot_are_the_owners_alone(
+    tmp_path: Path,
+) -> None:
+    old_umask = os.umask(0o022)  # what a default shell gives: the agents must not rely on it
+    try:
+        with LocalCluster(tmp_path / "c", servers=1, clients=1) as cluster:
+            cluster.wait_for_leader(timeout=60)
+            with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+                client.register_job(service_job("at-rest", count=1))
+                wait_for(
+                    lambda: any(
+                        a.client_status == "running" for a in client.list_allocs(job_id="at-rest").allocs
+                    ),
+                    90,
+                    0.2,
+                    lambda: "the alloc to run\n" + cluster.logs_tail(),
+                )
+            saved = tmp_path / "state.snap"
+            result = subprocess.run(
+                [sys.executable, "-m", "drover.cli", "operator", "snapshot", "save", str(saved)],
+                env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+            server_dir = tmp_path / "c" / cluster.server_names[0]
+            client_dir = cluster.client_data_dir(0)
+    finally:
+        os.umask(old_umask)
+
+    server_modes = _modes(server_dir)
+    assert any(path.endswith("journal.bin") for path in server_modes), server_modes
+    assert _not_private(server_modes, server_dir) == {}
+    # The client's own state: its dirs and records (task dirs belong to the drivers).
+    state = [client_dir, client_dir / "client", client_dir / "client" / "allocs"]
+    records = sorted((client_dir / "client").rglob("*.json"))
+    assert len(records) >= 2, records  # node.json and the alloc's record
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in state} == {str(p): "0o700" for p in state}
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in records} == {
+        str(p): "0o600" for p in records
+    }
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600

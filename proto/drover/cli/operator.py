@@ -118,7 +118,8 @@ def _cmd_snapshot_save(args: argparse.Namespace) -> int:
 
 
 def _write_file_atomically(path: str, data: bytes) -> None:
-    """Write beside the target and rename, so a failed save never leaves a truncated file.
+    """Write beside the target and rename, so a failed save never leaves a truncated file;
+    the file is its owner's alone (0600).
 
     Only for regular files: renaming over a device or a FIFO (``/dev/stdout``) would replace
     the device node itself, so those are written in place.
@@ -129,7 +130,10 @@ def _write_file_atomically(path: str, data: bytes) -> None:
         return
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as fh:
+        # The whole cluster state: 0600 whatever the umask.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fd, 0o600)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
