@@ -158,6 +158,7 @@ p = argparse.ArgumentParser()
 p.add_argument("cmd")
 p.add_argument("-server", action="store_true")
 p.add_argument("-client", action="store_true")
+p.add_argument("-enable-raw-exec", action="store_true")
 for flag in ("-node-name", "-data-dir", "-bind", "-grpc-port", "-raft-port", "-peers", "-servers",
              "-raft-key-file"):
     p.add_argument(flag)
