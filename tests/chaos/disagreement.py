@@ -19,16 +19,15 @@ modification time every ``POLL_S``, so whichever server leads sees the same node
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from tests.chaos.control_file import WatchedFile, write_control
+
 ENV: Final = "DROVER_CHAOS_DISAGREE_FILE"
-POLL_S: Final = 0.02
+
 # What a shrunk node "really" has left: less than any alloc asks for.
 SHRUNK_CPU_MHZ: Final = 1
 SHRUNK_MEMORY_MB: Final = 1
@@ -49,39 +48,16 @@ class DisagreementControl:
         self._write([])
 
     def _write(self, nodes: list[str]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"shrunk": nodes}))
-        os.replace(tmp, self.path)
+        write_control(self.path, {"shrunk": nodes})
 
 
-class _Shrunk:
-    """The server's side: the current set of shrunk node IDs, kept fresh by a thread."""
+def _shrunk_nodes(data: dict[str, Any]) -> frozenset[str]:
+    return frozenset(str(n) for n in data.get("shrunk", []))
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._mtime = -1
-        self.nodes: frozenset[str] = frozenset()
-        self._stop = threading.Event()
-        self._reload()
-        threading.Thread(target=self._poll, name="chaos-disagreement-poll", daemon=True).start()
 
-    def close(self) -> None:
-        self._stop.set()
-
-    def _reload(self) -> None:
-        try:
-            mtime = os.stat(self._path).st_mtime_ns
-            if mtime == self._mtime:
-                return
-            data = json.loads(Path(self._path).read_text())
-        except (OSError, ValueError):
-            return
-        self._mtime = mtime
-        self.nodes = frozenset(str(n) for n in data.get("shrunk", []))
-
-    def _poll(self) -> None:
-        while not self._stop.wait(POLL_S):
-            self._reload()
+def watch_shrunk(path: str) -> WatchedFile[frozenset[str]]:
+    """The server's side: the current set of shrunk node IDs, kept fresh."""
+    return WatchedFile(path, _shrunk_nodes, frozenset(), "chaos-disagreement-poll")
 
 
 def shrink_in_view(snap: Any, node_ids: Iterable[str]) -> Any:
@@ -109,17 +85,17 @@ def shrink_in_view(snap: Any, node_ids: Iterable[str]) -> Any:
     return Snapshot(replace(tables, nodes=nodes))
 
 
-def install(path: str) -> _Shrunk:
+def install(path: str) -> WatchedFile[frozenset[str]]:
     """Wrap this process's ``evaluate_plan`` so the applier checks the control file's nodes
     shrunk (the applier thread looks the function up in its module on every plan). Returns
     the watcher of the control file (``close`` stops its thread)."""
     from drover.server import plan_apply  # the agent process's own applier: test-only wrap
 
-    shrunk = _Shrunk(path)
+    shrunk = watch_shrunk(path)
     original = plan_apply.evaluate_plan
 
     def evaluate_plan(plan: Any, snap: Any, *args: Any, **kwargs: Any) -> Any:
-        touched = shrunk.nodes & set(plan.node_allocation)
+        touched = shrunk.value & set(plan.node_allocation)
         view = shrink_in_view(snap, sorted(touched)) if touched else snap
         return original(plan, view, *args, **kwargs)
 

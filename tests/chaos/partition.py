@@ -24,15 +24,13 @@ of blocked (from, to) raft-address pairs; each agent polls its modification time
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from tests.chaos.control_file import WatchedFile, write_control
+
 ENV: Final = "DROVER_CHAOS_PARTITION_FILE"
-POLL_S: Final = 0.02
 
 
 class PartitionControl:
@@ -56,56 +54,33 @@ class PartitionControl:
         self._write([])
 
     def _write(self, pairs: list[list[str]]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"blocked": pairs}))
-        os.replace(tmp, self.path)
+        write_control(self.path, {"blocked": pairs})
 
 
-class _Blocked:
-    """The agent's side: the current set of blocked (from, to) pairs, kept fresh by a thread."""
+def _blocked_pairs(data: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    return frozenset((str(a), str(b)) for a, b in data.get("blocked", []))
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._mtime = -1
-        self.pairs: frozenset[tuple[str, str]] = frozenset()
-        self._stop = threading.Event()
-        self._reload()
-        threading.Thread(target=self._poll, name="chaos-partition-poll", daemon=True).start()
 
-    def close(self) -> None:
-        self._stop.set()
-
-    def _reload(self) -> None:
-        try:
-            mtime = os.stat(self._path).st_mtime_ns
-            if mtime == self._mtime:
-                return
-            data = json.loads(Path(self._path).read_text())
-        except (OSError, ValueError):
-            return
-        self._mtime = mtime
-        self.pairs = frozenset((str(a), str(b)) for a, b in data.get("blocked", []))
-
-    def _poll(self) -> None:
-        while not self._stop.wait(POLL_S):
-            self._reload()
+def watch_blocked(path: str) -> WatchedFile[frozenset[tuple[str, str]]]:
+    """The agent's side: the current set of blocked (from, to) pairs, kept fresh."""
+    return WatchedFile(path, _blocked_pairs, frozenset(), "chaos-partition-poll")
 
 
 def install(path: str) -> None:
     """Patch pysyncobj's TCP transport in this process to honour the control file."""
     from pysyncobj import transport  # the agent process's own pysyncobj: test-only patch
 
-    blocked = _Blocked(path)
+    blocked = watch_blocked(path)
     original_send = transport.TCPTransport.send
     original_receive = transport.Transport._onMessageReceived
 
     def send(self: Any, node: Any, message: Any) -> Any:
-        if (self._selfNode.address, getattr(node, "address", None)) in blocked.pairs:
+        if (self._selfNode.address, getattr(node, "address", None)) in blocked.value:
             return False  # as if the connection were down: pysyncobj retries later
         return original_send(self, node, message)
 
     def on_message_received(self: Any, node: Any, message: Any) -> Any:
-        if (getattr(node, "address", None), self._selfNode.address) in blocked.pairs:
+        if (getattr(node, "address", None), self._selfNode.address) in blocked.value:
             return None
         return original_receive(self, node, message)
 

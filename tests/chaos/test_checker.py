@@ -43,10 +43,10 @@ from drover.server.state_store import StateStore, Tables
 from drover.v1 import api_pb2, raft_pb2
 from tests.chaos import checker
 from tests.chaos.clients import LOST_AFTER_S, TaskSeen, Window
-from tests.chaos.disagreement import Disagreement, DisagreementControl, _Shrunk, shrink_in_view
+from tests.chaos.disagreement import Disagreement, DisagreementControl, shrink_in_view, watch_shrunk
 from tests.chaos.history import FAIL, INFO, OK, History, Op
 from tests.chaos.nemesis import CUT_CLIENT, DISAGREE, KILL_LEADER, KILL_TWO, PARTITION, plan_schedule
-from tests.chaos.partition import PartitionControl, _Blocked
+from tests.chaos.partition import PartitionControl, watch_blocked
 from tests.chaos.report import leader_changes, percentile, plot_timeline
 from tests.chaos.workload import Caller, WorkloadConfig, build_job, record_write
 from tests.fixtures import mock
@@ -358,13 +358,13 @@ def test_report__percentile__nearest_rank(values: list[float], q: float, expecte
 def test_partition_control__isolate_and_heal__agents_see_the_pairs(tmp_path: Path) -> None:
     path = tmp_path / "partition.json"
     control = PartitionControl(path, ["s1", "s2", "s3"], ["a:1", "b:2", "c:3"])
-    blocked = _Blocked(str(path))
-    assert blocked.pairs == frozenset()
+    blocked = watch_blocked(str(path))
+    assert blocked.value == frozenset()
     control.isolate("s2")
     want = {("b:2", "a:1"), ("a:1", "b:2"), ("b:2", "c:3"), ("c:3", "b:2")}
-    assert wait_for(lambda: blocked.pairs == want, 5, 0.01, "the agent to see the cut")
+    assert wait_for(lambda: blocked.value == want, 5, 0.01, "the agent to see the cut")
     control.heal()
-    assert wait_for(lambda: blocked.pairs == frozenset(), 5, 0.01, "the agent to see the heal")
+    assert wait_for(lambda: blocked.value == frozenset(), 5, 0.01, "the agent to see the heal")
     blocked.close()
 
 
@@ -626,13 +626,13 @@ def test_checker__plan_rejections__provoked_disagreement_not_exercised__fails() 
 def test_disagreement__control_file_reaches_the_applier_view(tmp_path: Path) -> None:
     path = tmp_path / "disagree.json"
     control = DisagreementControl(path)
-    shrunk = _Shrunk(str(path))
+    shrunk = watch_shrunk(str(path))
     try:
-        assert shrunk.nodes == frozenset()
+        assert shrunk.value == frozenset()
         control.shrink("n1")
-        assert wait_for(lambda: shrunk.nodes == {"n1"}, 5, 0.01, "the hook to see the shrink")
+        assert wait_for(lambda: shrunk.value == {"n1"}, 5, 0.01, "the hook to see the shrink")
         control.restore()
-        assert wait_for(lambda: shrunk.nodes == frozenset(), 5, 0.01, "the hook to see the restore")
+        assert wait_for(lambda: shrunk.value == frozenset(), 5, 0.01, "the hook to see the restore")
     finally:
         shrunk.close()
     snap = StateStore(_sound()).snapshot()
