@@ -22,7 +22,6 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -33,6 +32,7 @@ from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 from deploy.cluster import LocalCluster, pick_free_ports, query_state_digest, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.jobs import service_job
+from tests.raft_wire import MakeDir, frame
 
 
 def _ip(text: str) -> str:
@@ -106,24 +106,9 @@ def test_dev_agent__starts_with_no_key_flag_and_listens_on_loopback_only(tmp_pat
 REFUSED = "raft.frame_refused"
 
 
-class _MakeDir:
-    """Unpickled, it creates ``path``: proof that a frame's pickle ran."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (os.mkdir, (self.path,))
-
-
-def _frame(body: bytes) -> bytes:
-    """pysyncobj's framing: a native 4-byte length, then the body."""
-    return struct.pack("i", len(body)) + body
-
-
 def _pickle_frame(marker: Path) -> bytes:
     """What an unkeyed pysyncobj peer sends: the message pickled and compressed."""
-    return _frame(zlib.compress(pickle.dumps(_MakeDir(marker), protocol=2)))
+    return frame(zlib.compress(pickle.dumps(MakeDir(marker), protocol=2)))
 
 
 # pysyncobj.encryptor's key derivation, restated: importing pysyncobj here would replace
@@ -139,8 +124,8 @@ def _fernet(key: str) -> Fernet:
 
 def _sealed_frame(marker: Path, key: str) -> bytes:
     """The same message sealed as a keyed pysyncobj peer seals it, with ``key``."""
-    body = zlib.compress(pickle.dumps(_MakeDir(marker), protocol=2))
-    return _frame(_fernet(key).encrypt_at_time(body, 1))
+    body = zlib.compress(pickle.dumps(MakeDir(marker), protocol=2))
+    return frame(_fernet(key).encrypt_at_time(body, 1))
 
 
 def _address(raft_address: str) -> tuple[str, int]:

@@ -33,6 +33,7 @@ from drover.server.raft import RaftNode, frames, patches
 from drover.server.raft.tuning import RaftTuning
 from drover.server.state_store import StateStore
 from drover.v1 import raft_pb2
+from tests.raft_wire import MakeDir, frame
 
 KEY = "the-cluster-key-for-these-tests"
 TUNING = RaftTuning()
@@ -232,20 +233,8 @@ def wire() -> Iterator[_Wire]:
     w.close()
 
 
-class _MakeDir:
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (os.mkdir, (self.path,))
-
-
-def _frame(body: bytes) -> bytes:
-    return struct.pack("i", len(body)) + body
-
-
 def _sealed(message: Any, key: str = KEY, *, timestamp: int = 1) -> bytes:
-    return _frame(
+    return frame(
         getEncryptor(key).encrypt_at_time(zlib.compress(pickle.dumps(message, protocol=2), 3), timestamp)
     )
 
@@ -263,9 +252,9 @@ def test_guard__a_frame_not_sealed_with_the_key_is_never_unpickled(
 ) -> None:
     marker = tmp_path / "ran"
     attack = (
-        _frame(zlib.compress(pickle.dumps(_MakeDir(marker), protocol=2)))
+        frame(zlib.compress(pickle.dumps(MakeDir(marker), protocol=2)))
         if key is None
-        else _sealed(_MakeDir(marker), key)
+        else _sealed(MakeDir(marker), key)
     )
 
     wire.deliver(attack)
