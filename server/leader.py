@@ -31,7 +31,7 @@ from drover.scheduler.structs import (
 )
 from drover.server.blocked import BlockedEvals
 from drover.server.broker import EvalBroker
-from drover.server.errors import ConflictError, NotFoundError
+from drover.server.errors import ConflictError, NotFoundError, RaftError
 from drover.server.invariants import INVARIANTS, check_invariants
 from drover.server.periodic import PeriodicDispatcher
 from drover.server.plan_apply import PlanApplier, PlanQueue
@@ -280,6 +280,10 @@ class LeaderServices:
                     now = self.core.clock.now_ns()
                     for ev in self.blocked.unblock_all(newest):
                         self.broker.enqueue(ev, now)
+            except RaftError as exc:
+                # A cancel of superseded blocked evals not committed (leadership moved):
+                # the next leader rebuilds its trackers from the state and cancels them.
+                log.warning("leader.eval_watch_not_committed", reason=str(exc))
             except Exception:
                 log.exception("leader.eval_watch_failed")
 
@@ -292,6 +296,12 @@ class LeaderServices:
                     return
                 try:
                     status = self.core.endpoints.heartbeat_missed(node_id)
+                except RaftError as exc:
+                    # Leadership moved (or the commit timed out) under the write: expected
+                    # during a failover, and the next leader's own timers judge the node.
+                    log.warning("leader.heartbeat_missed_not_committed", node_id=node_id, reason=str(exc))
+                    heartbeats.reset(node_id, self.core.clock.now_ns())
+                    continue
                 except Exception:
                     log.exception("leader.heartbeat_missed_failed", node_id=node_id)
                     heartbeats.reset(node_id, self.core.clock.now_ns())
@@ -309,9 +319,10 @@ class LeaderServices:
                 try:
                     if self.core.endpoints.complete_drain(node_id):
                         log.info("leader.drain_complete", node_id=node_id)
-                except (ConflictError, NotFoundError) as exc:
-                    # An operator's change raced ours and the FSM refused the entry, or the
-                    # node is gone: looked at again on the next pass.
+                except (ConflictError, NotFoundError, RaftError) as exc:
+                    # An operator's change raced ours and the FSM refused the entry, the node
+                    # is gone, or leadership moved: looked at again on the next pass (by
+                    # whichever server leads then).
                     log.info("leader.drain_complete_refused", node_id=node_id, reason=str(exc))
                 except Exception:
                     log.exception("leader.drain_complete_failed", node_id=node_id)
@@ -382,5 +393,9 @@ class LeaderServices:
                 )
             try:
                 write_evals(self._propose, updates)
+            except RaftError as exc:
+                # Not committed because leadership moved: the evals stay as they were in the
+                # state, and the next leader's broker redelivers them.
+                log.warning("leader.failed_eval_write_not_committed", reason=str(exc))
             except Exception:
                 log.exception("leader.failed_eval_write_failed")
