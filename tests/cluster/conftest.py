@@ -26,6 +26,14 @@ def wait_settled(cluster: LocalCluster, timeout: float = 60) -> None:
 
 
 @pytest.fixture
+def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
+    """One server and client agents c1 and c2, real processes, always stopped afterwards."""
+    with LocalCluster(tmp_path / "cluster", servers=1, clients=2) as c:
+        c.wait_for_leader(60)
+        yield c
+
+
+@pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three real server processes (free ports, temp data dirs), always stopped afterwards."""
     with LocalCluster(tmp_path / "cluster", servers=3) as c:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 
 
@@ -43,3 +44,12 @@ def periodic_job(job_id: str, **meta: str) -> structs_pb2.Job:
     job.type = "batch"
     job.periodic.CopyFrom(structs_pb2.PeriodicConfig(enabled=True, spec="*/5 * * * *", time_zone="UTC"))
     return job
+
+
+def running_allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:
+    """The job's allocs that are meant to run and do."""
+    return [
+        a
+        for a in client.list_allocs(job_id=job_id).allocs
+        if a.desired_status == "run" and a.client_status == "running"
+    ]

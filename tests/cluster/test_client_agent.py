@@ -15,7 +15,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from tests.cluster.jobs import service_job
+from tests.cluster.jobs import running_allocs, service_job
 
 
 @pytest.fixture
@@ -30,14 +30,6 @@ def _ready_node(client: DroverClient, name: str) -> structs_pb2.Node | None:
     return next((n for n in client.list_nodes().nodes if n.name == name and n.status == "ready"), None)
 
 
-def _running(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:
-    return [
-        a
-        for a in client.list_allocs(job_id=job_id).allocs
-        if a.desired_status == "run" and a.client_status == "running"
-    ]
-
-
 def _exactly(allocs: list[structs_pb2.Allocation], n: int) -> list[structs_pb2.Allocation] | None:
     return allocs if len(allocs) == n else None
 
@@ -46,7 +38,7 @@ def _two_web_allocs_running(
     client: DroverClient, cluster: LocalCluster, when: str = ""
 ) -> list[structs_pb2.Allocation]:
     allocs = wait_for(
-        lambda: _exactly(_running(client, "web"), 2),
+        lambda: _exactly(running_allocs(client, "web"), 2),
         60,
         0.2,
         lambda: f"two running allocs{when}\n" + cluster.logs_tail(),

@@ -9,15 +9,13 @@ no longer draining but stays ineligible until an operator re-enables it, as in N
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
+from tests.cluster.jobs import running_allocs
 
 _TASK = """
     task "t" {
@@ -53,20 +51,8 @@ job "agent" {{
 """
 
 
-@pytest.fixture
-def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
-    """One server and client agents c1 and c2, real processes, always stopped afterwards."""
-    with LocalCluster(tmp_path / "cluster", servers=1, clients=2) as cluster:
-        cluster.wait_for_leader(60)
-        yield cluster
-
-
 def _running(client: DroverClient, job_id: str, n: int) -> list[structs_pb2.Allocation] | None:
-    allocs = [
-        a
-        for a in client.list_allocs(job_id=job_id).allocs
-        if a.desired_status == "run" and a.client_status == "running"
-    ]
+    allocs = running_allocs(client, job_id)
     return allocs if len(allocs) == n else None
 
 

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
@@ -29,14 +26,6 @@ SECOND = 1_000_000_000
 WINDOW_NS = SECOND
 # Failure report, evaluation, plan and placement: generous on a loaded 2-core machine.
 LATENCY_NS = 12 * SECOND
-
-
-@pytest.fixture
-def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
-    """One server and client agents c1 and c2, real processes, always stopped afterwards."""
-    with LocalCluster(tmp_path / "cluster", servers=1, clients=2) as cluster:
-        cluster.wait_for_leader(60)
-        yield cluster
 
 
 def _job_file(tmp_path: Path, name: str, text: str) -> Path:

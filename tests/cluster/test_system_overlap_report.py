@@ -9,9 +9,6 @@ crafted backup with `drover operator snapshot restore`.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from drover.sdk import DroverClient
 from drover.v1 import raft_pb2, structs_pb2
 from tests.chaos.disagreement import ENV as DISAGREE_ENV
 from tests.chaos.disagreement import DisagreementControl
+from tests.cluster.cli import run_cli
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import register_nodes
@@ -34,16 +32,6 @@ def system_job(job_id: str, port: int) -> structs_pb2.Job:
     job.type = "system"
     job.groups[0].network.reserved_ports.add(label="metrics", value=port)
     return job
-
-
-def _cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "drover.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "DROVER_ADDR": ",".join(cluster.grpc_addresses)},
-    )
 
 
 def _live_by_node(client: DroverClient, job_id: str) -> Counter[str]:
@@ -81,7 +69,7 @@ def test_field_report_1__restored_overlapping_system_allocs__one_eval_reconciles
         # An operator's old backup: every node runs the system job twice on the same static
         # port, and an eval for the job is pending.
         backup = tmp_path / "backup.snap"
-        saved = _cli(cluster, "operator", "snapshot", "save", str(backup))
+        saved = run_cli(cluster, "operator", "snapshot", "save", str(backup), timeout=120)
         assert saved.returncode == 0, saved.stderr
         snap = raft_pb2.StateSnapshot.FromString(backup.read_bytes())
         originals = [a for a in snap.allocs if a.job_id == "node-exporter"]
@@ -103,7 +91,7 @@ def test_field_report_1__restored_overlapping_system_allocs__one_eval_reconciles
         crafted.write_bytes(snap.SerializeToString())
 
         rejections_before = _rejections(cluster)
-        restored = _cli(cluster, "operator", "snapshot", "restore", str(crafted))
+        restored = run_cli(cluster, "operator", "snapshot", "restore", str(crafted), timeout=120)
         assert restored.returncode == 0, restored.stderr
 
         ev = _wait_eval_terminal(client, "restored-eval")
