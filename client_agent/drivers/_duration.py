@@ -7,6 +7,8 @@ is refused with an error naming the config key.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from drover.client.errors import DriverConfigError
 from drover.common.duration import parse_duration
 
@@ -20,7 +22,9 @@ def parse_duration_ns(value: object, key: str) -> int:
     if isinstance(value, int | float):
         if value < 0:
             raise DriverConfigError(f"{key}: must not be negative, got {value!r}")
-        return int(value * 1_000_000_000)
+        # Through the decimal text, not a float product: 1.001 s is 1,001,000,000 ns,
+        # where 1.001 * 1e9 gives 1,000,999,999.
+        return int(Fraction(str(value)) * 1_000_000_000)
     if not isinstance(value, str):
         raise DriverConfigError(f"{key}: expected a duration like '30s', got {value!r}")
     try:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Final
 
 from drover.scheduler.reconciler.reschedule import (
@@ -258,19 +258,6 @@ class GroupResult:
             or self.disconnecting
             or self.rolling_followup_ns
         )
-
-    def merge(self, other: GroupResult) -> GroupResult:
-        """Both results' buckets together (for a caller that reconciles in parts)."""
-        merged: dict[str, object] = {}
-        for f in fields(self):
-            if f.name == "group":
-                continue
-            if f.name == "rolling_followup_ns":
-                times = [t for t in (self.rolling_followup_ns, other.rolling_followup_ns) if t]
-                merged[f.name] = min(times) if times else 0
-            else:
-                merged[f.name] = (*getattr(self, f.name), *getattr(other, f.name))
-        return GroupResult(self.group, **merged)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------

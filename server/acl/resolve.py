@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-from drover.common.secrets import hash_secret, secret_matches
+from drover.common.secrets import hash_secret
 from drover.server.acl.acl import ACL, DENY_ALL, MANAGEMENT, compile_acl
 from drover.server.acl.policy import parse_policy
 from drover.server.acl.records import ANONYMOUS_POLICY, ACLTokenRecord
@@ -90,11 +90,9 @@ def resolve(snap: Snapshot, secret: str) -> Identity:
 def _token_for(snap: Snapshot, secret: str) -> ACLTokenRecord | None:
     if len(secret) > MAX_SECRET_LENGTH:
         return None
-    token = snap.acl_token_by_hash(hash_secret(secret))
-    # The lookup found the hash; compare_digest makes the final check constant-time anyway.
-    if token is None or not secret_matches(secret, token.secret_hash):
-        return None
-    return token
+    # An exact lookup by the secret's hash: finding it is the match (hashing it again to
+    # compare would only repeat the work).
+    return snap.acl_token_by_hash(hash_secret(secret))
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

@@ -29,6 +29,7 @@ from drover.server.acl.resolve import TOKEN_METADATA_KEY, acting_as, resolve
 from drover.server.api._limits import (
     CALLER_CHECK_S,
     CALLER_METADATA_KEY,
+    FORWARDED_KEY,
     caller_limits,
     caller_waiting,
     current_caller,
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("drover.api")
 
-FORWARDED_KEY: Final = "x-drover-forwarded"
 DEFAULT_WAIT_S: Final = 300.0
 MAX_WAIT_S: Final = 600.0
 LEADER_READY_WAIT_S: Final = 3.0

@@ -240,6 +240,7 @@ def test_backoff__grows_within_cap_and_resets() -> None:
         ("1.5s", 3 * S // 2),
         (2, 2 * S),
         (0.5, S // 2),
+        (1.001, 1_001_000_000),  # exact: the float product would give 1,000,999,999
         ("0", 0),
     ],
 )
