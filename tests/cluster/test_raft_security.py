@@ -97,7 +97,13 @@ def test_dev_agent__starts_with_no_key_flag_and_listens_on_loopback_only(tmp_pat
         assert {ip for ip, _ in listening} == {"127.0.0.1"}
     finally:
         proc.send_signal(signal.SIGTERM)
-        returncode = proc.wait(timeout=30)
+        try:
+            returncode = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # A hung agent must not outlive the test (it has its own session).
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     assert returncode == 0, log_path.read_text()
 
 

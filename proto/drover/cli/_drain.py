@@ -99,7 +99,8 @@ def follow_drain(client: DroverClient, args: argparse.Namespace, node_id: str) -
                     return 1
                 line.done(_stamp(f'Node "{shown_id}" drain complete: every allocation has moved'))
                 return _wait_stopped(client, args, node_id, line)
-            types.fill(allocs)
+            if node.drain_strategy.ignore_system_jobs:
+                types.fill(allocs)  # only that rule needs job types: one lookup per job, once
             remaining = drain_remaining(from_proto(node, Node), allocs, types)
             line.show(_stamp(f"{len(remaining)} allocation(s) to move: {_names(remaining)}"))
             if resp.meta.index <= index:
