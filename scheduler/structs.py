@@ -72,6 +72,51 @@ TRIGGER_PERIODIC_JOB: Final = "periodic-job"
 TRIGGER_ROLLING_UPDATE: Final = "rolling-update"
 TRIGGER_QUEUED_ALLOCS: Final = "queued-allocs"
 TRIGGER_FAILED_FOLLOW_UP: Final = "failed-eval-follow-up"
+TRIGGER_DEPLOYMENT_WATCHER: Final = "deployment-watcher"
+TRIGGER_JOB_SCALING: Final = "job-scaling"
+
+# How a client decides an alloc of a deployment is healthy (UpdateStrategy.health_check).
+HEALTH_CHECK_TASK_STATES: Final = "task_states"  # every task running for min_healthy_time
+HEALTH_CHECK_CHECKS: Final = "checks"  # the tasks, and every service check passing as long
+HEALTH_CHECK_MANUAL: Final = "manual"  # an operator says (`drover deployment alloc-health`)
+HEALTH_CHECK_MODES: Final = (HEALTH_CHECK_TASK_STATES, HEALTH_CHECK_CHECKS, HEALTH_CHECK_MANUAL)
+
+# An alloc's deployment health (AllocDeploymentStatus.health): unset until the client decides.
+HEALTH_UNSET: Final = ""
+HEALTH_HEALTHY: Final = "healthy"
+HEALTH_UNHEALTHY: Final = "unhealthy"
+
+# Service check kinds the client runs (ServiceCheck.type).
+CHECK_HTTP: Final = "http"
+CHECK_TCP: Final = "tcp"
+CHECK_SCRIPT: Final = "script"
+CHECK_TYPES: Final = (CHECK_HTTP, CHECK_TCP, CHECK_SCRIPT)
+
+DEPLOYMENT_STATUS_RUNNING: Final = "running"
+DEPLOYMENT_STATUS_PAUSED: Final = "paused"
+DEPLOYMENT_STATUS_FAILED: Final = "failed"
+DEPLOYMENT_STATUS_SUCCESSFUL: Final = "successful"
+DEPLOYMENT_STATUS_CANCELLED: Final = "cancelled"
+DEPLOYMENT_STATUSES: Final = (
+    DEPLOYMENT_STATUS_RUNNING,
+    DEPLOYMENT_STATUS_PAUSED,
+    DEPLOYMENT_STATUS_FAILED,
+    DEPLOYMENT_STATUS_SUCCESSFUL,
+    DEPLOYMENT_STATUS_CANCELLED,
+)
+# Active: the deployment still decides how its job's allocs roll (Nomad's Active()).
+DEPLOYMENT_ACTIVE: Final = frozenset({DEPLOYMENT_STATUS_RUNNING, DEPLOYMENT_STATUS_PAUSED})
+# Nomad's status descriptions, word for word: operators grep for them.
+DEPLOYMENT_DESC_RUNNING: Final = "Deployment is running"
+DEPLOYMENT_DESC_NEEDS_PROMOTION: Final = "Deployment is running but requires manual promotion"
+DEPLOYMENT_DESC_AUTO_PROMOTION: Final = "Deployment is running pending automatic promotion"
+DEPLOYMENT_DESC_PAUSED: Final = "Deployment is paused"
+DEPLOYMENT_DESC_SUCCESSFUL: Final = "Deployment completed successfully"
+DEPLOYMENT_DESC_STOPPED_JOB: Final = "Cancelled because job is stopped"
+DEPLOYMENT_DESC_NEWER_JOB: Final = "Cancelled due to newer version of job"
+DEPLOYMENT_DESC_UNHEALTHY: Final = "Failed due to unhealthy allocations"
+DEPLOYMENT_DESC_PROGRESS_DEADLINE: Final = "Failed due to progress deadline"
+DEPLOYMENT_DESC_MARKED_FAILED: Final = "Deployment marked as failed"
 
 # How a reschedule's delay grows from one attempt to the next (ReschedulePolicy.delay_function).
 DELAY_CONSTANT: Final = "constant"
@@ -148,11 +193,23 @@ class Spread:
 
 @dataclass(frozen=True, slots=True)
 class UpdateStrategy:
+    """A group's ``update`` block. ``max_parallel = 0`` means no deployment: every change
+    goes at once. For service jobs ``stagger`` is not used (the next batch waits for health,
+    as in Nomad 1.11); system jobs wait for both."""
+
     max_parallel: int = 1
     stagger_ns: int = 30_000_000_000
     min_healthy_time_ns: int = 10_000_000_000
     healthy_deadline_ns: int = 300_000_000_000
     auto_revert: bool = False
+    canary: int = 0
+    auto_promote: bool = False
+    progress_deadline_ns: int = 600_000_000_000
+    health_check: str = HEALTH_CHECK_TASK_STATES
+
+    def is_empty(self) -> bool:
+        """No rolling: Nomad's IsEmpty (max_parallel 0), no deployment is made."""
+        return self.max_parallel == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +265,34 @@ class DisconnectStrategy:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceCheck:
+    """One ``check`` of a ``service { provider = "nomad" }`` block, run by the client.
+    ``port`` is a port label of the group's network (http, tcp); ``command``/``args`` run
+    in the task's environment (script, ``task`` names the task for a group service)."""
+
+    name: str = ""
+    type: str = CHECK_HTTP
+    port: str = ""
+    path: str = "/"
+    method: str = "GET"
+    protocol: str = "http"
+    command: str = ""
+    args: tuple[str, ...] = ()
+    task: str = ""
+    interval_ns: int = 10_000_000_000
+    timeout_ns: int = 2_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str = ""
+    provider: str = "nomad"
+    port: str = ""
+    tags: tuple[str, ...] = ()
+    checks: tuple[ServiceCheck, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     name: str = ""
     driver: str = "mock"
@@ -218,6 +303,7 @@ class Task:
     kill_timeout_ns: int = 5_000_000_000
     leader: bool = False
     meta: Mapping[str, str] = field(default_factory=dict)
+    services: tuple[Service, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +321,7 @@ class TaskGroup:
     disconnect: DisconnectStrategy | None = None
     ephemeral_disk_mb: int = 300
     meta: Mapping[str, str] = field(default_factory=dict)
+    services: tuple[Service, ...] = ()
 
     def total_resources(self) -> Resources:
         """What one alloc of this group asks of a node: the sum of its tasks."""
@@ -431,6 +518,54 @@ class RescheduleEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class AllocDeploymentStatus:
+    """The client's verdict on an alloc of a deployment (Nomad's AllocDeploymentStatus).
+    ``health`` is HEALTH_UNSET until the client decides; ``canary`` is set by the scheduler
+    on a canary and cleared by promotion."""
+
+    health: str = HEALTH_UNSET
+    timestamp_ns: int = 0
+    canary: bool = False
+    modify_index: int = 0
+
+    def is_healthy(self) -> bool:
+        return self.health == HEALTH_HEALTHY
+
+    def is_unhealthy(self) -> bool:
+        return self.health == HEALTH_UNHEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScoreMeta:
+    """One ranked node of a placement: each scorer's value and the final normalised score."""
+
+    node_id: str = ""
+    scores: Mapping[str, float] = field(default_factory=dict)
+    norm_score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AllocMetric:
+    """How a placement was decided (Nomad's AllocMetric): how many nodes were looked at,
+    why the others were filtered or exhausted, and the best nodes' scores by component.
+    ``constraint_filtered`` and ``dimension_exhausted`` are keyed by a reason an operator
+    reads ("missing drivers", "constraint ${attr.kernel.name} = linux", "memory")."""
+
+    nodes_evaluated: int = 0
+    nodes_filtered: int = 0
+    nodes_in_pool: int = 0
+    nodes_available: Mapping[str, int] = field(default_factory=dict)
+    class_filtered: Mapping[str, int] = field(default_factory=dict)
+    constraint_filtered: Mapping[str, int] = field(default_factory=dict)
+    nodes_exhausted: int = 0
+    class_exhausted: Mapping[str, int] = field(default_factory=dict)
+    dimension_exhausted: Mapping[str, int] = field(default_factory=dict)
+    score_meta_data: tuple[NodeScoreMeta, ...] = ()
+    allocation_time_ns: int = 0
+    coalesced_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     id: str = ""
     namespace: str = DEFAULT_NAMESPACE
@@ -458,6 +593,9 @@ class Allocation:
     create_time_ns: int = 0
     modify_time_ns: int = 0
     index: int = 0
+    deployment_id: str = ""
+    deployment_status: AllocDeploymentStatus | None = None
+    metrics: AllocMetric | None = None
 
     def terminal(self) -> bool:
         """No longer holds resources: told to stop, or finished on its own."""
@@ -502,6 +640,9 @@ class Evaluation:
     modify_index: int = 0
     create_time_ns: int = 0
     modify_time_ns: int = 0
+    deployment_id: str = ""
+    # Per group that could not be placed: how the nodes were filtered and exhausted.
+    failed_tg_metrics: Mapping[str, AllocMetric] = field(default_factory=dict)
 
     def terminal(self) -> bool:
         return self.status in EVAL_TERMINAL
@@ -621,6 +762,67 @@ class ServerMember:
     modify_index: int = 0
 
 
+# ---------------------------------------------------------------------------------------
+# Deployments
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentState:
+    """One group's progress in a deployment (Nomad's DeploymentState). The scheduler sets
+    the desired numbers; the state store alone moves the placed/healthy/unhealthy counters,
+    from the allocs it commits and the health clients report (so they are exact)."""
+
+    auto_revert: bool = False
+    auto_promote: bool = False
+    progress_deadline_ns: int = 0
+    require_progress_by_ns: int = 0
+    promoted: bool = False
+    placed_canaries: tuple[str, ...] = ()
+    desired_canaries: int = 0
+    desired_total: int = 0
+    placed_allocs: int = 0
+    healthy_allocs: int = 0
+    unhealthy_allocs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """The rollout of one job version: made by the scheduler when a version changes a
+    group with an update block, ended by the scheduler (successful, cancelled), the
+    deployment watcher (failed) or an operator."""
+
+    id: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    job_id: str = ""
+    job_version: int = 0
+    job_modify_index: int = 0
+    job_create_index: int = 0
+    task_groups: Mapping[str, DeploymentState] = field(default_factory=dict)
+    status: str = DEPLOYMENT_STATUS_RUNNING
+    status_description: str = ""
+    eval_priority: int = DEFAULT_PRIORITY
+    create_index: int = 0
+    modify_index: int = 0
+    create_time_ns: int = 0
+    modify_time_ns: int = 0
+
+    def active(self) -> bool:
+        return self.status in DEPLOYMENT_ACTIVE
+
+    def has_canaries(self) -> bool:
+        return any(s.desired_canaries > 0 for s in self.task_groups.values())
+
+    def requires_promotion(self) -> bool:
+        return any(s.desired_canaries > 0 and not s.promoted for s in self.task_groups.values())
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentStatusUpdate:
+    deployment_id: str = ""
+    status: str = ""
+    status_description: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class AllocStop:
     alloc_id: str = ""
@@ -643,9 +845,18 @@ class Plan:
     node_allocation: Mapping[str, tuple[Allocation, ...]] = field(default_factory=dict)
     node_update: Mapping[str, tuple[AllocStop, ...]] = field(default_factory=dict)
     snapshot_index: int = 0
+    # A deployment the plan creates or whose desired numbers it changes (committed with
+    # the allocs that name it), and status changes of others (cancelled, successful).
+    deployment: Deployment | None = None
+    deployment_updates: tuple[DeploymentStatusUpdate, ...] = ()
 
     def is_no_op(self) -> bool:
-        return not self.node_allocation and not self.node_update
+        return (
+            not self.node_allocation
+            and not self.node_update
+            and self.deployment is None
+            and not self.deployment_updates
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,7 @@ _SCALAR_TYPES: dict[int, type] = {
     FieldDescriptor.TYPE_UINT64: int,
     FieldDescriptor.TYPE_SINT32: int,
     FieldDescriptor.TYPE_SINT64: int,
+    FieldDescriptor.TYPE_DOUBLE: float,
 }
 
 
@@ -182,6 +183,8 @@ def _scalar(fd: Any) -> st.SearchStrategy[Any]:
         return st.binary(max_size=6)
     if fd.type == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
+    if fd.type == FieldDescriptor.TYPE_DOUBLE:
+        return st.floats(allow_nan=False)  # NaN is never equal to itself
     raise AssertionError(f"no strategy for field {fd.full_name} of type {fd.type}")
 
 

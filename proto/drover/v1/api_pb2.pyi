@@ -105,6 +105,167 @@ class WriteMeta(_message.Message):
 Global___WriteMeta: _TypeAlias = WriteMeta  # noqa: Y015
 
 @_typing.final
+class JobRevertRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    JOB_VERSION_FIELD_NUMBER: _builtins.int
+    ENFORCE_PRIOR_VERSION_FIELD_NUMBER: _builtins.int
+    PRIOR_VERSION_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    namespace: _builtins.str
+    job_version: _builtins.int
+    enforce_prior_version: _builtins.bool
+    """When set, the job's current version must be this one (a lost-update guard)."""
+    prior_version: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        job_version: _builtins.int = ...,
+        enforce_prior_version: _builtins.bool = ...,
+        prior_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforce_prior_version", b"enforce_prior_version", "job_id", b"job_id", "job_version", b"job_version", "namespace", b"namespace", "prior_version", b"prior_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobRevertRequest: _TypeAlias = JobRevertRequest  # noqa: Y015
+
+@_typing.final
+class JobRevertResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    EVAL_ID_FIELD_NUMBER: _builtins.int
+    JOB_VERSION_FIELD_NUMBER: _builtins.int
+    eval_id: _builtins.str
+    job_version: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        eval_id: _builtins.str = ...,
+        job_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval_id", b"eval_id", "job_version", b"job_version", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobRevertResponse: _TypeAlias = JobRevertResponse  # noqa: Y015
+
+@_typing.final
+class JobScaleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    namespace: _builtins.str
+    group: _builtins.str
+    count: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        group: _builtins.str = ...,
+        count: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "group", b"group", "job_id", b"job_id", "message", b"message", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobScaleRequest: _TypeAlias = JobScaleRequest  # noqa: Y015
+
+@_typing.final
+class JobScaleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    EVAL_ID_FIELD_NUMBER: _builtins.int
+    JOB_VERSION_FIELD_NUMBER: _builtins.int
+    eval_id: _builtins.str
+    job_version: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        eval_id: _builtins.str = ...,
+        job_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval_id", b"eval_id", "job_version", b"job_version", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobScaleResponse: _TypeAlias = JobScaleResponse  # noqa: Y015
+
+@_typing.final
+class JobValidateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _structs_pb2.Job: ...
+    def __init__(
+        self,
+        *,
+        job: _structs_pb2.Job | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobValidateRequest: _TypeAlias = JobValidateRequest  # noqa: Y015
+
+@_typing.final
+class JobValidateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERRORS_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"job.groups[0].count: must be >= 0", one per problem; empty when the job is valid."""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors", "warnings", b"warnings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobValidateResponse: _TypeAlias = JobValidateResponse  # noqa: Y015
+
+@_typing.final
 class JobDispatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1115,6 +1276,227 @@ class AllocUpdateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocUpdateResponse: _TypeAlias = AllocUpdateResponse  # noqa: Y015
+
+@_typing.final
+class DeploymentListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    job_id: _builtins.str
+    """Only this job's deployments (`drover job deployments`), newest first."""
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "namespace", b"namespace", "options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentListRequest: _TypeAlias = DeploymentListRequest  # noqa: Y015
+
+@_typing.final
+class DeploymentListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    DEPLOYMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def deployments(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Deployment]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        deployments: _abc.Iterable[_structs_pb2.Deployment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployments", b"deployments", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentListResponse: _TypeAlias = DeploymentListResponse  # noqa: Y015
+
+@_typing.final
+class DeploymentGetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentGetRequest: _TypeAlias = DeploymentGetRequest  # noqa: Y015
+
+@_typing.final
+class DeploymentGetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def deployment(self) -> _structs_pb2.Deployment: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        deployment: _structs_pb2.Deployment | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentGetResponse: _TypeAlias = DeploymentGetResponse  # noqa: Y015
+
+@_typing.final
+class DeploymentPromoteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Empty: every group."""
+
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentPromoteRequest: _TypeAlias = DeploymentPromoteRequest  # noqa: Y015
+
+@_typing.final
+class DeploymentPauseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    PAUSE_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    pause: _builtins.bool
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        pause: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "pause", b"pause"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentPauseRequest: _TypeAlias = DeploymentPauseRequest  # noqa: Y015
+
+@_typing.final
+class DeploymentFailRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentFailRequest: _TypeAlias = DeploymentFailRequest  # noqa: Y015
+
+@_typing.final
+class DeploymentAllocHealthRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    HEALTHY_ALLOC_IDS_FIELD_NUMBER: _builtins.int
+    UNHEALTHY_ALLOC_IDS_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    @_builtins.property
+    def healthy_alloc_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def unhealthy_alloc_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        healthy_alloc_ids: _abc.Iterable[_builtins.str] | None = ...,
+        unhealthy_alloc_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "healthy_alloc_ids", b"healthy_alloc_ids", "unhealthy_alloc_ids", b"unhealthy_alloc_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentAllocHealthRequest: _TypeAlias = DeploymentAllocHealthRequest  # noqa: Y015
+
+@_typing.final
+class DeploymentWriteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    EVAL_ID_FIELD_NUMBER: _builtins.int
+    REVERTED_JOB_VERSION_FIELD_NUMBER: _builtins.int
+    REVERTED_FIELD_NUMBER: _builtins.int
+    eval_id: _builtins.str
+    """The eval the change created (empty when none), and the reverted-to job version."""
+    reverted_job_version: _builtins.int
+    reverted: _builtins.bool
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        eval_id: _builtins.str = ...,
+        reverted_job_version: _builtins.int = ...,
+        reverted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval_id", b"eval_id", "meta", b"meta", "reverted", b"reverted", "reverted_job_version", b"reverted_job_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentWriteResponse: _TypeAlias = DeploymentWriteResponse  # noqa: Y015
 
 @_typing.final
 class EvalListRequest(_message.Message):

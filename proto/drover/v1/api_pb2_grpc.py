@@ -79,6 +79,21 @@ class JobsStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceResponse.FromString,
                 _registered_method=True)
+        self.Revert = channel.unary_unary(
+                '/drover.v1.Jobs/Revert',
+                request_serializer=drover_dot_v1_dot_api__pb2.JobRevertRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.JobRevertResponse.FromString,
+                _registered_method=True)
+        self.Scale = channel.unary_unary(
+                '/drover.v1.Jobs/Scale',
+                request_serializer=drover_dot_v1_dot_api__pb2.JobScaleRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.JobScaleResponse.FromString,
+                _registered_method=True)
+        self.Validate = channel.unary_unary(
+                '/drover.v1.Jobs/Validate',
+                request_serializer=drover_dot_v1_dot_api__pb2.JobValidateRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.JobValidateResponse.FromString,
+                _registered_method=True)
 
 
 class JobsServicer:
@@ -141,6 +156,28 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Revert(self, request, context):
+        """Register an older version's spec as a new version (`drover job revert`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scale(self, request, context):
+        """Change one group's count as a new version (`drover job scale`); refused while the
+        job's latest deployment is active.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Validate(self, request, context):
+        """Every validation error of a job at once, each with its field path. Writes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +225,21 @@ def add_JobsServicer_to_server(servicer, server):
                     servicer.PeriodicForce,
                     request_deserializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.JobPeriodicForceResponse.SerializeToString,
+            ),
+            'Revert': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revert,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.JobRevertRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.JobRevertResponse.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.JobScaleRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.JobScaleResponse.SerializeToString,
+            ),
+            'Validate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Validate,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.JobValidateRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.JobValidateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +485,87 @@ class Jobs:
             '/drover.v1.Jobs/PeriodicForce',
             drover_dot_v1_dot_api__pb2.JobPeriodicForceRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.JobPeriodicForceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revert(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Jobs/Revert',
+            drover_dot_v1_dot_api__pb2.JobRevertRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.JobRevertResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Jobs/Scale',
+            drover_dot_v1_dot_api__pb2.JobScaleRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.JobScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Validate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Jobs/Validate',
+            drover_dot_v1_dot_api__pb2.JobValidateRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.JobValidateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -852,6 +985,338 @@ class Nodes:
             '/drover.v1.Nodes/UpdateAllocs',
             drover_dot_v1_dot_api__pb2.AllocUpdateRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.AllocUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class DeploymentsStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.List = channel.unary_unary(
+                '/drover.v1.Deployments/List',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentListRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.DeploymentListResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/drover.v1.Deployments/Get',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentGetRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.DeploymentGetResponse.FromString,
+                _registered_method=True)
+        self.Allocations = channel.unary_unary(
+                '/drover.v1.Deployments/Allocations',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentGetRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.AllocListResponse.FromString,
+                _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/drover.v1.Deployments/Promote',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentPromoteRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+                _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/drover.v1.Deployments/Pause',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentPauseRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+                _registered_method=True)
+        self.Fail = channel.unary_unary(
+                '/drover.v1.Deployments/Fail',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentFailRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+                _registered_method=True)
+        self.SetAllocHealth = channel.unary_unary(
+                '/drover.v1.Deployments/SetAllocHealth',
+                request_serializer=drover_dot_v1_dot_api__pb2.DeploymentAllocHealthRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+                _registered_method=True)
+
+
+class DeploymentsServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Allocations(self, request, context):
+        """The allocs of a deployment (`drover deployment status -verbose`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pause(self, request, context):
+        """pause = true pauses a running deployment, false resumes a paused one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fail(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetAllocHealth(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DeploymentsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentListRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.DeploymentListResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentGetRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.DeploymentGetResponse.SerializeToString,
+            ),
+            'Allocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.Allocations,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentGetRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.AllocListResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentPromoteRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentPauseRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.SerializeToString,
+            ),
+            'Fail': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fail,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentFailRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.SerializeToString,
+            ),
+            'SetAllocHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAllocHealth,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.DeploymentAllocHealthRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'drover.v1.Deployments', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('drover.v1.Deployments', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Deployments:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/List',
+            drover_dot_v1_dot_api__pb2.DeploymentListRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.DeploymentListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/Get',
+            drover_dot_v1_dot_api__pb2.DeploymentGetRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.DeploymentGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Allocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/Allocations',
+            drover_dot_v1_dot_api__pb2.DeploymentGetRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.AllocListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/Promote',
+            drover_dot_v1_dot_api__pb2.DeploymentPromoteRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/Pause',
+            drover_dot_v1_dot_api__pb2.DeploymentPauseRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fail(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/Fail',
+            drover_dot_v1_dot_api__pb2.DeploymentFailRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAllocHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Deployments/SetAllocHealth',
+            drover_dot_v1_dot_api__pb2.DeploymentAllocHealthRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.DeploymentWriteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,14 @@ class JobsStub:
     """Run a parameterized job: a child `<parent>/dispatch-<unix>-<8 hex>` with payload and meta."""
     PeriodicForce: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobPeriodicForceRequest, _api_pb2.JobPeriodicForceResponse]
     """Launch a periodic job's child now, outside its schedule."""
+    Revert: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobRevertRequest, _api_pb2.JobRevertResponse]
+    """Register an older version's spec as a new version (`drover job revert`)."""
+    Scale: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobScaleRequest, _api_pb2.JobScaleResponse]
+    """Change one group's count as a new version (`drover job scale`); refused while the
+    job's latest deployment is active.
+    """
+    Validate: _grpc.UnaryUnaryMultiCallable[_api_pb2.JobValidateRequest, _api_pb2.JobValidateResponse]
+    """Every validation error of a job at once, each with its field path. Writes nothing."""
 
 @_typing.type_check_only
 class JobsAsyncStub(JobsStub):
@@ -63,6 +71,14 @@ class JobsAsyncStub(JobsStub):
     """Run a parameterized job: a child `<parent>/dispatch-<unix>-<8 hex>` with payload and meta."""
     PeriodicForce: _aio.UnaryUnaryMultiCallable[_api_pb2.JobPeriodicForceRequest, _api_pb2.JobPeriodicForceResponse]  # type: ignore[assignment]
     """Launch a periodic job's child now, outside its schedule."""
+    Revert: _aio.UnaryUnaryMultiCallable[_api_pb2.JobRevertRequest, _api_pb2.JobRevertResponse]  # type: ignore[assignment]
+    """Register an older version's spec as a new version (`drover job revert`)."""
+    Scale: _aio.UnaryUnaryMultiCallable[_api_pb2.JobScaleRequest, _api_pb2.JobScaleResponse]  # type: ignore[assignment]
+    """Change one group's count as a new version (`drover job scale`); refused while the
+    job's latest deployment is active.
+    """
+    Validate: _aio.UnaryUnaryMultiCallable[_api_pb2.JobValidateRequest, _api_pb2.JobValidateResponse]  # type: ignore[assignment]
+    """Every validation error of a job at once, each with its field path. Writes nothing."""
 
 class JobsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -130,6 +146,32 @@ class JobsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.JobPeriodicForceResponse, _abc.Awaitable[_api_pb2.JobPeriodicForceResponse]]:
         """Launch a periodic job's child now, outside its schedule."""
+
+    @_abc_1.abstractmethod
+    def Revert(
+        self,
+        request: _api_pb2.JobRevertRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.JobRevertResponse, _abc.Awaitable[_api_pb2.JobRevertResponse]]:
+        """Register an older version's spec as a new version (`drover job revert`)."""
+
+    @_abc_1.abstractmethod
+    def Scale(
+        self,
+        request: _api_pb2.JobScaleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.JobScaleResponse, _abc.Awaitable[_api_pb2.JobScaleResponse]]:
+        """Change one group's count as a new version (`drover job scale`); refused while the
+        job's latest deployment is active.
+        """
+
+    @_abc_1.abstractmethod
+    def Validate(
+        self,
+        request: _api_pb2.JobValidateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.JobValidateResponse, _abc.Awaitable[_api_pb2.JobValidateResponse]]:
+        """Every validation error of a job at once, each with its field path. Writes nothing."""
 
 def add_JobsServicer_to_server(servicer: JobsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -238,6 +280,88 @@ class NodesServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_api_pb2.AllocUpdateResponse, _abc.Awaitable[_api_pb2.AllocUpdateResponse]]: ...
 
 def add_NodesServicer_to_server(servicer: NodesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class DeploymentsStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> DeploymentsAsyncStub: ...
+    List: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentListRequest, _api_pb2.DeploymentListResponse]
+    Get: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentGetRequest, _api_pb2.DeploymentGetResponse]
+    Allocations: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentGetRequest, _api_pb2.AllocListResponse]
+    """The allocs of a deployment (`drover deployment status -verbose`)."""
+    Promote: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentPromoteRequest, _api_pb2.DeploymentWriteResponse]
+    Pause: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentPauseRequest, _api_pb2.DeploymentWriteResponse]
+    """pause = true pauses a running deployment, false resumes a paused one."""
+    Fail: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentFailRequest, _api_pb2.DeploymentWriteResponse]
+    SetAllocHealth: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeploymentAllocHealthRequest, _api_pb2.DeploymentWriteResponse]
+
+@_typing.type_check_only
+class DeploymentsAsyncStub(DeploymentsStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    List: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentListRequest, _api_pb2.DeploymentListResponse]  # type: ignore[assignment]
+    Get: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentGetRequest, _api_pb2.DeploymentGetResponse]  # type: ignore[assignment]
+    Allocations: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentGetRequest, _api_pb2.AllocListResponse]  # type: ignore[assignment]
+    """The allocs of a deployment (`drover deployment status -verbose`)."""
+    Promote: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentPromoteRequest, _api_pb2.DeploymentWriteResponse]  # type: ignore[assignment]
+    Pause: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentPauseRequest, _api_pb2.DeploymentWriteResponse]  # type: ignore[assignment]
+    """pause = true pauses a running deployment, false resumes a paused one."""
+    Fail: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentFailRequest, _api_pb2.DeploymentWriteResponse]  # type: ignore[assignment]
+    SetAllocHealth: _aio.UnaryUnaryMultiCallable[_api_pb2.DeploymentAllocHealthRequest, _api_pb2.DeploymentWriteResponse]  # type: ignore[assignment]
+
+class DeploymentsServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _api_pb2.DeploymentListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeploymentListResponse, _abc.Awaitable[_api_pb2.DeploymentListResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Get(
+        self,
+        request: _api_pb2.DeploymentGetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeploymentGetResponse, _abc.Awaitable[_api_pb2.DeploymentGetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Allocations(
+        self,
+        request: _api_pb2.DeploymentGetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.AllocListResponse, _abc.Awaitable[_api_pb2.AllocListResponse]]:
+        """The allocs of a deployment (`drover deployment status -verbose`)."""
+
+    @_abc_1.abstractmethod
+    def Promote(
+        self,
+        request: _api_pb2.DeploymentPromoteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeploymentWriteResponse, _abc.Awaitable[_api_pb2.DeploymentWriteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Pause(
+        self,
+        request: _api_pb2.DeploymentPauseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeploymentWriteResponse, _abc.Awaitable[_api_pb2.DeploymentWriteResponse]]:
+        """pause = true pauses a running deployment, false resumes a paused one."""
+
+    @_abc_1.abstractmethod
+    def Fail(
+        self,
+        request: _api_pb2.DeploymentFailRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeploymentWriteResponse, _abc.Awaitable[_api_pb2.DeploymentWriteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetAllocHealth(
+        self,
+        request: _api_pb2.DeploymentAllocHealthRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeploymentWriteResponse, _abc.Awaitable[_api_pb2.DeploymentWriteResponse]]: ...
+
+def add_DeploymentsServicer_to_server(servicer: DeploymentsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class EvalsStub:
     @_typing.overload

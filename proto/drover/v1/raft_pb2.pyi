@@ -58,6 +58,12 @@ class _EntryTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType.V
     ENTRY_TYPE_ACL_POLICY_DELETE: _EntryType.ValueType  # 19
     ENTRY_TYPE_ACL_TOKEN_UPSERT: _EntryType.ValueType  # 20
     ENTRY_TYPE_ACL_TOKEN_DELETE: _EntryType.ValueType  # 21
+    ENTRY_TYPE_DEPLOYMENT_STATUS_UPDATE: _EntryType.ValueType  # 22
+    """Deployments (server/deployments/): a status change (pause, resume, fail, with the
+    auto-revert job and its eval in the same entry), a promotion, manual alloc health.
+    """
+    ENTRY_TYPE_DEPLOYMENT_PROMOTE: _EntryType.ValueType  # 23
+    ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: _EntryType.ValueType  # 24
     ENTRY_TYPE_IGNORABLE_FLOAT: _EntryType.ValueType  # 1000
     """Entry types at or above this value may be skipped by an older server (logged, not
     applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -91,6 +97,12 @@ ENTRY_TYPE_ACL_POLICY_UPSERT: EntryType.ValueType  # 18
 ENTRY_TYPE_ACL_POLICY_DELETE: EntryType.ValueType  # 19
 ENTRY_TYPE_ACL_TOKEN_UPSERT: EntryType.ValueType  # 20
 ENTRY_TYPE_ACL_TOKEN_DELETE: EntryType.ValueType  # 21
+ENTRY_TYPE_DEPLOYMENT_STATUS_UPDATE: EntryType.ValueType  # 22
+"""Deployments (server/deployments/): a status change (pause, resume, fail, with the
+auto-revert job and its eval in the same entry), a promotion, manual alloc health.
+"""
+ENTRY_TYPE_DEPLOYMENT_PROMOTE: EntryType.ValueType  # 23
+ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: EntryType.ValueType  # 24
 ENTRY_TYPE_IGNORABLE_FLOAT: EntryType.ValueType  # 1000
 """Entry types at or above this value may be skipped by an older server (logged, not
 applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -489,6 +501,8 @@ class ApplyPlanResultsEntry(_message.Message):
     EVALS_FIELD_NUMBER: _builtins.int
     NODES_INELIGIBLE_FIELD_NUMBER: _builtins.int
     UPDATED_AT_NS_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_UPDATES_FIELD_NUMBER: _builtins.int
     eval_id: _builtins.str
     updated_at_ns: _builtins.int
     @_builtins.property
@@ -503,6 +517,14 @@ class ApplyPlanResultsEntry(_message.Message):
         (docs/field-reports.md#field-report-1, docs/design.md#invariant-6).
         """
 
+    @_builtins.property
+    def deployment(self) -> _structs_pb2.Deployment:
+        """The deployment the plan creates or updates, committed with the allocs that name it,
+        and status changes of other deployments (cancelled, successful).
+        """
+
+    @_builtins.property
+    def deployment_updates(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.DeploymentStatusUpdate]: ...
     def __init__(
         self,
         *,
@@ -512,14 +534,131 @@ class ApplyPlanResultsEntry(_message.Message):
         evals: _abc.Iterable[_structs_pb2.Evaluation] | None = ...,
         nodes_ineligible: _abc.Iterable[Global___NodeIneligible] | None = ...,
         updated_at_ns: _builtins.int = ...,
+        deployment: _structs_pb2.Deployment | None = ...,
+        deployment_updates: _abc.Iterable[_structs_pb2.DeploymentStatusUpdate] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs_stopped", b"allocs_stopped", "allocs_upserted", b"allocs_upserted", "eval_id", b"eval_id", "evals", b"evals", "nodes_ineligible", b"nodes_ineligible", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs_stopped", b"allocs_stopped", "allocs_upserted", b"allocs_upserted", "deployment", b"deployment", "deployment_updates", b"deployment_updates", "eval_id", b"eval_id", "evals", b"evals", "nodes_ineligible", b"nodes_ineligible", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ApplyPlanResultsEntry: _TypeAlias = ApplyPlanResultsEntry  # noqa: Y015
+
+@_typing.final
+class DeploymentStatusUpdateEntry(_message.Message):
+    """An operator's or the deployment watcher's change of one deployment's status. `job` is
+    set for an auto-revert: the stable spec registered as a new version, with `eval`, in
+    the same entry as the failure, so a leader kill never leaves a failed deployment that
+    was not reverted.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPDATE_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    EVAL_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_NS_FIELD_NUMBER: _builtins.int
+    updated_at_ns: _builtins.int
+    @_builtins.property
+    def update(self) -> _structs_pb2.DeploymentStatusUpdate: ...
+    @_builtins.property
+    def job(self) -> _structs_pb2.Job: ...
+    @_builtins.property
+    def eval(self) -> _structs_pb2.Evaluation: ...
+    def __init__(
+        self,
+        *,
+        update: _structs_pb2.DeploymentStatusUpdate | None = ...,
+        job: _structs_pb2.Job | None = ...,
+        eval: _structs_pb2.Evaluation | None = ...,
+        updated_at_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job", "update", b"update"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job", "update", b"update", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentStatusUpdateEntry: _TypeAlias = DeploymentStatusUpdateEntry  # noqa: Y015
+
+@_typing.final
+class DeploymentPromoteEntry(_message.Message):
+    """Promote the canaries of `groups` (all groups when empty)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    EVAL_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_NS_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    updated_at_ns: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def eval(self) -> _structs_pb2.Evaluation: ...
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+        eval: _structs_pb2.Evaluation | None = ...,
+        updated_at_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "eval", b"eval", "groups", b"groups", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentPromoteEntry: _TypeAlias = DeploymentPromoteEntry  # noqa: Y015
+
+@_typing.final
+class DeploymentAllocHealthEntry(_message.Message):
+    """Health set by hand (health_check = "manual", or an operator overriding the client).
+    An unhealthy alloc fails the deployment: `update` and `job` as for a status update.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    HEALTHY_ALLOC_IDS_FIELD_NUMBER: _builtins.int
+    UNHEALTHY_ALLOC_IDS_FIELD_NUMBER: _builtins.int
+    UPDATE_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    EVAL_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_NS_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    updated_at_ns: _builtins.int
+    @_builtins.property
+    def healthy_alloc_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def unhealthy_alloc_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def update(self) -> _structs_pb2.DeploymentStatusUpdate: ...
+    @_builtins.property
+    def job(self) -> _structs_pb2.Job: ...
+    @_builtins.property
+    def eval(self) -> _structs_pb2.Evaluation: ...
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        healthy_alloc_ids: _abc.Iterable[_builtins.str] | None = ...,
+        unhealthy_alloc_ids: _abc.Iterable[_builtins.str] | None = ...,
+        update: _structs_pb2.DeploymentStatusUpdate | None = ...,
+        job: _structs_pb2.Job | None = ...,
+        eval: _structs_pb2.Evaluation | None = ...,
+        updated_at_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["eval", b"eval", "job", b"job", "update", b"update"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "eval", b"eval", "healthy_alloc_ids", b"healthy_alloc_ids", "job", b"job", "unhealthy_alloc_ids", b"unhealthy_alloc_ids", "update", b"update", "updated_at_ns", b"updated_at_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentAllocHealthEntry: _TypeAlias = DeploymentAllocHealthEntry  # noqa: Y015
 
 @_typing.final
 class SchedulerConfigEntry(_message.Message):
@@ -841,6 +980,7 @@ class StateSnapshot(_message.Message):
     ACL_POLICIES_FIELD_NUMBER: _builtins.int
     ACL_TOKENS_FIELD_NUMBER: _builtins.int
     ACL_BOOTSTRAP_INDEX_FIELD_NUMBER: _builtins.int
+    DEPLOYMENTS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     acl_bootstrap_index: _builtins.int
     """The raft index of the ACL bootstrap; 0: not bootstrapped yet."""
@@ -868,6 +1008,8 @@ class StateSnapshot(_message.Message):
     def acl_policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLPolicy]: ...
     @_builtins.property
     def acl_tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___ACLTokenRecord]: ...
+    @_builtins.property
+    def deployments(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Deployment]: ...
     def __init__(
         self,
         *,
@@ -885,10 +1027,11 @@ class StateSnapshot(_message.Message):
         acl_policies: _abc.Iterable[Global___ACLPolicy] | None = ...,
         acl_tokens: _abc.Iterable[Global___ACLTokenRecord] | None = ...,
         acl_bootstrap_index: _builtins.int = ...,
+        deployments: _abc.Iterable[_structs_pb2.Deployment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["scheduler_config", b"scheduler_config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl_bootstrap_index", b"acl_bootstrap_index", "acl_policies", b"acl_policies", "acl_tokens", b"acl_tokens", "allocs", b"allocs", "evals", b"evals", "index", b"index", "job_summaries", b"job_summaries", "job_versions", b"job_versions", "jobs", b"jobs", "nodes", b"nodes", "periodic_launches", b"periodic_launches", "scheduler_config", b"scheduler_config", "servers", b"servers", "table_index", b"table_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl_bootstrap_index", b"acl_bootstrap_index", "acl_policies", b"acl_policies", "acl_tokens", b"acl_tokens", "allocs", b"allocs", "deployments", b"deployments", "evals", b"evals", "index", b"index", "job_summaries", b"job_summaries", "job_versions", b"job_versions", "jobs", b"jobs", "nodes", b"nodes", "periodic_launches", b"periodic_launches", "scheduler_config", b"scheduler_config", "servers", b"servers", "table_index", b"table_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

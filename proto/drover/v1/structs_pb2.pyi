@@ -188,11 +188,19 @@ class UpdateStrategy(_message.Message):
     MIN_HEALTHY_TIME_NS_FIELD_NUMBER: _builtins.int
     HEALTHY_DEADLINE_NS_FIELD_NUMBER: _builtins.int
     AUTO_REVERT_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
+    AUTO_PROMOTE_FIELD_NUMBER: _builtins.int
+    PROGRESS_DEADLINE_NS_FIELD_NUMBER: _builtins.int
+    HEALTH_CHECK_FIELD_NUMBER: _builtins.int
     max_parallel: _builtins.int
     stagger_ns: _builtins.int
     min_healthy_time_ns: _builtins.int
     healthy_deadline_ns: _builtins.int
     auto_revert: _builtins.bool
+    canary: _builtins.int
+    auto_promote: _builtins.bool
+    progress_deadline_ns: _builtins.int
+    health_check: _builtins.str
     def __init__(
         self,
         *,
@@ -201,14 +209,101 @@ class UpdateStrategy(_message.Message):
         min_healthy_time_ns: _builtins.int = ...,
         healthy_deadline_ns: _builtins.int = ...,
         auto_revert: _builtins.bool = ...,
+        canary: _builtins.int = ...,
+        auto_promote: _builtins.bool = ...,
+        progress_deadline_ns: _builtins.int = ...,
+        health_check: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_revert", b"auto_revert", "healthy_deadline_ns", b"healthy_deadline_ns", "max_parallel", b"max_parallel", "min_healthy_time_ns", b"min_healthy_time_ns", "stagger_ns", b"stagger_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_promote", b"auto_promote", "auto_revert", b"auto_revert", "canary", b"canary", "health_check", b"health_check", "healthy_deadline_ns", b"healthy_deadline_ns", "max_parallel", b"max_parallel", "min_healthy_time_ns", b"min_healthy_time_ns", "progress_deadline_ns", b"progress_deadline_ns", "stagger_ns", b"stagger_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateStrategy: _TypeAlias = UpdateStrategy  # noqa: Y015
+
+@_typing.final
+class ServiceCheck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    ARGS_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    INTERVAL_NS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_NS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    type: _builtins.str
+    port: _builtins.str
+    path: _builtins.str
+    method: _builtins.str
+    protocol: _builtins.str
+    command: _builtins.str
+    task: _builtins.str
+    interval_ns: _builtins.int
+    timeout_ns: _builtins.int
+    @_builtins.property
+    def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        port: _builtins.str = ...,
+        path: _builtins.str = ...,
+        method: _builtins.str = ...,
+        protocol: _builtins.str = ...,
+        command: _builtins.str = ...,
+        args: _abc.Iterable[_builtins.str] | None = ...,
+        task: _builtins.str = ...,
+        interval_ns: _builtins.int = ...,
+        timeout_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "interval_ns", b"interval_ns", "method", b"method", "name", b"name", "path", b"path", "port", b"port", "protocol", b"protocol", "task", b"task", "timeout_ns", b"timeout_ns", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceCheck: _TypeAlias = ServiceCheck  # noqa: Y015
+
+@_typing.final
+class Service(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    CHECKS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    provider: _builtins.str
+    port: _builtins.str
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServiceCheck]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        port: _builtins.str = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        checks: _abc.Iterable[Global___ServiceCheck] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "name", b"name", "port", b"port", "provider", b"provider", "tags", b"tags"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Service: _TypeAlias = Service  # noqa: Y015
 
 @_typing.final
 class ReschedulePolicy(_message.Message):
@@ -415,6 +510,7 @@ class Task(_message.Message):
     KILL_TIMEOUT_NS_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     driver: _builtins.str
     config_json: _builtins.str
@@ -429,6 +525,8 @@ class Task(_message.Message):
     def constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Constraint]: ...
     @_builtins.property
     def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___Service]: ...
     def __init__(
         self,
         *,
@@ -441,10 +539,11 @@ class Task(_message.Message):
         kill_timeout_ns: _builtins.int = ...,
         leader: _builtins.bool = ...,
         meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        services: _abc.Iterable[Global___Service] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "constraints", b"constraints", "driver", b"driver", "env", b"env", "kill_timeout_ns", b"kill_timeout_ns", "leader", b"leader", "meta", b"meta", "name", b"name", "resources", b"resources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "constraints", b"constraints", "driver", b"driver", "env", b"env", "kill_timeout_ns", b"kill_timeout_ns", "leader", b"leader", "meta", b"meta", "name", b"name", "resources", b"resources", "services", b"services"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -487,6 +586,7 @@ class TaskGroup(_message.Message):
     DISCONNECT_FIELD_NUMBER: _builtins.int
     EPHEMERAL_DISK_MB_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     count: _builtins.int
     ephemeral_disk_mb: _builtins.int
@@ -510,6 +610,8 @@ class TaskGroup(_message.Message):
     def disconnect(self) -> Global___DisconnectStrategy: ...
     @_builtins.property
     def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___Service]: ...
     def __init__(
         self,
         *,
@@ -526,10 +628,11 @@ class TaskGroup(_message.Message):
         disconnect: Global___DisconnectStrategy | None = ...,
         ephemeral_disk_mb: _builtins.int = ...,
         meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        services: _abc.Iterable[Global___Service] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["disconnect", b"disconnect", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "count", b"count", "disconnect", b"disconnect", "ephemeral_disk_mb", b"ephemeral_disk_mb", "meta", b"meta", "name", b"name", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "spreads", b"spreads", "tasks", b"tasks", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "count", b"count", "disconnect", b"disconnect", "ephemeral_disk_mb", b"ephemeral_disk_mb", "meta", b"meta", "name", b"name", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "services", b"services", "spreads", b"spreads", "tasks", b"tasks", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1096,6 +1199,238 @@ class RescheduleEvent(_message.Message):
 Global___RescheduleEvent: _TypeAlias = RescheduleEvent  # noqa: Y015
 
 @_typing.final
+class AllocDeploymentStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEALTH_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_NS_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    health: _builtins.str
+    timestamp_ns: _builtins.int
+    canary: _builtins.bool
+    modify_index: _builtins.int
+    def __init__(
+        self,
+        *,
+        health: _builtins.str = ...,
+        timestamp_ns: _builtins.int = ...,
+        canary: _builtins.bool = ...,
+        modify_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "health", b"health", "modify_index", b"modify_index", "timestamp_ns", b"timestamp_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocDeploymentStatus: _TypeAlias = AllocDeploymentStatus  # noqa: Y015
+
+@_typing.final
+class NodeScoreMeta(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ScoresEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SCORES_FIELD_NUMBER: _builtins.int
+    NORM_SCORE_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    norm_score: _builtins.float
+    @_builtins.property
+    def scores(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        scores: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        norm_score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "norm_score", b"norm_score", "scores", b"scores"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeScoreMeta: _TypeAlias = NodeScoreMeta  # noqa: Y015
+
+@_typing.final
+class AllocMetric(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NodesAvailableEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ClassFilteredEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ConstraintFilteredEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ClassExhaustedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DimensionExhaustedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NODES_EVALUATED_FIELD_NUMBER: _builtins.int
+    NODES_FILTERED_FIELD_NUMBER: _builtins.int
+    NODES_IN_POOL_FIELD_NUMBER: _builtins.int
+    NODES_AVAILABLE_FIELD_NUMBER: _builtins.int
+    CLASS_FILTERED_FIELD_NUMBER: _builtins.int
+    CONSTRAINT_FILTERED_FIELD_NUMBER: _builtins.int
+    NODES_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    CLASS_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    DIMENSION_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    SCORE_META_DATA_FIELD_NUMBER: _builtins.int
+    ALLOCATION_TIME_NS_FIELD_NUMBER: _builtins.int
+    COALESCED_FAILURES_FIELD_NUMBER: _builtins.int
+    nodes_evaluated: _builtins.int
+    nodes_filtered: _builtins.int
+    nodes_in_pool: _builtins.int
+    nodes_exhausted: _builtins.int
+    allocation_time_ns: _builtins.int
+    coalesced_failures: _builtins.int
+    @_builtins.property
+    def nodes_available(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def class_filtered(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def constraint_filtered(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def class_exhausted(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def dimension_exhausted(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def score_meta_data(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeScoreMeta]: ...
+    def __init__(
+        self,
+        *,
+        nodes_evaluated: _builtins.int = ...,
+        nodes_filtered: _builtins.int = ...,
+        nodes_in_pool: _builtins.int = ...,
+        nodes_available: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        class_filtered: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        constraint_filtered: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        nodes_exhausted: _builtins.int = ...,
+        class_exhausted: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        dimension_exhausted: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        score_meta_data: _abc.Iterable[Global___NodeScoreMeta] | None = ...,
+        allocation_time_ns: _builtins.int = ...,
+        coalesced_failures: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_time_ns", b"allocation_time_ns", "class_exhausted", b"class_exhausted", "class_filtered", b"class_filtered", "coalesced_failures", b"coalesced_failures", "constraint_filtered", b"constraint_filtered", "dimension_exhausted", b"dimension_exhausted", "nodes_available", b"nodes_available", "nodes_evaluated", b"nodes_evaluated", "nodes_exhausted", b"nodes_exhausted", "nodes_filtered", b"nodes_filtered", "nodes_in_pool", b"nodes_in_pool", "score_meta_data", b"score_meta_data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocMetric: _TypeAlias = AllocMetric  # noqa: Y015
+
+@_typing.final
 class Allocation(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1146,6 +1481,9 @@ class Allocation(_message.Message):
     CREATE_TIME_NS_FIELD_NUMBER: _builtins.int
     MODIFY_TIME_NS_FIELD_NUMBER: _builtins.int
     INDEX_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_STATUS_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     namespace: _builtins.str
     eval_id: _builtins.str
@@ -1168,6 +1506,7 @@ class Allocation(_message.Message):
     create_time_ns: _builtins.int
     modify_time_ns: _builtins.int
     index: _builtins.int
+    deployment_id: _builtins.str
     @_builtins.property
     def resources(self) -> Global___AllocatedResources: ...
     @_builtins.property
@@ -1176,6 +1515,10 @@ class Allocation(_message.Message):
     def state_history(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocStateChange]: ...
     @_builtins.property
     def reschedule_events(self) -> _containers.RepeatedCompositeFieldContainer[Global___RescheduleEvent]: ...
+    @_builtins.property
+    def deployment_status(self) -> Global___AllocDeploymentStatus: ...
+    @_builtins.property
+    def metrics(self) -> Global___AllocMetric: ...
     def __init__(
         self,
         *,
@@ -1205,10 +1548,13 @@ class Allocation(_message.Message):
         create_time_ns: _builtins.int = ...,
         modify_time_ns: _builtins.int = ...,
         index: _builtins.int = ...,
+        deployment_id: _builtins.str = ...,
+        deployment_status: Global___AllocDeploymentStatus | None = ...,
+        metrics: Global___AllocMetric | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deployment_status", b"deployment_status", "metrics", b"metrics", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_modify_index", b"alloc_modify_index", "client_description", b"client_description", "client_status", b"client_status", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "desired_description", b"desired_description", "desired_status", b"desired_status", "eval_id", b"eval_id", "followup_eval_id", b"followup_eval_id", "id", b"id", "index", b"index", "job_id", b"job_id", "job_version", b"job_version", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "name", b"name", "namespace", b"namespace", "next_allocation", b"next_allocation", "node_id", b"node_id", "node_name", b"node_name", "previous_allocation", b"previous_allocation", "reschedule_events", b"reschedule_events", "resources", b"resources", "state_history", b"state_history", "task_group", b"task_group", "task_states", b"task_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_modify_index", b"alloc_modify_index", "client_description", b"client_description", "client_status", b"client_status", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "deployment_id", b"deployment_id", "deployment_status", b"deployment_status", "desired_description", b"desired_description", "desired_status", b"desired_status", "eval_id", b"eval_id", "followup_eval_id", b"followup_eval_id", "id", b"id", "index", b"index", "job_id", b"job_id", "job_version", b"job_version", "metrics", b"metrics", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "name", b"name", "namespace", b"namespace", "next_allocation", b"next_allocation", "node_id", b"node_id", "node_name", b"node_name", "previous_allocation", b"previous_allocation", "reschedule_events", b"reschedule_events", "resources", b"resources", "state_history", b"state_history", "task_group", b"task_group", "task_states", b"task_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1258,6 +1604,27 @@ class Evaluation(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class FailedTgMetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___AllocMetric: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___AllocMetric | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
@@ -1282,6 +1649,8 @@ class Evaluation(_message.Message):
     MODIFY_INDEX_FIELD_NUMBER: _builtins.int
     CREATE_TIME_NS_FIELD_NUMBER: _builtins.int
     MODIFY_TIME_NS_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    FAILED_TG_METRICS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     namespace: _builtins.str
     priority: _builtins.int
@@ -1304,10 +1673,13 @@ class Evaluation(_message.Message):
     modify_index: _builtins.int
     create_time_ns: _builtins.int
     modify_time_ns: _builtins.int
+    deployment_id: _builtins.str
     @_builtins.property
     def queued_allocations(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
     def failed_tg_allocs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def failed_tg_metrics(self) -> _containers.MessageMap[_builtins.str, Global___AllocMetric]: ...
     def __init__(
         self,
         *,
@@ -1335,10 +1707,12 @@ class Evaluation(_message.Message):
         modify_index: _builtins.int = ...,
         create_time_ns: _builtins.int = ...,
         modify_time_ns: _builtins.int = ...,
+        deployment_id: _builtins.str = ...,
+        failed_tg_metrics: _abc.Mapping[_builtins.str, Global___AllocMetric] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotate_plan", b"annotate_plan", "blocked_eval", b"blocked_eval", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "failed_tg_allocs", b"failed_tg_allocs", "id", b"id", "job_id", b"job_id", "job_modify_index", b"job_modify_index", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "namespace", b"namespace", "next_eval", b"next_eval", "node_id", b"node_id", "node_modify_index", b"node_modify_index", "previous_eval", b"previous_eval", "priority", b"priority", "queued_allocations", b"queued_allocations", "snapshot_index", b"snapshot_index", "status", b"status", "status_description", b"status_description", "triggered_by", b"triggered_by", "type", b"type", "wait_ns", b"wait_ns", "wait_until_ns", b"wait_until_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotate_plan", b"annotate_plan", "blocked_eval", b"blocked_eval", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "deployment_id", b"deployment_id", "failed_tg_allocs", b"failed_tg_allocs", "failed_tg_metrics", b"failed_tg_metrics", "id", b"id", "job_id", b"job_id", "job_modify_index", b"job_modify_index", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "namespace", b"namespace", "next_eval", b"next_eval", "node_id", b"node_id", "node_modify_index", b"node_modify_index", "previous_eval", b"previous_eval", "priority", b"priority", "queued_allocations", b"queued_allocations", "snapshot_index", b"snapshot_index", "status", b"status", "status_description", b"status_description", "triggered_by", b"triggered_by", "type", b"type", "wait_ns", b"wait_ns", "wait_until_ns", b"wait_until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1582,3 +1956,158 @@ class ServerMember(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ServerMember: _TypeAlias = ServerMember  # noqa: Y015
+
+@_typing.final
+class DeploymentState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AUTO_REVERT_FIELD_NUMBER: _builtins.int
+    AUTO_PROMOTE_FIELD_NUMBER: _builtins.int
+    PROGRESS_DEADLINE_NS_FIELD_NUMBER: _builtins.int
+    REQUIRE_PROGRESS_BY_NS_FIELD_NUMBER: _builtins.int
+    PROMOTED_FIELD_NUMBER: _builtins.int
+    PLACED_CANARIES_FIELD_NUMBER: _builtins.int
+    DESIRED_CANARIES_FIELD_NUMBER: _builtins.int
+    DESIRED_TOTAL_FIELD_NUMBER: _builtins.int
+    PLACED_ALLOCS_FIELD_NUMBER: _builtins.int
+    HEALTHY_ALLOCS_FIELD_NUMBER: _builtins.int
+    UNHEALTHY_ALLOCS_FIELD_NUMBER: _builtins.int
+    auto_revert: _builtins.bool
+    auto_promote: _builtins.bool
+    progress_deadline_ns: _builtins.int
+    require_progress_by_ns: _builtins.int
+    promoted: _builtins.bool
+    desired_canaries: _builtins.int
+    desired_total: _builtins.int
+    placed_allocs: _builtins.int
+    healthy_allocs: _builtins.int
+    unhealthy_allocs: _builtins.int
+    @_builtins.property
+    def placed_canaries(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        auto_revert: _builtins.bool = ...,
+        auto_promote: _builtins.bool = ...,
+        progress_deadline_ns: _builtins.int = ...,
+        require_progress_by_ns: _builtins.int = ...,
+        promoted: _builtins.bool = ...,
+        placed_canaries: _abc.Iterable[_builtins.str] | None = ...,
+        desired_canaries: _builtins.int = ...,
+        desired_total: _builtins.int = ...,
+        placed_allocs: _builtins.int = ...,
+        healthy_allocs: _builtins.int = ...,
+        unhealthy_allocs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_promote", b"auto_promote", "auto_revert", b"auto_revert", "desired_canaries", b"desired_canaries", "desired_total", b"desired_total", "healthy_allocs", b"healthy_allocs", "placed_allocs", b"placed_allocs", "placed_canaries", b"placed_canaries", "progress_deadline_ns", b"progress_deadline_ns", "promoted", b"promoted", "require_progress_by_ns", b"require_progress_by_ns", "unhealthy_allocs", b"unhealthy_allocs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentState: _TypeAlias = DeploymentState  # noqa: Y015
+
+@_typing.final
+class Deployment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TaskGroupsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___DeploymentState: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___DeploymentState | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    JOB_VERSION_FIELD_NUMBER: _builtins.int
+    JOB_MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    JOB_CREATE_INDEX_FIELD_NUMBER: _builtins.int
+    TASK_GROUPS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STATUS_DESCRIPTION_FIELD_NUMBER: _builtins.int
+    EVAL_PRIORITY_FIELD_NUMBER: _builtins.int
+    CREATE_INDEX_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_NS_FIELD_NUMBER: _builtins.int
+    MODIFY_TIME_NS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    namespace: _builtins.str
+    job_id: _builtins.str
+    job_version: _builtins.int
+    job_modify_index: _builtins.int
+    job_create_index: _builtins.int
+    status: _builtins.str
+    status_description: _builtins.str
+    eval_priority: _builtins.int
+    create_index: _builtins.int
+    modify_index: _builtins.int
+    create_time_ns: _builtins.int
+    modify_time_ns: _builtins.int
+    @_builtins.property
+    def task_groups(self) -> _containers.MessageMap[_builtins.str, Global___DeploymentState]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        job_version: _builtins.int = ...,
+        job_modify_index: _builtins.int = ...,
+        job_create_index: _builtins.int = ...,
+        task_groups: _abc.Mapping[_builtins.str, Global___DeploymentState] | None = ...,
+        status: _builtins.str = ...,
+        status_description: _builtins.str = ...,
+        eval_priority: _builtins.int = ...,
+        create_index: _builtins.int = ...,
+        modify_index: _builtins.int = ...,
+        create_time_ns: _builtins.int = ...,
+        modify_time_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_index", b"create_index", "create_time_ns", b"create_time_ns", "eval_priority", b"eval_priority", "id", b"id", "job_create_index", b"job_create_index", "job_id", b"job_id", "job_modify_index", b"job_modify_index", "job_version", b"job_version", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "namespace", b"namespace", "status", b"status", "status_description", b"status_description", "task_groups", b"task_groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Deployment: _TypeAlias = Deployment  # noqa: Y015
+
+@_typing.final
+class DeploymentStatusUpdate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STATUS_DESCRIPTION_FIELD_NUMBER: _builtins.int
+    deployment_id: _builtins.str
+    status: _builtins.str
+    status_description: _builtins.str
+    def __init__(
+        self,
+        *,
+        deployment_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        status_description: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment_id", b"deployment_id", "status", b"status", "status_description", b"status_description"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeploymentStatusUpdate: _TypeAlias = DeploymentStatusUpdate  # noqa: Y015
