@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from drover.scheduler.structs import Allocation, Evaluation, Job, Node, Plan, SchedulerConfig
+from drover.scheduler.structs import Allocation, Deployment, Evaluation, Job, Node, Plan, SchedulerConfig
 
 if TYPE_CHECKING:
     import random
@@ -40,6 +40,8 @@ class State(Protocol):
     def allocs_by_node(self, node_id: str) -> list[Allocation]: ...
 
     def scheduler_config(self) -> SchedulerConfig: ...
+
+    def latest_deployment(self, namespace: str, job_id: str) -> Deployment | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ import immutables
 
 from drover.scheduler.structs import (
     Allocation,
+    Deployment,
     Evaluation,
     Job,
     JobSummary,
@@ -57,6 +58,8 @@ def to_snapshot(tables: Tables) -> raft_pb2.StateSnapshot:
     for token in _sorted(tables.acl_tokens.values(), key=lambda t: t.accessor_id):
         to_proto(token, snap.acl_tokens.add())
     snap.acl_bootstrap_index = tables.acl_bootstrap_index
+    for deployment in _sorted(tables.deployments.values(), key=lambda d: d.id):
+        to_proto(deployment, snap.deployments.add())
     snap.table_index.update(dict(tables.table_index.items()))
     return snap
 
@@ -89,6 +92,7 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
     servers = {s.name: s for s in (from_proto(m, ServerMember) for m in snap.servers)}
     policies = {p.name: p for p in (from_proto(m, ACLPolicy) for m in snap.acl_policies)}
     tokens = {t.accessor_id: t for t in (from_proto(m, ACLTokenRecord) for m in snap.acl_tokens)}
+    deployments = {d.id: d for d in (from_proto(m, Deployment) for m in snap.deployments)}
     config = (
         from_proto(snap.scheduler_config, SchedulerConfig)
         if snap.HasField("scheduler_config")
@@ -117,6 +121,8 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         acl_tokens=immutables.Map(tokens),
         acl_tokens_by_hash=immutables.Map({t.secret_hash: t.accessor_id for t in tokens.values()}),
         acl_bootstrap_index=snap.acl_bootstrap_index,
+        deployments=immutables.Map(deployments),
+        deployments_by_job=_index(((d.namespace, d.job_id), d.id) for d in deployments.values()),
         table_index=immutables.Map(dict(snap.table_index)),
     )
 

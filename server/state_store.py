@@ -40,6 +40,7 @@ from drover.scheduler.structs import (
     JOB_STATUS_RUNNING,
     JOB_TYPE_SYSTEM,
     Allocation,
+    Deployment,
     Evaluation,
     Job,
     JobChildrenSummary,
@@ -68,6 +69,7 @@ TABLES: Final = (
     "servers",
     "acl_policies",
     "acl_tokens",
+    "deployments",
 )
 
 # Nomad keeps this many versions of a job (JobTrackedVersions).
@@ -113,6 +115,8 @@ class Tables:
     acl_tokens_by_hash: immutables.Map[str, str] = _EMPTY
     # The raft index of the ACL bootstrap; 0 until it happens (it happens once).
     acl_bootstrap_index: int = 0
+    deployments: immutables.Map[str, Deployment] = _EMPTY
+    deployments_by_job: immutables.Map[JobKey, immutables.Map[str, None]] = _EMPTY
     table_index: immutables.Map[str, int] = _EMPTY
 
 
@@ -241,6 +245,23 @@ class Snapshot:
     @property
     def acl_bootstrap_index(self) -> int:
         return self._t.acl_bootstrap_index
+
+    def deployment(self, deployment_id: str) -> Deployment | None:
+        return self._t.deployments.get(deployment_id)
+
+    def deployments(self) -> Iterator[Deployment]:
+        return iter(self._t.deployments.values())
+
+    def deployments_by_job(self, namespace: str, job_id: str) -> list[Deployment]:
+        """The job's deployments, newest first (by create index, then ID)."""
+        table = self._t.deployments
+        ids = self._t.deployments_by_job.get((namespace, job_id), _EMPTY)
+        return sorted((table[i] for i in ids), key=lambda d: (-d.create_index, d.id))
+
+    def latest_deployment(self, namespace: str, job_id: str) -> Deployment | None:
+        """The job's newest deployment (Nomad's LatestDeploymentByJobID), active or not."""
+        newest = self.deployments_by_job(namespace, job_id)
+        return newest[0] if newest else None
 
 
 @dataclass(slots=True)
@@ -445,6 +466,13 @@ class Txn:
     def evals_of_job(self, key: JobKey) -> list[Evaluation]:
         evals = self._m("evals")
         return [evals[i] for i in self._m("evals_by_job").get(key, _EMPTY)]
+
+    def deployment(self, deployment_id: str) -> Deployment | None:
+        return self._m("deployments").get(deployment_id)  # type: ignore[no-any-return]
+
+    def deployments_of_job(self, key: JobKey) -> list[Deployment]:
+        table = self._m("deployments")
+        return [table[i] for i in self._m("deployments_by_job").get(key, _EMPTY)]
 
     def scheduler_config(self) -> SchedulerConfig:
         return self._scalars.get("scheduler_config", self.base.scheduler_config)  # type: ignore[no-any-return]
@@ -806,6 +834,20 @@ class Txn:
         del self._m("acl_tokens")[accessor_id]
         del self._m("acl_tokens_by_hash")[old.secret_hash]
         self._touch("acl_tokens")
+
+    # -- deployments -------------------------------------------------------------------
+    def put_deployment(self, deployment: Deployment) -> None:
+        self._m("deployments")[deployment.id] = deployment
+        self._index_add("deployments_by_job", (deployment.namespace, deployment.job_id), deployment.id)
+        self._touch("deployments")
+
+    def delete_deployment(self, deployment_id: str) -> None:
+        old = self.deployment(deployment_id)
+        if old is None:
+            return
+        del self._m("deployments")[deployment_id]
+        self._index_remove("deployments_by_job", (old.namespace, old.job_id), deployment_id)
+        self._touch("deployments")
 
     def set_acl_bootstrap_index(self, index: int) -> None:
         self._scalars["acl_bootstrap_index"] = index
