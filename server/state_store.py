@@ -517,10 +517,25 @@ class Txn:
         self._touch("jobs")
 
     def put_job_version(self, job: Job) -> None:
+        """Record ``job`` as its newest version. Trimming to TRACKED_JOB_VERSIONS never
+        drops the newest stable version: it is what auto-revert goes back to."""
         key = (job.namespace, job.id)
-        versions = tuple(v for v in self.job_versions(key) if v.version != job.version)
-        self._m("job_versions")[key] = ((job, *versions))[:TRACKED_JOB_VERSIONS]
+        versions = (job, *(v for v in self.job_versions(key) if v.version != job.version))
+        kept = versions[:TRACKED_JOB_VERSIONS]
+        stable = next((v for v in versions if v.stable), None)
+        if stable is not None and stable not in kept:
+            kept = (*kept[: TRACKED_JOB_VERSIONS - 1], stable)
+        self._m("job_versions")[key] = kept
         self._touch("job_versions")
+
+    def mark_version_stable(self, key: JobKey, version: int) -> None:
+        """Mark one tracked version stable where it stands in the history."""
+        versions = self.job_versions(key)
+        if any(v.version == version and not v.stable for v in versions):
+            self._m("job_versions")[key] = tuple(
+                replace(v, stable=True) if v.version == version else v for v in versions
+            )
+            self._touch("job_versions")
 
     def delete_job(self, key: JobKey) -> None:
         job = self.job(key)
