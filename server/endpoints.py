@@ -20,12 +20,15 @@ from drover.scheduler.reconciler import next_reschedule
 from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_DESIRED_RUN,
+    HEALTH_HEALTHY,
+    HEALTH_UNHEALTHY,
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
     NODE_STATUS_DISCONNECTED,
     NODE_STATUS_DOWN,
     NODE_STATUS_INIT,
     NODE_STATUS_READY,
+    TRIGGER_DEPLOYMENT_WATCHER,
     TRIGGER_JOB_DEREGISTER,
     TRIGGER_JOB_REGISTER,
     TRIGGER_NODE_DRAIN,
@@ -538,9 +541,51 @@ class Endpoints:
             )
             for name, state in alloc.task_states.items():
                 slim.task_states[name].CopyFrom(state)
-        for ev in self._failure_evals(snap, entry):
+            if alloc.HasField("deployment_status") and alloc.deployment_status.health:
+                if alloc.deployment_status.health not in (HEALTH_HEALTHY, HEALTH_UNHEALTHY):
+                    raise ValidationError(
+                        f"allocs[{i}].deployment_status.health: must be {HEALTH_HEALTHY!r} or "
+                        f"{HEALTH_UNHEALTHY!r}, not {alloc.deployment_status.health!r}"
+                    )
+                # Only the verdict and its time are the client's; the canary flag is ours.
+                slim.deployment_id = alloc.deployment_id
+                slim.deployment_status.health = alloc.deployment_status.health
+                slim.deployment_status.timestamp_ns = alloc.deployment_status.timestamp_ns
+        failure_evals = self._failure_evals(snap, entry)
+        for ev in failure_evals:
+            to_proto(ev, entry.evals.add())
+        for ev in self._deployment_evals(snap, entry, {(e.namespace, e.job_id) for e in failure_evals}):
             to_proto(ev, entry.evals.add())
         return self._propose(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry)
+
+    def _deployment_evals(
+        self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry, covered: set[tuple[str, str]]
+    ) -> list[Evaluation]:
+        """One ``deployment-watcher`` eval per job whose active deployment just learned an
+        alloc's health, in the same entry as the verdict: a healthy alloc opens room for the
+        next batch, and without an eval the rollout would wait for something else to
+        evaluate the job. A job that already gets a failure eval needs no second one."""
+        now = entry.updated_at_ns
+        evals: dict[tuple[str, str], Evaluation] = {}
+        for msg in entry.allocs:
+            if not msg.deployment_status.health:
+                continue
+            existing = snap.alloc(msg.id)
+            if existing is None or not existing.deployment_id or msg.deployment_id != existing.deployment_id:
+                continue
+            before = existing.deployment_status.health if existing.deployment_status is not None else ""
+            key = (existing.namespace, existing.job_id)
+            if before == msg.deployment_status.health or key in covered or key in evals:
+                continue
+            deployment = snap.deployment(existing.deployment_id)
+            job = snap.job(existing.namespace, existing.job_id)
+            if deployment is None or not deployment.active() or job is None or job.stop:
+                continue
+            ev = self._new_eval(job, TRIGGER_DEPLOYMENT_WATCHER, now)
+            evals[key] = replace(
+                ev, deployment_id=deployment.id, priority=deployment.eval_priority or ev.priority
+            )
+        return list(evals.values())
 
     def _failure_evals(self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry) -> list[Evaluation]:
         """One ``alloc-failure`` eval per job with a newly failed alloc its policy may

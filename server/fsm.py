@@ -32,6 +32,8 @@ from drover.scheduler.structs import (
     NODE_STATUS_READY,
     Allocation,
     AllocStateChange,
+    Deployment,
+    DeploymentStatusUpdate,
     DrainStrategy,
     Evaluation,
     Job,
@@ -42,6 +44,7 @@ from drover.scheduler.structs import (
     ServerMember,
     TaskState,
 )
+from drover.server import deployments
 from drover.server.acl.records import TOKEN_MANAGEMENT, TOKEN_TYPES, ACLPolicy, ACLTokenRecord
 from drover.server.codec import from_proto
 from drover.server.snapshot import from_snapshot
@@ -362,19 +365,33 @@ def apply_alloc_client_update(txn: Txn, entry: raft_pb2.AllocClientUpdateEntry, 
             )
             history = (*history, change)[-10:]
         task_states = {name: from_proto(ts, TaskState) for name, ts in msg.task_states.items()}
-        txn.put_alloc(
-            replace(
-                existing,
-                client_status=msg.client_status or existing.client_status,
-                client_description=msg.client_description,
-                task_states=task_states or existing.task_states,
-                state_history=history,
-                modify_index=index,
-                modify_time_ns=entry.updated_at_ns,
-            )
+        updated = replace(
+            existing,
+            client_status=msg.client_status or existing.client_status,
+            client_description=msg.client_description,
+            task_states=task_states or existing.task_states,
+            state_history=history,
+            modify_index=index,
+            modify_time_ns=entry.updated_at_ns,
         )
+        if _reports_health_of_current_deployment(msg, existing):
+            health = msg.deployment_status
+            updated = deployments.set_alloc_health(txn, updated, health.health, health.timestamp_ns, index)
+        txn.put_alloc(updated)
     _put_evals(txn, entry.evals)
     return None
+
+
+def _reports_health_of_current_deployment(msg: Any, existing: Allocation) -> bool:
+    """A client's verdict counts only for the deployment it judged: an alloc moved into a
+    newer deployment by an in-place update is judged afresh (the client names the
+    deployment in ``deployment_id``)."""
+    return (
+        msg.HasField("deployment_status")
+        and bool(msg.deployment_status.health)
+        and bool(existing.deployment_id)
+        and msg.deployment_id == existing.deployment_id
+    )
 
 
 def apply_eval_update(txn: Txn, entry: raft_pb2.EvalUpdateEntry, index: int) -> Any:
@@ -414,6 +431,16 @@ def _updated_by_plan(
 def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: int) -> Any:
     # One int for every alloc of the entry: each read of the field makes a new one.
     updated_at = entry.updated_at_ns
+    # The deployment first: the allocs below name it and are counted in it.
+    if entry.HasField("deployment"):
+        _require_id(entry.deployment.id, "deployment")
+        deployments.upsert_from_plan(txn, from_proto(entry.deployment, Deployment), index, updated_at)
+    for update in entry.deployment_updates:
+        try:
+            deployments.set_status(txn, from_proto(update, DeploymentStatusUpdate), index, updated_at)
+        except deployments.DeploymentRefused as exc:
+            # An operator ended it first (failed, paused): the operator's word stands.
+            log.info("fsm.deployment_update_skipped", deployment_id=update.deployment_id, reason=str(exc))
     for stop in entry.allocs_stopped:
         existing = txn.alloc(stop.alloc_id)
         if existing is None:
@@ -463,6 +490,10 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
             )
         else:
             alloc = replace(alloc, create_index=index, create_time_ns=updated_at)
+        if alloc.deployment_id and existing is not None and existing.deployment_id == alloc.deployment_id:
+            # The client owns the health verdict; the plan may only keep it.
+            alloc = replace(alloc, deployment_status=existing.deployment_status)
+        deployments.count_alloc(txn, existing, alloc, updated_at)
         txn.put_alloc(replace(alloc, modify_index=index, alloc_modify_index=index, modify_time_ns=updated_at))
         if existing is None and alloc.previous_allocation:
             previous = txn.alloc(alloc.previous_allocation)

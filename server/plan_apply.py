@@ -188,9 +188,16 @@ def evaluate_plan(
         node_update=accepted_stop,
         rejected_nodes=tuple(rejected),
     )
-    if not accepted_alloc and not accepted_stop and not newly_ineligible:
+    has_deployment = plan.deployment is not None or bool(plan.deployment_updates)
+    if not accepted_alloc and not accepted_stop and not newly_ineligible and not has_deployment:
         return Evaluated(result, None)
     entry = raft_pb2.ApplyPlanResultsEntry(eval_id=plan.eval_id, updated_at_ns=now_ns)
+    # The deployment commits whatever nodes were rejected: the allocs that did fit name it,
+    # and the ones that did not are retried under it.
+    if plan.deployment is not None:
+        to_proto(plan.deployment, entry.deployment)
+    for update in plan.deployment_updates:
+        to_proto(update, entry.deployment_updates.add())
     for allocs in accepted_alloc.values():
         for alloc in allocs:
             to_proto(alloc, entry.allocs_upserted.add())
@@ -424,8 +431,9 @@ MAX_ALLOCS_PER_ENTRY: Final = 2000
 
 
 def split_entry(entry: raft_pb2.ApplyPlanResultsEntry) -> list[raft_pb2.ApplyPlanResultsEntry]:
-    """Stops first, then placements, in entries of at most MAX_ALLOCS_PER_ENTRY; evals and
-    ineligible nodes travel with the last one."""
+    """Stops first, then placements, in entries of at most MAX_ALLOCS_PER_ENTRY; the
+    deployment travels with the first (the allocs after it name it), evals and ineligible
+    nodes with the last one."""
     stops = list(entry.allocs_stopped)
     allocs = list(entry.allocs_upserted)
     if len(stops) + len(allocs) <= MAX_ALLOCS_PER_ENTRY:
@@ -443,6 +451,9 @@ def split_entry(entry: raft_pb2.ApplyPlanResultsEntry) -> list[raft_pb2.ApplyPla
         chunk_with_room().allocs_stopped.append(stop)
     for alloc in allocs:
         chunk_with_room().allocs_upserted.append(alloc)
+    if entry.HasField("deployment"):
+        chunks[0].deployment.CopyFrom(entry.deployment)
+    chunks[0].deployment_updates.extend(entry.deployment_updates)
     chunks[-1].evals.extend(entry.evals)
     chunks[-1].nodes_ineligible.extend(entry.nodes_ineligible)
     return chunks
