@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
 from drover.scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
+from drover.scheduler.placement.metrics import coalesce
 from drover.scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
 from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, stagger_ns
 from drover.scheduler.structs import (
@@ -45,6 +46,7 @@ from drover.scheduler.structs import (
     TRIGGER_QUEUED_ALLOCS,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
+    AllocMetric,
     Evaluation,
     Job,
     Node,
@@ -77,6 +79,8 @@ class PlanOutcome:
     plan: Plan | None
     # group -> IDs of the nodes where a placement did not fit
     failed: Mapping[str, tuple[str, ...]]
+    # group -> those failures' metrics, coalesced into one (the eval's failed_tg_metrics)
+    failed_metrics: Mapping[str, AllocMetric] = field(default_factory=dict)
 
 
 def read_inputs(state: State, namespace: str, job_id: str, job: Job | None) -> SystemInputs:
@@ -156,7 +160,12 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         blocked = follow_up_eval(
             ev, ctx.new_id(), TRIGGER_QUEUED_ALLOCS, ctx.now_ns, job=job, status=EVAL_STATUS_BLOCKED
         )
-        blocked = replace(blocked, queued_allocations=queued, failed_tg_allocs=failed_tg)
+        blocked = replace(
+            blocked,
+            queued_allocations=queued,
+            failed_tg_allocs=failed_tg,
+            failed_tg_metrics=dict(outcome.failed_metrics),
+        )
         created.append(blocked)
         blocked_id = blocked.id
     if diff.deferred and job is not None:
@@ -173,6 +182,7 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         status_description="",
         queued_allocations=queued,
         failed_tg_allocs=failed_tg,
+        failed_tg_metrics=dict(outcome.failed_metrics),
         blocked_eval=blocked_id,
         next_eval=next_id or ev.next_eval,
         snapshot_index=state.index,
@@ -214,6 +224,7 @@ def build_plan(
         builder.update_status(_existing(t), description=DESC_UNKNOWN, client_status=ALLOC_CLIENT_UNKNOWN)
 
     failed: dict[str, list[str]] = defaultdict(list)
+    failed_metrics: dict[str, AllocMetric] = {}
     if job is not None:
         for t in diff.update_inplace:
             alloc = _existing(t)
@@ -226,6 +237,10 @@ def build_plan(
             choice = place_on_node(builder, job, group, node)
             if choice is None:
                 failed[group.name].append(node.id)
+                if builder.stats.last_metric is not None:
+                    failed_metrics[group.name] = coalesce(
+                        failed_metrics.get(group.name), builder.stats.last_metric
+                    )
                 continue
             builder.place(
                 new_alloc(
@@ -239,7 +254,9 @@ def build_plan(
                     previous_id=t.alloc.id if t.alloc is not None else "",
                 )
             )
-    return PlanOutcome(builder.build(), {name: tuple(nodes) for name, nodes in failed.items()})
+    return PlanOutcome(
+        builder.build(), {name: tuple(nodes) for name, nodes in failed.items()}, failed_metrics
+    )
 
 
 def _existing(t: AllocTuple) -> Allocation:

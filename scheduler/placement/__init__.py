@@ -20,7 +20,10 @@ Layout (one concept per module):
 - ``ranking``: the compiled group (``PreparedGroup``), the shuffled candidate ring and the
   scores: ``select_node`` (the best of a bounded sample), ``place_on_node`` (one given
   node, system jobs) and ``score_node``.
-- ``feasible``: which nodes may run a group at all: readiness, datacenters, constraints.
+- ``feasible``: which nodes may run a group at all: readiness, datacenters, drivers,
+  constraints; and why the others were filtered.
+- ``metrics``: each placement's ``AllocMetric`` (Nomad's): nodes evaluated, filtered and
+  exhausted by reason, the top nodes' scores by component.
 - ``scores``: the score formulas (binpack, spread, affinities, anti-affinity, penalties).
 - ``ports``: static ports as asked, dynamic ports free in the node's range.
 
@@ -28,6 +31,7 @@ Fit is decided by ``drover.scheduler.fit.allocs_fit``, the same function the pla
 """
 
 from drover.scheduler.placement.feasible import feasible_nodes
+from drover.scheduler.placement.metrics import placed_score
 from drover.scheduler.placement.plan import PlanBuilder, new_alloc
 from drover.scheduler.placement.ports import assign_ports
 from drover.scheduler.placement.ranking import (
@@ -46,6 +50,7 @@ __all__ = [
     "feasible_nodes",
     "new_alloc",
     "place_on_node",
+    "placed_score",
     "score_node",
     "select_node",
 ]

@@ -1,8 +1,10 @@
-"""Which nodes may run a group: readiness, datacenters and constraints.
+"""Which nodes may run a group: readiness, datacenters, drivers and constraints.
 
 A node is feasible for a group when it is ready (status ready, eligible, not draining), its
-datacenter matches one of the job's (``*`` and fnmatch globs allowed) and it passes every
-constraint of the job, the group and the group's tasks. ``distinct_hosts`` and
+datacenter matches one of the job's (``*`` and fnmatch globs allowed), it announces every
+driver the group's tasks use (``driver.<name>`` = "1", as the client fingerprints them: a
+task sent to a node without its driver can only fail there, and be rescheduled forever)
+and it passes every constraint of the job, the group and the group's tasks. ``distinct_hosts`` and
 ``distinct_property`` depend on where the plan has put other allocs, so they are only
 *described* here (``distinct_hosts_scope``, ``distinct_properties``) and checked by
 ``drover.scheduler.placement`` against the plan's proposed view.
@@ -10,6 +12,9 @@ constraint of the job, the group and the group's tasks. ``distinct_hosts`` and
 Everything is compiled once per (job, group) into closures over a ``Node``
 (``compile_feasibility``): the schedulers test thousands of nodes against the same
 constraints, so targets, regular expressions, sets and version ranges are parsed once.
+``feasible_nodes`` also counts why each ready node in the job's datacenters was filtered
+(``FilterReport``: "missing drivers", "constraint ${attr.kernel.name} = linux"), the
+first half of a placement's metrics.
 
 Constraint semantics follow Nomad's ``checkConstraint``:
 
@@ -32,8 +37,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
 from drover.scheduler.interfaces import State
@@ -45,12 +50,20 @@ __all__ = [
     "DISTINCT_HOSTS_GROUP",
     "DISTINCT_HOSTS_JOB",
     "DISTINCT_PROPERTY",
+    "REASON_DATACENTER",
+    "REASON_DISTINCT_HOSTS",
+    "REASON_DISTINCT_PROPERTY",
+    "REASON_MISSING_DRIVERS",
+    "REASON_NOT_READY",
     "DistinctProperty",
     "Feasibility",
+    "FeasibleNodes",
+    "FilterReport",
     "Version",
     "check_operator",
     "compare_versions",
     "compile_datacenters",
+    "compile_drivers",
     "compile_feasibility",
     "compile_predicate",
     "compile_target",
@@ -433,6 +446,29 @@ def _group_constraints(job: Job, group: TaskGroup) -> list[tuple[Constraint, boo
     return out
 
 
+# Why a node is filtered, in the words an operator reads (Nomad's metric reasons).
+REASON_MISSING_DRIVERS: Final = "missing drivers"
+REASON_NOT_READY: Final = "node not ready"
+REASON_DATACENTER: Final = "datacenter"
+REASON_DISTINCT_HOSTS: Final = DISTINCT_HOSTS
+REASON_DISTINCT_PROPERTY: Final = DISTINCT_PROPERTY
+# A driver attribute counts when it parses as true, as Go's strconv.ParseBool reads it
+# (Nomad's DriverChecker falls back to ``driver.<name>`` the same way).
+_DRIVER_ON: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
+def compile_drivers(drivers: Iterable[str]) -> Predicate:
+    """A node -> bool function: the node announces every one of ``drivers`` (``driver.<name>``)."""
+    keys = tuple(sorted({f"driver.{d}" for d in drivers}))
+    on = _DRIVER_ON
+
+    def has_drivers(n: Node) -> bool:
+        attrs = n.attributes
+        return all(attrs.get(key) in on for key in keys)
+
+    return has_drivers
+
+
 @dataclass(frozen=True, slots=True)
 class Feasibility:
     """The node-only checks for one (job, group), compiled."""
@@ -440,36 +476,55 @@ class Feasibility:
     datacenter_ok: Callable[[str], bool]
     # (human-readable constraint, predicate), job's first, then group's, then tasks'.
     constraints: tuple[tuple[str, Predicate], ...]
+    # Every check in the order Nomad's feasibility chain runs them (job constraints, the
+    # group's drivers, then group and task constraints), each with the reason a node
+    # failing it is filtered for: ``constraint <text>`` or "missing drivers".
+    checks: tuple[tuple[str, Predicate], ...] = ()
 
     def constraints_ok(self, node: Node) -> bool:
-        return all(pred(node) for _, pred in self.constraints)
+        """Constraints and drivers: everything but readiness and datacenters."""
+        return all(pred(node) for _, pred in self.checks)
 
     def feasible(self, node: Node) -> bool:
         return (
             node.ready_for_placement() and self.datacenter_ok(node.datacenter) and self.constraints_ok(node)
         )
 
+    def filter_reason(self, node: Node) -> str:
+        """The first constraint or driver check ``node`` fails, "" when it passes them all."""
+        for reason, pred in self.checks:
+            if not pred(node):
+                return reason
+        return ""
+
     def reason(self, node: Node) -> str:
         """Why ``node`` is infeasible ("" when it is feasible), for metrics and plans."""
         if not node.ready_for_placement():
-            return "node not ready"
+            return REASON_NOT_READY
         if not self.datacenter_ok(node.datacenter):
-            return "datacenter"
-        for text, pred in self.constraints:
-            if not pred(node):
-                return f"constraint {text}"
-        return ""
+            return REASON_DATACENTER
+        return self.filter_reason(node)
 
 
 def compile_feasibility(job: Job, group: TaskGroup) -> Feasibility:
     checks: dict[Constraint, Predicate] = {}
-    for c, _ in _group_constraints(job, group):
+    job_level: set[Constraint] = set()
+    for c, at_job in _group_constraints(job, group):
         if c.operator in _PLAN_DEPENDENT or c in checks:
             continue
         checks[c] = compile_predicate(c.attribute, c.operator, c.value)
+        if at_job:
+            job_level.add(c)
+    described = [(c, f"{c.attribute} {c.operator} {c.value}".strip(), p) for c, p in checks.items()]
+    ordered = [(f"constraint {text}", p) for c, text, p in described if c in job_level]
+    drivers = {t.driver for t in group.tasks}
+    if drivers:
+        ordered.append((REASON_MISSING_DRIVERS, compile_drivers(drivers)))
+    ordered += [(f"constraint {text}", p) for c, text, p in described if c not in job_level]
     return Feasibility(
         datacenter_ok=compile_datacenters(job.datacenters),
-        constraints=tuple((f"{c.attribute} {c.operator} {c.value}".strip(), p) for c, p in checks.items()),
+        constraints=tuple((text, p) for _, text, p in described),
+        checks=tuple(ordered),
     )
 
 
@@ -512,13 +567,67 @@ def distinct_properties(job: Job, group: TaskGroup) -> tuple[DistinctProperty, .
     return tuple(DistinctProperty(t, limit, scoped) for (t, scoped), limit in out.items())
 
 
-def feasible_nodes_from(nodes: Iterable[Node], job: Job, group: TaskGroup) -> list[Node]:
+@dataclass(frozen=True, slots=True)
+class FilterReport:
+    """What the feasibility pass over every node found, for placement metrics: the ready
+    nodes in the job's datacenters (Nomad's pool), per datacenter, and why each of those
+    that cannot run the group was filtered (by reason, by node class)."""
+
+    nodes_in_pool: int = 0
+    nodes_available: Mapping[str, int] = field(default_factory=dict)
+    nodes_filtered: int = 0
+    constraint_filtered: Mapping[str, int] = field(default_factory=dict)
+    class_filtered: Mapping[str, int] = field(default_factory=dict)
+
+
+class FeasibleNodes(list[Node]):
+    """The feasible nodes, sorted by ID, that also remember why the others were left out
+    (``report``), so ranking can put the filter counts into each placement's metrics
+    without a second pass over the nodes. A plain list everywhere else."""
+
+    __slots__ = ("report",)
+
+    def __init__(self, nodes: Iterable[Node] = (), report: FilterReport | None = None) -> None:
+        super().__init__(nodes)
+        self.report = report if report is not None else FilterReport()
+
+
+def feasible_nodes_from(nodes: Iterable[Node], job: Job, group: TaskGroup) -> FeasibleNodes:
     check = compile_feasibility(job, group)
-    return sorted((n for n in nodes if check.feasible(n)), key=lambda n: n.id)
+    datacenter_ok = check.datacenter_ok
+    filter_reason = check.filter_reason
+    ok: list[Node] = []
+    available: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    classes: dict[str, int] = {}
+    for node in nodes:
+        if not node.ready_for_placement() or not datacenter_ok(node.datacenter):
+            continue
+        available[node.datacenter] = available.get(node.datacenter, 0) + 1
+        reason = filter_reason(node)
+        if not reason:
+            ok.append(node)
+            continue
+        reasons[reason] = reasons.get(reason, 0) + 1
+        classes[node.node_class] = classes.get(node.node_class, 0) + 1
+    ok.sort(key=_node_id_key)
+    report = FilterReport(
+        nodes_in_pool=sum(available.values()),
+        nodes_available=available,
+        nodes_filtered=sum(reasons.values()),
+        constraint_filtered=reasons,
+        class_filtered=classes,
+    )
+    return FeasibleNodes(ok, report)
 
 
-def feasible_nodes(state: State, job: Job, group: TaskGroup) -> list[Node]:
+def _node_id_key(n: Node) -> str:
+    return n.id
+
+
+def feasible_nodes(state: State, job: Job, group: TaskGroup) -> FeasibleNodes:
     """Ready nodes (status ready, eligible, not draining) in the job's datacenters ("*" and
-    globs allowed) that pass the job's, group's and tasks' constraints (not distinct_hosts /
-    distinct_property, which depend on the plan and are checked in select_node). Sorted by ID."""
+    globs allowed) that have the group's drivers and pass the job's, group's and tasks'
+    constraints (not distinct_hosts / distinct_property, which depend on the plan and are
+    checked in select_node). Sorted by ID; ``report`` says why the others were filtered."""
     return feasible_nodes_from(state.nodes(), job, group)

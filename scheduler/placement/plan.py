@@ -245,4 +245,5 @@ def new_alloc(
         create_time_ns=ctx.now_ns,
         modify_time_ns=ctx.now_ns,
         index=index,
+        metrics=choice.metrics,
     )

@@ -25,7 +25,7 @@ over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,20 +34,35 @@ from drover.scheduler.placement import scores
 from drover.scheduler.placement.feasible import (
     DISTINCT_HOSTS_GROUP,
     DISTINCT_HOSTS_JOB,
+    REASON_DISTINCT_HOSTS,
+    REASON_DISTINCT_PROPERTY,
     Feasibility,
+    FilterReport,
     compile_feasibility,
     distinct_hosts_scope,
     distinct_properties,
 )
+from drover.scheduler.placement.metrics import MAX_SCORE_META, placement_metric, report_of
 from drover.scheduler.placement.ports import group_ports, pick_port_values, reuse_ports
-from drover.scheduler.placement.views import NodeCaps, NodeView, NodeViews, PropertyCounter, view_fits
+from drover.scheduler.placement.views import (
+    DIMENSION_DYNAMIC_PORTS,
+    DIMENSION_PORTS,
+    NodeCaps,
+    NodeView,
+    NodeViews,
+    PropertyCounter,
+    exhausted_dimension,
+    view_fits,
+)
 from drover.scheduler.structs import (
     SCHEDULER_ALGORITHM_SPREAD,
     AllocatedPort,
     AllocatedResources,
     Allocation,
+    AllocMetric,
     Job,
     Node,
+    NodeScoreMeta,
     TaskGroup,
 )
 
@@ -76,17 +91,22 @@ class NodeChoice:
     # dynamic port assigned (static ports as requested).
     resources: AllocatedResources
     score: float = 0.0
+    # How the choice was made (Nomad's AllocMetric): the new alloc keeps it.
+    metrics: AllocMetric | None = None
 
 
 @dataclass(slots=True)
 class PlacementStats:
-    """Counters over a builder's life, for metrics, `job plan` output and tests."""
+    """Counters over a builder's life, for `job plan` output and tests."""
 
     selections: int = 0  # select_node / place_on_node calls
     nodes_evaluated: int = 0  # candidates looked at
     nodes_filtered: int = 0  # rejected by constraints, distinct_hosts or distinct_property
     nodes_exhausted: int = 0  # rejected for cpu, memory, disk, max allocs or ports
     nodes_scored: int = 0  # fitting candidates ranked
+    # The metrics of the latest selection, placed or not: a failed one's is what the eval
+    # reports as the group's failed_tg_metrics.
+    last_metric: AllocMetric | None = None
 
 
 class CandidateRing:
@@ -97,6 +117,11 @@ class CandidateRing:
     back: out of ``dead``, or from ``removed`` to the end of the ring. A change of a
     distinct_property count (``NodeViews.epoch``) can free any node: the whole ring comes
     back.
+
+    Each dropped node keeps why it was dropped (a filter reason or an exhausted
+    dimension), and ``filtered`` / ``exhausted`` count the dropped nodes by reason, so a
+    placement's metrics include the nodes the ring no longer looks at without a pass over
+    them. ``reasons_version`` moves whenever those counts do.
     """
 
     __slots__ = (
@@ -104,13 +129,18 @@ class CandidateRing:
         "candidates",
         "dead",
         "epoch",
+        "exhausted",
+        "filtered",
         "freed_seen",
         "identity",
         "index",
         "limit",
+        "metric_maps",
         "order",
         "pos",
+        "reasons_version",
         "removed",
+        "removed_reason",
     )
 
     def __init__(self, candidates: Sequence[Node], base: list[Node], epoch: int, freed_seen: int) -> None:
@@ -119,12 +149,34 @@ class CandidateRing:
         self.base = base
         self.order = base
         self.pos = 0
-        self.dead: set[str] = set()
+        self.dead: dict[str, str] = {}  # node ID -> why it was dropped
         self.removed: dict[str, Node] = {}
+        self.removed_reason: dict[str, str] = {}
+        self.filtered: dict[str, int] = {}  # filter reason -> dropped nodes
+        self.exhausted: dict[str, int] = {}  # exhausted dimension -> dropped nodes
+        self.reasons_version = 0
+        # (reasons_version, constraint_filtered, dimension_exhausted) of the last metric.
+        self.metric_maps: tuple[int, Mapping[str, int], Mapping[str, int]] | None = None
         self.epoch = epoch
         self.freed_seen = freed_seen
         self.index: dict[str, int] | None = None
         self.limit: tuple[int, int] = (-1, 0)  # (configured, limit), see select_node
+
+    def drop(self, node_id: str, reason: str, *, exhausted: bool) -> None:
+        """Skip ``node_id`` until its view frees room; ``reason`` says why, for metrics."""
+        self.dead[node_id] = reason
+        counts = self.exhausted if exhausted else self.filtered
+        counts[reason] = counts.get(reason, 0) + 1
+        self.reasons_version += 1
+
+    def _forget_reason(self, reason: str) -> None:
+        counts = self.filtered if reason in self.filtered else self.exhausted
+        left = counts.get(reason, 0) - 1
+        if left > 0:
+            counts[reason] = left
+        else:
+            counts.pop(reason, None)
+        self.reasons_version += 1
 
     def refresh(self, epoch: int, freed: list[str]) -> list[Node]:
         if epoch != self.epoch:
@@ -138,24 +190,33 @@ class CandidateRing:
                 self.pos = self.index[current.id] if current is not None else 0
                 self.dead.clear()
                 self.removed.clear()
+                self.removed_reason.clear()
+                self.filtered.clear()
+                self.exhausted.clear()
+                self.reasons_version += 1
             return self.order
         if self.freed_seen < len(freed):
             for node_id in freed[self.freed_seen :]:
-                if node_id in self.dead:
-                    self.dead.discard(node_id)
+                reason = self.dead.pop(node_id, None)
+                if reason is not None:
+                    self._forget_reason(reason)
                     continue
                 node = self.removed.pop(node_id, None)
                 if node is not None:  # (removed is only non-empty after a compaction copied order)
+                    self._forget_reason(self.removed_reason.pop(node_id))
                     self.order.append(node)
             self.freed_seen = len(freed)
         if self.dead and 2 * len(self.dead) > len(self.order):
             kept: list[Node] = []
             pos = 0
+            dead = self.dead
             for i, node in enumerate(self.order):
                 if i == self.pos:
                     pos = len(kept)
-                if node.id in self.dead:
+                reason = dead.get(node.id)
+                if reason is not None:
                     self.removed[node.id] = node
+                    self.removed_reason[node.id] = reason
                 else:
                     kept.append(node)
             self.order = kept
@@ -190,6 +251,7 @@ class PreparedGroup:
         "job",
         "job_key",
         "mem",
+        "meta_cache",
         "plain",
         "port_cache",
         "port_specs",
@@ -244,6 +306,9 @@ class PreparedGroup:
         self.rings: list[CandidateRing] = []
         # node ID -> (view, its version, score sum, component count, mean): see _scan.
         self.cache: dict[str, tuple[NodeView, int, float, int, float]] = {}
+        # node ID -> (view version, its NodeScoreMeta), for groups without per-call parts:
+        # a node's breakdown only changes when its view does.
+        self.meta_cache: dict[str, tuple[int, NodeScoreMeta]] = {}
 
     def ring(
         self, candidates: Sequence[Node], rng: random.Random, epoch: int, freed_seen: int
@@ -339,6 +404,37 @@ class PreparedGroup:
                 parts += 1
         return score, parts
 
+    def score_meta(
+        self, node: Node, view: NodeView, caps: NodeCaps, penalized: bool, final: float
+    ) -> NodeScoreMeta:
+        """The node's score by component (Nomad's names), with ``final`` as ranked. Every
+        component is listed, 0 where it does not apply (and then not averaged in), as in
+        Nomad's metrics; affinity and spread only for groups that have them."""
+        components = {
+            scores.SCORE_BINPACK: scores.binpack_score(
+                view.cpu + self.cpu, caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
+            ),
+            scores.SCORE_JOB_ANTI_AFFINITY: scores.anti_affinity_penalty(
+                view.groups.get(self.group_key, 0), self.desired
+            ),
+            scores.SCORE_RESCHEDULE_PENALTY: scores.RESCHEDULE_PENALTY if penalized else 0.0,
+        }
+        if self.affinity is not None:
+            components[scores.SCORE_NODE_AFFINITY] = self.affinity_of(node)
+        if self.spreads:
+            components[scores.SCORE_SPREAD] = self.spread_of(node)
+        return NodeScoreMeta(node_id=node.id, scores=components, norm_score=final)
+
+    def cached_score_meta(self, node: Node, view: NodeView, caps: NodeCaps, final: float) -> NodeScoreMeta:
+        """``score_meta`` for a group whose score depends on the view alone (no penalty,
+        spread or distinct_property): one breakdown per node and view version."""
+        hit = self.meta_cache.get(node.id)
+        if hit is not None and hit[0] == view.version:
+            return hit[1]
+        meta = self.score_meta(node, view, caps, False, final)
+        self.meta_cache[node.id] = (view.version, meta)
+        return meta
+
     def score(self, node: Node, view: NodeView, caps: NodeCaps, penalized: bool) -> float:
         score, parts = self.base_score(node, view, caps)
         if penalized:
@@ -391,12 +487,15 @@ def _scan(
     ring: CandidateRing,
     limit: int,
     penalty_node_ids: frozenset[str],
+    scored: list[_Scored],
 ) -> _Scored | None:
     """One pass of the limit iterator over the ring: the best of up to ``limit`` fitting nodes.
 
     Hot path (called once per placement): the fit check and the view-only part of the score
     are cached per node against the view's version. Between two visits of a node the ring
     has moved on, and the node changed only if it won in between, so most visits hit.
+    Every node ranked (skipped ones too) is appended to ``scored``, for the metrics; a node
+    dropped from the ring is dropped with its reason.
     """
     views = builder.views
     order = ring.refresh(views.epoch, views.freed)
@@ -437,12 +536,12 @@ def _scan(
         else:
             view = view_of(node_id)
             if hosts and not prep.hosts_ok(view):
-                dead.add(node_id)
+                ring.drop(node_id, REASON_DISTINCT_HOSTS, exhausted=False)
                 filtered += 1
                 continue
             caps = views.caps(node)
             if not view_fits(view, caps, cpu, mem, disk, static):
-                dead.add(node_id)
+                ring.drop(node_id, exhausted_dimension(view, caps, cpu, mem, disk, static), exhausted=True)
                 exhausted += 1
                 continue
             score, parts = prep.base_score(node, view, caps)
@@ -451,7 +550,7 @@ def _scan(
                 score /= parts
         if per_call:
             if props and not prep.props_ok(node):
-                dead.add(node_id)
+                ring.drop(node_id, REASON_DISTINCT_PROPERTY, exhausted=False)
                 filtered += 1
                 continue
             if penalty_node_ids and node_id in penalty_node_ids:
@@ -463,6 +562,7 @@ def _scan(
                     score += spread
                     parts += 1
             score /= parts
+        scored.append((score, node, view))
         if score < 0.0 and skipped < max_skip:
             skipped += 1
             if fallback is None or score > fallback[0] or (score == fallback[0] and node_id < fallback[1].id):
@@ -521,7 +621,9 @@ def select_node(
     """
     stats = builder.stats
     stats.selections += 1
+    report = report_of(candidates)
     if not candidates:
+        stats.last_metric = placement_metric(report, ranked=0)
         return None
     prep = builder.groups.get(job, group)
     views = builder.views
@@ -530,16 +632,63 @@ def select_node(
     if configured != ctx.candidate_limit:
         limit = scores.candidate_limit(len(candidates), ctx.candidate_limit, wide=prep.wide)
         ring.limit = (ctx.candidate_limit, limit)
+    scored: list[_Scored] = []
+    ranked = 0
     while True:
-        picked = _scan(builder, prep, ring, limit, penalty_node_ids)
+        picked = _scan(builder, prep, ring, limit, penalty_node_ids, scored)
+        ranked += len(scored)
         if picked is None:
+            stats.last_metric = _metric(views, prep, ring, report, ranked, (), None, penalty_node_ids)
             return None
         score, node, view = picked
         resources = prep.resources_on(node, view, rng)
         if resources is not None:
-            return NodeChoice(node=node, resources=resources, score=score)
-        ring.dead.add(node.id)  # its dynamic port range is exhausted: try the ring again
+            metric = _metric(views, prep, ring, report, ranked, scored, node, penalty_node_ids)
+            stats.last_metric = metric
+            return NodeChoice(node=node, resources=resources, score=score, metrics=metric)
+        # Its dynamic port range is exhausted: try the ring again.
+        ring.drop(node.id, DIMENSION_DYNAMIC_PORTS, exhausted=True)
         stats.nodes_exhausted += 1
+        ranked -= 1
+        scored.clear()
+
+
+def _metric(
+    views: NodeViews,
+    prep: PreparedGroup,
+    ring: CandidateRing,
+    report: FilterReport,
+    ranked: int,
+    scored: Sequence[_Scored],
+    chosen: Node | None,
+    penalty_node_ids: frozenset[str],
+) -> AllocMetric:
+    """The metric of one ``select_node`` call (``drover.scheduler.placement.metrics``).
+    The top nodes' breakdowns are computed for at most ``MAX_SCORE_META`` nodes, after the
+    scan, from the views the scan ranked (nothing has changed them since)."""
+    maps = ring.metric_maps
+    if maps is None or maps[0] != ring.reasons_version:
+        maps = ring.metric_maps = (ring.reasons_version, dict(ring.filtered), dict(ring.exhausted))
+    metas: list[NodeScoreMeta] = []
+    if scored:
+        best = sorted(scored, key=_best_first)[:MAX_SCORE_META] if len(scored) > 1 else list(scored)
+        if chosen is not None and all(item[1] is not chosen for item in best):
+            best[-1:] = [item for item in scored if item[1] is chosen][:1]
+        spreads = bool(prep.spreads)
+        for score, node, view in best:
+            caps = views.caps(node)
+            penalized = node.id in penalty_node_ids
+            if spreads or penalized:
+                metas.append(prep.score_meta(node, view, caps, penalized, score))
+            else:
+                metas.append(prep.cached_score_meta(node, view, caps, score))
+    return placement_metric(
+        report, ranked=ranked, dropped_filtered=maps[1], dropped_exhausted=maps[2], score_meta=metas
+    )
+
+
+def _best_first(item: _Scored) -> tuple[float, str]:
+    return (-item[0], item[1].id)
 
 
 def place_on_node(
@@ -564,27 +713,77 @@ def place_on_node(
     stats.selections += 1
     stats.nodes_evaluated += 1
     prep = builder.groups.get(job, group)
-    if not prep.feasibility.constraints_ok(node):
-        stats.nodes_filtered += 1
-        return None
+    reason = prep.feasibility.filter_reason(node)
+    if reason:
+        return _filtered_on_node(stats, node, reason)
     views = builder.views
     view = views.view(node.id)
     penalized = node.id in penalty_node_ids
     if replacing is not None and replacing.id in view.allocs:
         return _place_replacing(builder, prep, node, view, replacing, rng, penalized)
-    if not prep.distinct_ok(view, node):
-        stats.nodes_filtered += 1
-        return None
+    if not prep.hosts_ok(view):
+        return _filtered_on_node(stats, node, REASON_DISTINCT_HOSTS)
+    if not prep.props_ok(node):
+        return _filtered_on_node(stats, node, REASON_DISTINCT_PROPERTY)
     caps = views.caps(node)
     if not view_fits(view, caps, prep.cpu, prep.mem, prep.disk, prep.static_values):
-        stats.nodes_exhausted += 1
-        return None
+        dimension = exhausted_dimension(view, caps, prep.cpu, prep.mem, prep.disk, prep.static_values)
+        return _exhausted_on_node(stats, node, dimension)
     resources = prep.resources_on(node, view, rng)
     if resources is None:
-        stats.nodes_exhausted += 1
-        return None
+        return _exhausted_on_node(stats, node, DIMENSION_DYNAMIC_PORTS)
+    return _placed_on_node(stats, prep, node, view, caps, penalized, resources)
+
+
+# The metric of a placement on one given node (place_on_node): its pool is that node.
+# The failures return None, as place_on_node does, so its callers can return theirs.
+
+
+def _filtered_on_node(stats: PlacementStats, node: Node, reason: str) -> NodeChoice | None:
+    stats.nodes_filtered += 1
+    stats.last_metric = AllocMetric(
+        nodes_evaluated=1,
+        nodes_in_pool=1,
+        nodes_available={node.datacenter: 1},
+        nodes_filtered=1,
+        constraint_filtered={reason: 1},
+        class_filtered={node.node_class: 1},
+    )
+    return None
+
+
+def _exhausted_on_node(stats: PlacementStats, node: Node, dimension: str) -> NodeChoice | None:
+    stats.nodes_exhausted += 1
+    stats.last_metric = AllocMetric(
+        nodes_evaluated=1,
+        nodes_in_pool=1,
+        nodes_available={node.datacenter: 1},
+        nodes_exhausted=1,
+        dimension_exhausted={dimension: 1},
+        class_exhausted={node.node_class: 1},
+    )
+    return None
+
+
+def _placed_on_node(
+    stats: PlacementStats,
+    prep: PreparedGroup,
+    node: Node,
+    view: NodeView,
+    caps: NodeCaps,
+    penalized: bool,
+    resources: AllocatedResources,
+) -> NodeChoice:
     stats.nodes_scored += 1
-    return NodeChoice(node=node, resources=resources, score=prep.score(node, view, caps, penalized))
+    score = prep.score(node, view, caps, penalized)
+    metric = AllocMetric(
+        nodes_evaluated=1,
+        nodes_in_pool=1,
+        nodes_available={node.datacenter: 1},
+        score_meta_data=(prep.score_meta(node, view, caps, penalized, score),),
+    )
+    stats.last_metric = metric
+    return NodeChoice(node=node, resources=resources, score=score, metrics=metric)
 
 
 def _place_replacing(
@@ -599,30 +798,30 @@ def _place_replacing(
     """The in-place path: rare, so it recomputes exactly from the proposed allocs."""
     stats = builder.stats
     others = view.without(replacing.id)
-    distinct_ok = prep.hosts_ok(others)
+    if not prep.hosts_ok(others):
+        return _filtered_on_node(stats, node, REASON_DISTINCT_HOSTS)
     for counter, limit in prep.distinct:
         value = counter.value_of(node)
         if value is None or counter.count(value, excluding=replacing.id) >= limit:
-            distinct_ok = False
-    if not distinct_ok:
-        stats.nodes_filtered += 1
-        return None
+            return _filtered_on_node(stats, node, REASON_DISTINCT_PROPERTY)
     ports = reuse_ports(prep.group, replacing.resources)
     if ports is not None:
         resources = AllocatedResources(cpu_mhz=prep.cpu, memory_mb=prep.mem, disk_mb=prep.disk, ports=ports)
     else:
         maybe = prep.resources_on(node, others, rng)
         if maybe is None:
-            stats.nodes_exhausted += 1
-            return None
+            return _exhausted_on_node(stats, node, DIMENSION_DYNAMIC_PORTS)
         resources = maybe
     new = Allocation(id=replacing.id, node_id=node.id, resources=resources)
-    if not allocs_fit(node, [*others.allocs.values(), new]).fits:
-        stats.nodes_exhausted += 1
-        return None
-    stats.nodes_scored += 1
-    score = prep.score(node, others, builder.views.caps(node), penalized)
-    return NodeChoice(node=node, resources=resources, score=score)
+    fit = allocs_fit(node, [*others.allocs.values(), new])
+    if not fit.fits:
+        return _exhausted_on_node(stats, node, _fit_dimension(fit.reason))
+    return _placed_on_node(stats, prep, node, others, builder.views.caps(node), penalized, resources)
+
+
+def _fit_dimension(reason: str) -> str:
+    """``allocs_fit``'s reason ("port 8080", "memory") as a metric dimension ("ports")."""
+    return DIMENSION_PORTS if reason.startswith("port") else reason
 
 
 def score_node(

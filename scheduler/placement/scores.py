@@ -35,6 +35,11 @@ __all__ = [
     "BINPACK_MAX_FIT",
     "MAX_SKIP",
     "RESCHEDULE_PENALTY",
+    "SCORE_BINPACK",
+    "SCORE_JOB_ANTI_AFFINITY",
+    "SCORE_NODE_AFFINITY",
+    "SCORE_RESCHEDULE_PENALTY",
+    "SCORE_SPREAD",
     "WIDE_LIMIT",
     "anti_affinity_penalty",
     "binpack_score",
@@ -53,6 +58,13 @@ WIDE_LIMIT: Final = 100
 # in the hope of finding an unpenalised one (Nomad's LimitIterator maxSkip).
 MAX_SKIP: Final = 3
 RESCHEDULE_PENALTY: Final = -1.0
+
+# The components' names in placement metrics (Nomad's, so operators read the same table).
+SCORE_BINPACK: Final = "binpack"
+SCORE_JOB_ANTI_AFFINITY: Final = "job-anti-affinity"
+SCORE_NODE_AFFINITY: Final = "node-affinity"
+SCORE_SPREAD: Final = "allocation-spread"
+SCORE_RESCHEDULE_PENALTY: Final = "node-reschedule-penalty"
 
 
 def binpack_score(used_cpu: int, cap_cpu: int, used_mem: int, cap_mem: int, *, spread: bool = False) -> float:

@@ -19,7 +19,7 @@ alloc, and ``epoch`` counts changes of a distinct_property count (which can free
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from drover.scheduler.fit import node_capacity
 from drover.scheduler.placement.feasible import Getter, compile_target
@@ -28,7 +28,20 @@ from drover.scheduler.structs import Allocation, Node, NodeResources
 if TYPE_CHECKING:
     from drover.scheduler.interfaces import State
 
-__all__ = ["NodeCaps", "NodeView", "NodeViews", "PropertyCounter", "view_fits"]
+__all__ = [
+    "DIMENSION_CPU",
+    "DIMENSION_DISK",
+    "DIMENSION_DYNAMIC_PORTS",
+    "DIMENSION_MAX_ALLOCS",
+    "DIMENSION_MEMORY",
+    "DIMENSION_PORTS",
+    "NodeCaps",
+    "NodeView",
+    "NodeViews",
+    "PropertyCounter",
+    "exhausted_dimension",
+    "view_fits",
+]
 
 # cpu, memory, disk capacity (after the node's reservation), max_allocs, reserved ports.
 NodeCaps = tuple[int, int, int, int, tuple[int, ...]]
@@ -128,6 +141,38 @@ def view_fits(view: NodeView, caps: NodeCaps, cpu: int, mem: int, disk: int, por
                 return False
             seen.add(port)
     return True
+
+
+# Exhausted dimensions, as placement metrics name them (Nomad's dimension strings).
+DIMENSION_CPU: Final = "cpu"
+DIMENSION_MEMORY: Final = "memory"
+DIMENSION_DISK: Final = "disk"
+DIMENSION_MAX_ALLOCS: Final = "max allocs"
+DIMENSION_PORTS: Final = "ports"  # a static port already held, or reserved on the node
+DIMENSION_DYNAMIC_PORTS: Final = "dynamic ports"  # no free port left in the node's dynamic range
+
+
+def exhausted_dimension(
+    view: NodeView, caps: NodeCaps, cpu: int, mem: int, disk: int, ports: Sequence[int]
+) -> str:
+    """Which dimension makes ``view_fits`` false (checked in the order operators read them:
+    cpu, memory, disk, then ports and max allocs); "" when it fits. Called only for a node
+    that just failed the fit, so it may take its time."""
+    cap_cpu, cap_mem, cap_disk, max_allocs, reserved = caps
+    if view.cpu + cpu > cap_cpu:
+        return DIMENSION_CPU
+    if view.mem + mem > cap_mem:
+        return DIMENSION_MEMORY
+    if view.disk + disk > cap_disk:
+        return DIMENSION_DISK
+    held = view.ports
+    if view.dup_ports or any(p in held for p in reserved):
+        return DIMENSION_PORTS
+    if len(set(ports)) != len(ports) or any(p in held or p in reserved for p in ports):
+        return DIMENSION_PORTS
+    if max_allocs and view.count >= max_allocs:
+        return DIMENSION_MAX_ALLOCS
+    return ""
 
 
 class PropertyCounter:

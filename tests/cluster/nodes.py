@@ -12,6 +12,8 @@ def simulated_secret(node_id: str) -> str:
 
 
 def simulated_node(node_id: str, *, cpu: int = 4000, memory: int = 8192) -> structs_pb2.Node:
+    """A ready node announcing the ``mock`` driver, the one the tests' jobs use: the
+    scheduler places a task only on a node that announces its driver."""
     return structs_pb2.Node(
         id=node_id,
         secret_id=simulated_secret(node_id),
@@ -19,7 +21,7 @@ def simulated_node(node_id: str, *, cpu: int = 4000, memory: int = 8192) -> stru
         datacenter="dc1",
         status="ready",
         scheduling_eligibility="eligible",
-        attributes={"kernel.name": "linux", "unique.name": node_id},
+        attributes={"kernel.name": "linux", "unique.name": node_id, "driver.mock": "1"},
         resources=structs_pb2.NodeResources(
             cpu_mhz=cpu, memory_mb=memory, disk_mb=100_000, min_dynamic_port=20000, max_dynamic_port=32000
         ),
