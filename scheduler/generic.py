@@ -28,7 +28,14 @@ from dataclasses import replace
 from typing import Final
 
 from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
-from drover.scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, score_node, select_node
+from drover.scheduler.placement import (
+    PlanBuilder,
+    feasible_nodes,
+    new_alloc,
+    placed_score,
+    score_node,
+    select_node,
+)
 from drover.scheduler.reconciler.generic import DelayedReschedule, GroupResult, ScoreFn, reconcile_group
 from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situation
 from drover.scheduler.structs import (
@@ -42,6 +49,7 @@ from drover.scheduler.structs import (
     TRIGGER_RETRY_FAILED_ALLOC,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
+    AllocMetric,
     Evaluation,
     Job,
     Node,
@@ -149,13 +157,19 @@ def _untainted_outsiders(
 
 
 def _reconnect_score(builder: PlanBuilder, state: State, job: Job, group: TaskGroup) -> ScoreFn:
-    """How ``select_node`` ranks an alloc's node for the group, as the state stands (before
-    this plan changes anything): the reconnect picker keeps the better-ranked of an original
-    and its replacement (docs/field-reports.md#field-report-3). Allocs do not record their
-    placement-time score, so this
-    is today's rank of each node, each holding its own copy."""
+    """How each alloc's node ranked for the group: the reconnect picker keeps the
+    better-ranked of an original and its replacement (docs/field-reports.md#field-report-3),
+    as Nomad's ``best_score`` does. That is the score the alloc was placed with (its
+    metrics' final score for its own node), so an original is judged by why it was put
+    there, not by what ran beside it since. An alloc placed before allocs kept metrics
+    has no stored score: for it this falls back to how ``select_node`` would rank its node
+    today, as the state stands before this plan changes anything (each node holding its
+    own copy)."""
 
     def score(alloc: Allocation) -> float | None:
+        stored = placed_score(alloc)
+        if stored is not None:
+            return stored
         node = state.node(alloc.node_id)
         return score_node(builder, job, group, node) if node is not None else None
 
@@ -240,6 +254,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         raise ValueError("SchedulerContext.rng is required: a generator seeded from the eval (seed_from)")
     unplaced: dict[str, int] = {}
     failed_tg: dict[str, str] = {}
+    failed_metrics: dict[str, AllocMetric] = {}
     for group in groups:
         exhausted = False
         for p in results[group.name].place:
@@ -255,6 +270,11 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
                     penalty_node_ids=p.penalty_node_ids,
                 )
             if choice is None:
+                # The first failure's metric says why (failed_tg_metrics); the rest are
+                # counted in it below, as Nomad's coalesced failures.
+                metric = builder.stats.last_metric
+                if not exhausted and metric is not None:
+                    failed_metrics[group.name] = metric
                 exhausted = True
                 unplaced[group.name] = unplaced.get(group.name, 0) + 1
                 failed_tg[group.name] = FAILED_EXHAUSTED if candidates[group.name] else FAILED_NO_NODES
@@ -278,6 +298,9 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
                     p.stop_previous.description,
                     client_status=p.stop_previous.client_status,
                 )
+        first_failure = failed_metrics.get(group.name)
+        if first_failure is not None and unplaced[group.name] > 1:
+            failed_metrics[group.name] = replace(first_failure, coalesced_failures=unplaced[group.name] - 1)
 
     # Phase 3: evals.
     queued = {g.name: unplaced.get(g.name, 0) for g in target.groups}
@@ -290,6 +313,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
             snapshot_index=state.index,
             queued_allocations=dict(queued),
             failed_tg_allocs=dict(failed_tg),
+            failed_tg_metrics=dict(failed_metrics),
         )
         blocked_id = blocked.id
         created.append(blocked)
@@ -310,6 +334,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         next_eval=next_eval,
         queued_allocations=queued,
         failed_tg_allocs=failed_tg,
+        failed_tg_metrics=failed_metrics,
         snapshot_index=state.index,
         modify_time_ns=ctx.now_ns,
     )
