@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
+from drover.scheduler import deployments
 from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
 from drover.scheduler.placement import (
     PlanBuilder,
@@ -36,7 +37,13 @@ from drover.scheduler.placement import (
     score_node,
     select_node,
 )
-from drover.scheduler.reconciler.generic import DelayedReschedule, GroupResult, ScoreFn, reconcile_group
+from drover.scheduler.reconciler.generic import (
+    PLACE_CANARY,
+    DelayedReschedule,
+    GroupResult,
+    ScoreFn,
+    reconcile_group,
+)
 from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situation
 from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
@@ -49,10 +56,12 @@ from drover.scheduler.structs import (
     TRIGGER_RETRY_FAILED_ALLOC,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
+    AllocDeploymentStatus,
     AllocMetric,
     Evaluation,
     Job,
     Node,
+    Plan,
     TaskGroup,
     follow_up_eval,
 )
@@ -195,6 +204,9 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     groups = _groups(target, allocs)
     tainted = tainted_nodes(state, allocs)
     versions = _job_versions(state, target, allocs)
+    deployment, deployment_updates = deployments.current_deployment(
+        target, state.latest_deployment(ev.namespace, ev.job_id)
+    )
 
     # Reconcile every group.
     builder = PlanBuilder(state, ev, job)
@@ -214,6 +226,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
             mine,
             tainted,
             ctx.now_ns,
+            deployment=deployment,
             eval_id=ev.id,
             job_versions=versions,
             infeasible_node_ids=infeasible,
@@ -222,6 +235,13 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         )
 
     created: list[Evaluation] = []
+    wanted = deployments.wanted_deployment(
+        target, groups, results, allocs, deployment, new_id=ctx.new_id(), now_ns=ctx.now_ns
+    )
+    governing = wanted or (deployment if deployment is not None and deployment.active() else None)
+    deployed_groups = (
+        {g.name for g in deployments.rolling_groups(target, groups)} if governing is not None else set()
+    )
 
     # Phase 1: stops, in-place updates, unknown marks, follow-up stamps.
     followup_of: dict[str, str] = {}
@@ -236,9 +256,15 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         for stop in result.stop:
             builder.stop(stop.alloc, stop.description, client_status=stop.client_status)
         for alloc in result.update_inplace:
-            builder.place(
-                replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
-            )
+            moved = replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
+            if (
+                governing is not None
+                and alloc.task_group in deployed_groups
+                and alloc.deployment_id != governing.id
+            ):
+                # Into the new deployment, judged afresh by its client.
+                moved = replace(moved, deployment_id=governing.id, deployment_status=None)
+            builder.place(moved)
         # Disconnecting: unknown, still desired to run (it may come back,
         # docs/field-reports.md#field-report-3).
         for alloc in result.disconnecting:
@@ -326,6 +352,22 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         next_eval = nxt.id
         created.append(nxt)
 
+    plan = builder.build()
+    if wanted is not None and deployment is None and (plan is None or not plan.node_allocation):
+        # Nothing placed: the eval that places the first alloc (the blocked one) makes it.
+        wanted = None
+        governing = None
+    if governing is not None:
+        plan = _attach_deployment(plan, governing.id, deployed_groups, results, allocs)
+    if deployment is not None and wanted is None and deployments.deployment_complete(deployment, results):
+        deployment_updates = (*deployment_updates, deployments.success(deployment))
+    if wanted is not None or deployment_updates:
+        plan = replace(
+            plan or _empty_plan(ev, state.index),
+            deployment=wanted,
+            deployment_updates=deployment_updates,
+        )
+
     eval_update = replace(
         ev,
         status=EVAL_STATUS_COMPLETE,
@@ -337,11 +379,53 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         failed_tg_metrics=failed_metrics,
         snapshot_index=state.index,
         modify_time_ns=ctx.now_ns,
+        deployment_id=governing.id if governing is not None else ev.deployment_id,
     )
     return SchedulerResult(
-        plan=builder.build(),
+        plan=plan,
         eval_update=eval_update,
         created_evals=tuple(created),
         queued=queued,
         annotations={name: r.counts() for name, r in results.items()},
     )
+
+
+def _empty_plan(ev: Evaluation, snapshot_index: int) -> Plan:
+    return Plan(
+        eval_id=ev.id,
+        priority=ev.priority,
+        job_id=ev.job_id,
+        namespace=ev.namespace,
+        snapshot_index=snapshot_index,
+    )
+
+
+def _attach_deployment(
+    plan: Plan | None,
+    deployment_id: str,
+    rolling: set[str],
+    results: Mapping[str, GroupResult],
+    existing: Iterable[Allocation],
+) -> Plan | None:
+    """New allocs of the deployment's groups join it, canaries marked as such (a canary
+    is the new alloc without a predecessor in a slot the group asked a canary for)."""
+    if plan is None or not rolling:
+        return plan
+    known = {a.id for a in existing}
+    canary_slots = {
+        (name, pl.index) for name, r in results.items() for pl in r.place if pl.reason == PLACE_CANARY
+    }
+    node_allocation: dict[str, tuple[Allocation, ...]] = {}
+    for node_id, placed in plan.node_allocation.items():
+        out = []
+        for alloc in placed:
+            if alloc.id not in known and alloc.task_group in rolling:
+                canary = not alloc.previous_allocation and (alloc.task_group, alloc.index) in canary_slots
+                alloc = replace(
+                    alloc,
+                    deployment_id=deployment_id,
+                    deployment_status=AllocDeploymentStatus(canary=True) if canary else None,
+                )
+            out.append(alloc)
+        node_allocation[node_id] = tuple(out)
+    return replace(plan, node_allocation=node_allocation)

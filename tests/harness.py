@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from drover.scheduler.interfaces import SchedulerContext, SchedulerResult
 from drover.scheduler.structs import Allocation, Evaluation, Job, Node
+from drover.server import deployments
 from drover.server.state_store import Snapshot, StateStore, Tables, Txn
 
 NOW = 1_700_000_000_000_000_000
@@ -69,6 +70,20 @@ class Harness:
         self._write(lambda txn: txn.put_alloc(updated))
         return updated
 
+    def set_health(self, alloc_id: str, health: str) -> Allocation:
+        """A client's health verdict, counted in the alloc's deployment as the FSM does."""
+        out: list[Allocation] = []
+
+        def write(txn: Txn) -> None:
+            alloc = txn.alloc(alloc_id)
+            assert alloc is not None, alloc_id
+            updated = deployments.set_alloc_health(txn, alloc, health, self.now_ns, txn.index)
+            txn.put_alloc(updated)
+            out.append(updated)
+
+        self._write(write)
+        return out[0]
+
     def snapshot(self) -> Snapshot:
         return self.store.snapshot()
 
@@ -94,6 +109,11 @@ class Harness:
             return
 
         def write(txn: Txn) -> None:
+            # Deployments as the FSM commits them (server/deployments/state.py).
+            if plan.deployment is not None:
+                deployments.upsert_from_plan(txn, plan.deployment, txn.index, self.now_ns)
+            for update in plan.deployment_updates:
+                deployments.set_status(txn, update, txn.index, self.now_ns)
             for stops in plan.node_update.values():
                 for stop in stops:
                     existing = txn.alloc(stop.alloc_id)
@@ -114,6 +134,7 @@ class Harness:
                         alloc = replace(
                             alloc, client_status=existing.client_status, task_states=existing.task_states
                         )
+                    deployments.count_alloc(txn, existing, alloc, self.now_ns)
                     txn.put_alloc(alloc)
 
         self._write(write)

@@ -12,6 +12,8 @@ Layout:
 - ``generic``: ``reconcile_group``, one task group of a service or batch job, in six named
   steps (classify, stop a stopped job, settle reconnects, slot holders, moves and new
   slots, updates): ``GroupResult``.
+- ``rollout``: how a deployment gates a group's rollout (budget by health, canaries,
+  paused and failed deployments).
 - ``reschedule``: whether and when a failed alloc may be replaced (``next_reschedule``),
   and the attempt history its replacement carries.
 - ``system``: ``diff_system_allocs``, a system or sysbatch job against every node:

@@ -33,11 +33,12 @@ The steps, in order (each is one function below):
 5. ``_move_holders``: movers become placements into their own slot; ``_fill_free_slots``
    fills free slots lowest index first.
 6. ``_update_holders``: a holder on an older job version is updated in place (same alloc,
-   new version) or destructively (stop + place), per ``tasks_updated``. Destructive updates
-   are rate limited by the group's ``update.max_parallel`` for service jobs: the budget is
-   ``max_parallel`` minus the rollout's replacements placed less than ``stagger`` ago, so
-   every eval (not only the rolling one) respects the stagger. Held-back updates set
-   ``rolling_followup_ns``, the time the scheduler's follow-up eval should run.
+   new version) or destructively (stop + place), per ``tasks_updated``. A service group
+   with an update block rolls under its deployment (``reconciler.rollout``): canaries
+   first when it asks for them (set aside from the slot holders until promotion, then each
+   takes over the slot of the old alloc of its name), then at most ``max_parallel``
+   destructive updates whose health is not known yet; the rest are held back
+   (``held_back``) until a health verdict's eval looks again.
 
 Drover departs from Nomad where Nomad fell short (scheduler/README.md has the list): an
 ``unknown`` alloc whose replacement could not be placed is retried on later evals instead of
@@ -58,6 +59,7 @@ from drover.scheduler.reconciler.reschedule import (
     next_reschedule,
     replacement_events,
 )
+from drover.scheduler.reconciler.rollout import RolloutGate, is_canary, rollout_gate
 from drover.scheduler.reconciler.vocabulary import (
     AT_DISCONNECTED,
     AT_DRAINING,
@@ -89,8 +91,6 @@ from drover.scheduler.reconciler.vocabulary import (
     Rule,
     classify,
     disconnect_expired,
-    max_parallel,
-    stagger_ns,
     tainted_situation,
     tasks_updated,
 )
@@ -101,13 +101,14 @@ from drover.scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
     ALLOC_CLIENT_UNKNOWN,
     ALLOC_DESIRED_RUN,
+    DEPLOYMENT_STATUS_FAILED,
     JOB_TYPE_BATCH,
-    JOB_TYPE_SERVICE,
     RECONCILE_BEST_SCORE,
     RECONCILE_KEEP_ORIGINAL,
     RECONCILE_KEEP_REPLACEMENT,
     RECONCILE_LONGEST_RUNNING,
     Allocation,
+    Deployment,
     DisconnectStrategy,
     Job,
     Node,
@@ -161,6 +162,7 @@ PLACE_MIGRATE: Final = "migrate"  # its alloc leaves a draining node
 PLACE_RESCHEDULE: Final = "reschedule"  # its alloc failed and the policy allows another try
 PLACE_DESTRUCTIVE: Final = "destructive"  # the new job version needs a restart
 PLACE_DISCONNECT: Final = "disconnect"  # its alloc's node stopped heartbeating (disconnect.replace)
+PLACE_CANARY: Final = "canary"  # a new-version alloc beside the old ones, until promotion
 
 _LIVE_CLIENT: Final = frozenset({ALLOC_CLIENT_PENDING, ALLOC_CLIENT_RUNNING, ALLOC_CLIENT_UNKNOWN})
 
@@ -198,6 +200,7 @@ class Placement:
     stop_previous: Stop | None = None
     # Nodes to rank lower: a rescheduled alloc's previous node.
     penalty_node_ids: frozenset[str] = frozenset()
+    canary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +240,12 @@ class GroupResult:
     reconnecting: tuple[Allocation, ...] = ()
     # When the next batch of a rolling update may go (a follow-up eval's wait_until); 0: none.
     rolling_followup_ns: int = 0
+    # The deployment's view: canaries the group wants now, and whether any rollout work is
+    # left (placements, updates held back or not, moves, reschedules, canaries to place).
+    desired_canaries: int = 0
+    work_left: bool = False
+    # Destructive updates held back by the rollout (they go when health opens room).
+    held_back: bool = False
 
     def counts(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in GROUP_BUCKETS}
@@ -474,7 +483,17 @@ class _Buckets:
     disconnecting: list[Allocation] = field(default_factory=list)
     reconnecting: list[Allocation] = field(default_factory=list)
 
-    def result(self, group: str, rolling_followup_ns: int = 0) -> GroupResult:
+    def result(
+        self, group: str, rolling_followup_ns: int = 0, *, desired_canaries: int = 0, deferred: bool = False
+    ) -> GroupResult:
+        work_left = deferred or bool(
+            self.place
+            or self.update_inplace
+            or self.update_destructive
+            or self.migrate
+            or self.reschedule_now
+            or self.reschedule_later
+        )
         return GroupResult(
             group=group,
             place=tuple(self.place),
@@ -489,6 +508,9 @@ class _Buckets:
             disconnecting=tuple(self.disconnecting),
             reconnecting=tuple(self.reconnecting),
             rolling_followup_ns=rolling_followup_ns,
+            desired_canaries=desired_canaries,
+            work_left=work_left,
+            held_back=deferred,
         )
 
 
@@ -563,6 +585,9 @@ class _GroupPass:
     paused: bool
     lineage: _Lineage
     disconnect: DisconnectStrategy
+    gate: RolloutGate
+    deployment: Deployment | None
+    canaries: list[Allocation]  # live canaries of the current deployment, set aside
     buckets: _Buckets = field(default_factory=_Buckets)
     lost_ids: set[str] = field(default_factory=set)  # stopped as lost by step 1
     stopped_ids: set[str] = field(default_factory=set)  # stopped by the later steps
@@ -612,6 +637,7 @@ def reconcile_group(
     tainted_nodes: Mapping[str, Node | None],
     now_ns: int,
     *,
+    deployment: Deployment | None = None,
     deployment_paused: bool = False,
     eval_id: str = "",
     job_versions: Mapping[int, Job] | None = None,
@@ -626,8 +652,10 @@ def reconcile_group(
     ``allocs``: the group's allocs, terminal ones included (others are skipped).
     ``tainted_nodes``: the tainted nodes holding allocs (down, disconnected or draining); a
     deregistered node maps to None. Any other node is healthy.
+    ``deployment``: the job version's current deployment (active or failed; None when
+    there is none yet or it succeeded): it gates the rollout (``reconciler.rollout``).
     ``deployment_paused``: place only replacements (lost, reschedule, migrate, disconnect);
-    no new slots, no destructive updates.
+    no new slots, no destructive updates (what a paused or failed deployment also does).
     ``eval_id``: the eval being processed; a failed alloc whose follow-up eval this is
     reschedules now, even a little early.
     ``job_versions``: older versions by number, to tell in-place from destructive updates;
@@ -641,6 +669,8 @@ def reconcile_group(
     only for reconnecting allocs and their replacements; None or missing: a tie).
     """
     mine = sorted((a for a in allocs if a.task_group == group.name), key=_sort_key)
+    gate = rollout_gate(job, group, deployment, mine)
+    mine, canaries, unneeded_canaries = _set_canaries_aside(mine, deployment)
     p = _GroupPass(
         job=job,
         group=group,
@@ -652,10 +682,16 @@ def reconcile_group(
         infeasible=infeasible_node_ids,
         unplaceable=unplaceable_node_ids,
         score=score or _no_score,
-        paused=deployment_paused,
+        paused=deployment_paused or not gate.place_ready,
         lineage=_Lineage(mine),
         disconnect=group.disconnect or DisconnectStrategy(),
+        gate=gate,
+        deployment=deployment,
+        canaries=canaries,
     )
+    for alloc in unneeded_canaries:
+        p.stop(alloc, DESC_NOT_NEEDED)
+    p.buckets.ignore.extend(a for a in canaries)
     by_category = _classify(p)
     _stop_lost_and_superseded(p, by_category)
     if _job_stopped(job):
@@ -665,13 +701,38 @@ def reconcile_group(
     holders = _give_up_excess_slots(p, _slot_holders(p, by_category, kept_reconnecting))
     reported = _report_disconnects(p, by_category)
     update_candidates = _move_holders(p, holders, reported)
-    if not deployment_paused:
+    if not p.paused:
         _fill_free_slots(p, holders)
-    rolling_followup_ns = _update_holders(p, update_candidates, reported)
+    rolling_followup_ns, desired_canaries, deferred = _update_holders(p, update_candidates, reported)
     p.buckets.place.sort(
         key=lambda pl: (pl.index, pl.reason, pl.previous.id if pl.previous is not None else "")
     )
-    return p.buckets.result(group.name, rolling_followup_ns)
+    return p.buckets.result(
+        group.name, rolling_followup_ns, desired_canaries=desired_canaries, deferred=deferred
+    )
+
+
+def _set_canaries_aside(
+    allocs: list[Allocation], deployment: Deployment | None
+) -> tuple[list[Allocation], list[Allocation], list[Allocation]]:
+    """Split off canaries that are not promoted: they run beside the slot holders and hold
+    no slot until promotion clears their flag. Returns (the rest, live canaries of the
+    current active deployment, live canaries of a deployment that ended or was replaced:
+    to stop, as Nomad's cancelUnneededCanaries). A canary that failed holds nothing and is
+    not rescheduled: its deployment's verdict decides what happens next."""
+    rest: list[Allocation] = []
+    current: list[Allocation] = []
+    unneeded: list[Allocation] = []
+    for alloc in allocs:
+        if not is_canary(alloc) or alloc.desired_status != ALLOC_DESIRED_RUN:
+            rest.append(alloc)
+        elif alloc.client_terminal():
+            continue
+        elif deployment is not None and deployment.active() and alloc.deployment_id == deployment.id:
+            current.append(alloc)
+        else:
+            unneeded.append(alloc)
+    return rest, current, unneeded
 
 
 def _classify(p: _GroupPass) -> dict[str, list[Allocation]]:
@@ -753,7 +814,16 @@ def _slot_holders(
     for alloc in by_category[MIGRATE]:
         if alloc.id not in stopped_ids:
             holders.append(_Holder(alloc, _MOVE_MIGRATE))
+    failed_deployment = (
+        p.deployment.id
+        if p.deployment is not None and p.deployment.status == DEPLOYMENT_STATUS_FAILED
+        else ""
+    )
     for alloc in by_category[FAILED]:
+        if failed_deployment and alloc.deployment_id == failed_deployment:
+            # Its deployment failed: replacing it would only roll the failed version again.
+            holders.append(_Holder(alloc, _FAILED_HELD))
+            continue
         decision = next_reschedule(alloc, p.group.reschedule)
         due = decision.eligible and (
             (bool(p.eval_id) and alloc.followup_eval_id == p.eval_id)
@@ -784,9 +854,15 @@ def _give_up_excess_slots(p: _GroupPass, holders: list[_Holder]) -> list[_Holder
     excess = len(holders) - max(p.group.count, 0)
     if excess <= 0:
         return holders
+    newest: dict[int, int] = {}
+    for h in holders:
+        newest[h.alloc.index] = max(newest.get(h.alloc.index, -1), h.alloc.job_version)
     ranked = sorted(
         holders,
         key=lambda h: (
+            # An old alloc whose slot a promoted canary of the new version now holds goes
+            # first: the canary took its place.
+            h.alloc.job_version >= newest[h.alloc.index],
             _REMOVAL_RANK[h.kind],
             -h.alloc.index,
             h.alloc.job_version,
@@ -869,9 +945,11 @@ def _fill_free_slots(p: _GroupPass, holders: list[_Holder]) -> None:
         p.buckets.place.append(Placement(alloc_name(p.job.id, p.group.name, index), index, PLACE_NEW))
 
 
-def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]) -> int:
-    """Step 6: holders on an older version, in place or destructively within the rolling
-    budget. Returns when the next batch of held-back updates may go (0: none held back)."""
+def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]) -> tuple[int, int, bool]:
+    """Step 6: holders on an older version, in place or destructively within the rollout's
+    budget (``reconciler.rollout``), canaries first when the group asks for them. Returns
+    (when held-back updates should be looked at again, 0: when health says so; the canaries
+    the group wants; whether destructive updates were held back)."""
     job, group, now_ns, buckets = p.job, p.group, p.now_ns, p.buckets
     destructive: list[_Holder] = []
     for h in candidates:
@@ -894,7 +972,14 @@ def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]
             h.alloc.id,
         )
     )
-    budget, in_flight_until = _rolling_budget(p)
+    gate = p.gate
+    canarying = gate.rolls and gate.canary > 0 and not gate.promoted and bool(destructive)
+    desired_canaries = gate.canary if canarying else 0
+    if canarying and not p.paused:
+        _place_canaries(p, destructive)
+    budget = 0 if p.paused else gate.budget(canarying)
+    if budget is None:
+        budget = len(destructive)
     admitted, deferred = destructive[:budget], destructive[budget:]
     for h in admitted:
         a = h.alloc
@@ -903,12 +988,25 @@ def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]
         buckets.place.append(Placement(a.name, a.index, PLACE_DESTRUCTIVE, previous=a))
     for h in deferred:
         _hold(buckets, h, now_ns, reported)
-    if not deferred or p.paused:
-        return 0
-    times = list(in_flight_until)
-    if admitted:
-        times.append(now_ns + stagger_ns(job, group))
-    return min(times)  # non-empty: a zero budget means replacements in flight
+    # No timer: the next batch goes when a health verdict (or promotion, or resume) writes
+    # the eval that looks again.
+    return 0, desired_canaries, bool(deferred)
+
+
+def _place_canaries(p: _GroupPass, destructive: list[_Holder]) -> None:
+    """Canaries the group still lacks, named after the lowest slots to be updated: after
+    promotion each takes over the slot of the old alloc of the same name."""
+    have = {a.index for a in p.canaries}
+    missing = p.gate.canary - len(p.canaries)
+    for h in sorted(destructive, key=lambda h: (h.alloc.index, h.alloc.id)):
+        if missing <= 0:
+            break
+        a = h.alloc
+        if a.index in have:
+            continue
+        have.add(a.index)
+        missing -= 1
+        p.buckets.place.append(Placement(a.name, a.index, PLACE_CANARY, canary=True))
 
 
 def _hold(buckets: _Buckets, h: _Holder, now_ns: int, reported: set[str]) -> None:
@@ -924,28 +1022,3 @@ def _hold(buckets: _Buckets, h: _Holder, now_ns: int, reported: set[str]) -> Non
         buckets.reschedule_later.append(DelayedReschedule(h.alloc, decision.at_ns))
     elif h.alloc.id not in reported:
         buckets.ignore.append(h.alloc)
-
-
-def _rolling_budget(p: _GroupPass) -> tuple[int, list[int]]:
-    """(destructive updates allowed now, when each in-flight rollout replacement expires).
-
-    In flight: a live alloc of the current version that replaced an older-version alloc less
-    than ``stagger`` ago. Only service jobs roll (Nomad ignores ``update`` for batch jobs).
-    """
-    job, group = p.job, p.group
-    if p.paused:
-        return 0, []
-    limit = max_parallel(job, group) if job.type == JOB_TYPE_SERVICE else 0
-    if limit == 0:
-        return len(p.allocs) + 1, []  # unlimited
-    stagger = stagger_ns(job, group)
-    until: list[int] = []
-    for a in p.allocs:
-        if a.terminal() or a.job_version != job.version or not a.previous_allocation:
-            continue
-        prev = p.lineage.get(a.previous_allocation)
-        if prev is None or prev.job_version == job.version:
-            continue
-        if a.create_time_ns + stagger > p.now_ns:
-            until.append(a.create_time_ns + stagger)
-    return max(0, limit - len(until)), until

@@ -229,36 +229,39 @@ def test_generic__destructive_update__stop_and_replace() -> None:
 
 
 def test_generic__rolling_update__max_parallel_2_over_count_10() -> None:
+    """A deployment rolls two at a time, and the next batch waits for health: placement
+    alone (or any other eval meanwhile) opens no room. When all ten are healthy the
+    scheduler marks the deployment successful and the version stable."""
     h, _ = cluster(3)
     update = UpdateStrategy(max_parallel=2, stagger_ns=30 * SECOND)
     job = place_all(h, with_group(mock.job(), update=update))
     new, _ = destructive_change(job, update=update)
     job = register(h, new)
     ev = mock.eval_for(job)
-    passes = 0
-    while True:
+    for _batch in range(5):
         result = run_and_commit(h, ev)
-        passes += 1
-        rolling = [e for e in result.created_evals if e.triggered_by == structs.TRIGGER_ROLLING_UPDATE]
-        if passes < 5:
-            expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
-            (nxt,) = rolling
-            assert nxt.wait_until_ns == h.now_ns + 30 * SECOND
-            assert nxt.status == structs.EVAL_STATUS_PENDING and nxt.previous_eval == ev.id
-            assert result.eval_update.next_eval == nxt.id
-        else:
-            expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
-            assert rolling == []
-            break
-        # Any eval during the stagger (here a node update) changes nothing.
-        during = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
-        assert during.plan is None
+        expect(result, Expect(update_destructive=2, stop=2, place=2, ignore=8))
+        assert [e for e in result.created_evals if e.triggered_by == structs.TRIGGER_ROLLING_UPDATE] == []
+        deployment = h.snapshot().latest_deployment(job.namespace, job.id)
+        assert deployment is not None and deployment.job_version == job.version
+        assert result.eval_update.deployment_id == deployment.id
+        fresh = [a for a in placed(result)]
+        assert {a.deployment_id for a in fresh} == {deployment.id}
+        # Placed but not yet healthy: another eval (a node update) changes nothing.
         for a in live(h, job):
             h.update_alloc(a.id, client_status=structs.ALLOC_CLIENT_RUNNING)
-        h.now_ns = nxt.wait_until_ns
-        ev = nxt
+        during = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
+        assert during.plan is None
+        for a in fresh:
+            h.set_health(a.id, structs.HEALTH_HEALTHY)
+        ev = mock.eval_for(job, triggered_by=structs.TRIGGER_DEPLOYMENT_WATCHER)
     assert {a.job_version for a in live(h, job)} == {1}
     assert len(live(h, job)) == 10
+    done = run_and_commit(h, ev)
+    assert done.plan is not None and not done.plan.node_allocation and not done.plan.node_update
+    deployment = h.snapshot().latest_deployment(job.namespace, job.id)
+    assert deployment is not None and deployment.status == structs.DEPLOYMENT_STATUS_SUCCESSFUL
+    assert deployment.task_groups[job.groups[0].name].healthy_allocs == 10
     assert h.run(compute_generic, mock.eval_for(job)).plan is None
 
 

@@ -24,8 +24,12 @@ from drover.scheduler.reconciler.generic import GroupResult, reconcile_group
 from drover.scheduler.reconciler.reschedule import next_delay, next_reschedule
 from drover.scheduler.reconciler.vocabulary import DESC_LOST, DESC_RECONNECT_LOSER, DESC_RESCHEDULED
 from drover.scheduler.structs import (
+    HEALTH_HEALTHY,
+    HEALTH_UNHEALTHY,
     Allocation,
+    AllocDeploymentStatus,
     AllocStateChange,
+    Deployment,
     DisconnectStrategy,
     DrainStrategy,
     Job,
@@ -592,29 +596,73 @@ def test_reconcile__destructive__replacement_takes_the_slot() -> None:
         assert by_prev[old.id].index == old.index and by_prev[old.id].reason == "destructive"
 
 
-def test_reconcile__rolling__exactly_max_parallel_then_followup_after_stagger() -> None:
+def test_reconcile__rolling__exactly_max_parallel_and_no_timer() -> None:
+    """The next batch waits for health, not for a stagger timer: no follow-up time."""
     scenario = s_rolling()
     result = scenario.run()
     assert len(result.update_destructive) == 2
-    assert result.rolling_followup_ns == NOW + 30 * SECOND
+    assert result.rolling_followup_ns == 0
+    assert result.work_left
     # Failed and pending allocs are updated first (they serve nothing), then by index.
     assert [a.index for a in result.update_destructive] == [0, 1]
 
 
-def test_reconcile__rolling__replacements_in_flight_use_the_budget() -> None:
-    """Any eval during the stagger (a node update, a failure) must not speed the rollout up."""
+def _in_deployment(
+    allocs: Sequence[Allocation], deployment: Deployment, health: str = ""
+) -> list[Allocation]:
+    """The new-version allocs as committed into ``deployment``, with ``health`` reported."""
+    return [
+        replace(
+            a,
+            deployment_id=deployment.id,
+            deployment_status=AllocDeploymentStatus(health=health) if health else None,
+        )
+        if a.id.startswith("new-")
+        else a
+        for a in allocs
+    ]
+
+
+def test_reconcile__rolling__replacements_wait_for_health() -> None:
+    """Any eval while the batch is placed but not judged (a node update, a failure) must
+    not speed the rollout up; health opens room; an unhealthy alloc stops it."""
     scenario = s_rolling()
     first = scenario.run()
     committed = apply_result(scenario.job, scenario.allocs, first, NOW, healthy_node="node-new")
-    again = reconcile_group(
-        scenario.job, scenario.job.groups[0], committed, {}, NOW + 10 * SECOND, **scenario.kwargs
+    deployment = Deployment(id="d-1", job_id=scenario.job.id, job_version=scenario.job.version)
+    group = scenario.job.groups[0]
+    later = NOW + 10 * MINUTE
+    waiting = reconcile_group(
+        scenario.job,
+        group,
+        _in_deployment(committed, deployment),
+        {},
+        later,
+        deployment=deployment,
+        **scenario.kwargs,
     )
-    Expect(ignore=10).check(again)
-    assert again.rolling_followup_ns == NOW + 30 * SECOND
-    later = reconcile_group(
-        scenario.job, scenario.job.groups[0], committed, {}, NOW + 30 * SECOND, **scenario.kwargs
+    Expect(ignore=10).check(waiting)
+    assert waiting.rolling_followup_ns == 0 and waiting.work_left
+    healthy = reconcile_group(
+        scenario.job,
+        group,
+        _in_deployment(committed, deployment, HEALTH_HEALTHY),
+        {},
+        NOW,
+        deployment=deployment,
+        **scenario.kwargs,
     )
-    Expect(update_destructive=2, stop=2, place=2, ignore=8).check(later)
+    Expect(update_destructive=2, stop=2, place=2, ignore=8).check(healthy)
+    unhealthy = reconcile_group(
+        scenario.job,
+        group,
+        _in_deployment(committed, deployment, HEALTH_UNHEALTHY),
+        {},
+        NOW,
+        deployment=deployment,
+        **scenario.kwargs,
+    )
+    Expect(ignore=10).check(unhealthy)
 
 
 def test_reconcile__rolling__batch_jobs_ignore_max_parallel() -> None:
@@ -951,8 +999,8 @@ def test_reconcile__property__fixed_point(case: tuple[Job, list[Allocation], dic
     first = reconcile_group(job, job.groups[0], allocs, _NODES, NOW, eval_id="e1", job_versions=versions)
     after = apply_result(job, allocs, first, NOW)
     second = reconcile_group(job, job.groups[0], after, _NODES, NOW, eval_id="e2", job_versions=versions)
-    if first.rolling_followup_ns:
-        return  # held back on purpose: the rolling eval continues
+    if first.rolling_followup_ns or first.held_back:
+        return  # held back on purpose: health (or the rolling eval) lets the rest go
     # A delayed reschedule is no excuse: its follow-up is stamped, so nothing is left to do.
     assert second.is_no_op(), second.log_fields()
 

@@ -1,0 +1,107 @@
+"""How a deployment gates one group's rollout: how many destructive updates may go now,
+whether canaries are wanted, and which canaries are left over from a deployment that ended.
+
+Nomad's rules (its ``computeUnderProvisionedBy`` and ``requiresCanaries``), with the words
+of ``docs/deployments.md``:
+
+* A group *rolls* when its update block is not empty (``max_parallel > 0``) and the job is
+  a service job; anything else updates everything at once.
+* A paused or failed deployment, and a group whose canaries wait for promotion, admit no
+  destructive update.
+* Otherwise the budget is ``max_parallel`` minus the deployment's live allocs whose health
+  is not known yet; a live unhealthy alloc in the deployment stops the rollout (budget 0;
+  one that failed and was replaced no longer does: its replacement counts as not known). So
+  the next batch waits for health, not just placement: the health verdict's eval (written
+  with the verdict) runs the next batch.
+* Canaries: a group with ``canary = N`` and destructive work to do, not yet promoted, gets
+  N new-version allocs beside the old ones before anything old is replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from drover.scheduler.structs import (
+    DEPLOYMENT_STATUS_FAILED,
+    DEPLOYMENT_STATUS_PAUSED,
+    JOB_TYPE_SERVICE,
+    Allocation,
+    Deployment,
+    DeploymentState,
+    Job,
+    TaskGroup,
+    UpdateStrategy,
+)
+
+__all__ = ["RolloutGate", "is_canary", "rollout_gate", "update_strategy"]
+
+
+def update_strategy(job: Job, group: TaskGroup) -> UpdateStrategy | None:
+    """The group's update block (the job's, merged in by canonicalisation, as fallback)."""
+    return group.update or job.update
+
+
+def is_canary(alloc: Allocation) -> bool:
+    """A canary not promoted yet (promotion clears the flag)."""
+    return alloc.deployment_status is not None and alloc.deployment_status.canary
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutGate:
+    """What one group's deployment allows in this pass.
+
+    ``rolls``: the group is deployed batch by batch (else all at once, no deployment).
+    ``place_ready``: new slots may be filled and failed allocs of the deployment replaced
+    (not while paused or failed). ``canaries_wanted``: how many canaries the group should
+    have now (0 once promoted, or without destructive work). ``budget``: destructive
+    updates allowed now (None: no limit).
+    """
+
+    rolls: bool
+    place_ready: bool
+    promoted: bool
+    canary: int
+    budget_when_rolling: int | None
+
+    def budget(self, canarying: bool) -> int | None:
+        return 0 if canarying else self.budget_when_rolling
+
+
+def _state(deployment: Deployment | None, group: str) -> DeploymentState | None:
+    return deployment.task_groups.get(group) if deployment is not None else None
+
+
+def rollout_gate(
+    job: Job, group: TaskGroup, deployment: Deployment | None, allocs: Iterable[Allocation]
+) -> RolloutGate:
+    """The gate for ``group`` under ``deployment`` (the job version's current deployment:
+    active or failed; None when none exists yet or it succeeded)."""
+    strategy = update_strategy(job, group)
+    rolls = job.type == JOB_TYPE_SERVICE and strategy is not None and not strategy.is_empty()
+    status = deployment.status if deployment is not None else ""
+    place_ready = status not in (DEPLOYMENT_STATUS_PAUSED, DEPLOYMENT_STATUS_FAILED)
+    state = _state(deployment, group.name)
+    promoted = state is not None and state.promoted
+    if not rolls or strategy is None:
+        return RolloutGate(
+            rolls=False, place_ready=place_ready, promoted=promoted, canary=0, budget_when_rolling=None
+        )
+    if not place_ready:
+        budget = 0
+    elif deployment is None:
+        budget = strategy.max_parallel
+    else:
+        mine = [a for a in allocs if a.deployment_id == deployment.id and not a.terminal()]
+        if any(a.deployment_status is not None and a.deployment_status.is_unhealthy() for a in mine):
+            budget = 0
+        else:
+            pending = sum(1 for a in mine if a.deployment_status is None or not a.deployment_status.health)
+            budget = max(0, strategy.max_parallel - pending)
+    return RolloutGate(
+        rolls=True,
+        place_ready=place_ready,
+        promoted=promoted,
+        canary=strategy.canary,
+        budget_when_rolling=budget,
+    )
