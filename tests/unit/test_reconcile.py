@@ -30,6 +30,7 @@ from drover.scheduler.structs import (
     AllocDeploymentStatus,
     AllocStateChange,
     Deployment,
+    DeploymentState,
     DisconnectStrategy,
     DrainStrategy,
     Job,
@@ -1036,3 +1037,120 @@ def test_reconcile__tracker__what_a_replacement_carries(
     # The kept past events, oldest first, then this attempt.
     assert [e.prev_alloc_id for e in events[:-1]] == [e.prev_alloc_id for e in past[len(past) - kept :]]
     assert events[-1].prev_alloc_id == alloc.id and events[-1].reschedule_time_ns == NOW
+
+
+# ---------------------------------------------------------------------------------------
+# Deployments: canaries, promotion, failed and paused deployments
+
+
+def _canary_scenario() -> tuple[Job, list[Allocation], dict[int, Job]]:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(4))
+    new, versions = destructive_change(job, update=UpdateStrategy(max_parallel=2, canary=1))
+    new = replace(new, groups=(replace(new.groups[0], count=4),))
+    return new, allocs, versions
+
+
+def _canary(job: Job, index: int, deployment: Deployment, health: str = "") -> Allocation:
+    return replace(
+        mock.alloc(job, mock.node(id="n-canary"), index),
+        id=f"canary-{index}",
+        client_status=structs.ALLOC_CLIENT_RUNNING,
+        deployment_id=deployment.id,
+        deployment_status=AllocDeploymentStatus(health=health, canary=True),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "setup", "expected", "canaries_placed"),
+    [
+        # No deployment yet: one canary beside the four old allocs, nothing old replaced.
+        ("canary__first_pass__places_one_canary", "none", Expect(place=1, ignore=4), 1),
+        # The canary runs, not promoted: nothing more, whatever its health.
+        ("canary__placed_unhealthy_unknown__waits", "placed", Expect(ignore=5), 0),
+        ("canary__placed_healthy_not_promoted__waits", "healthy", Expect(ignore=5), 0),
+        # Promoted: the canary holds slot 0 (the old alloc of its name stops), and the
+        # rollout goes on at max_parallel.
+        (
+            "canary__promoted__old_slot_stopped_then_rolls",
+            "promoted",
+            Expect(stop=3, update_destructive=2, place=2, ignore=2),
+            0,
+        ),
+        # A paused deployment places no canary.
+        ("canary__paused__nothing", "paused", Expect(ignore=4), 0),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_reconcile__deployment_canaries(
+    name: str, setup: str, expected: Expect, canaries_placed: int
+) -> None:
+    job, allocs, versions = _canary_scenario()
+    deployment = Deployment(
+        id="d-1",
+        job_id=job.id,
+        job_version=job.version,
+        task_groups={job.groups[0].name: DeploymentState(desired_canaries=1, desired_total=4)},
+    )
+    current: Deployment | None = deployment
+    if setup == "none":
+        current = None
+    elif setup in ("placed", "healthy"):
+        allocs = [*allocs, _canary(job, 0, deployment, HEALTH_HEALTHY if setup == "healthy" else "")]
+    elif setup == "promoted":
+        promoted = replace(
+            deployment,
+            task_groups={
+                job.groups[0].name: DeploymentState(desired_canaries=1, desired_total=4, promoted=True)
+            },
+        )
+        current = promoted
+        canary = replace(
+            _canary(job, 0, promoted, HEALTH_HEALTHY),
+            deployment_status=AllocDeploymentStatus(health=HEALTH_HEALTHY),
+        )
+        allocs = [*allocs, canary]
+    elif setup == "paused":
+        current = replace(deployment, status=structs.DEPLOYMENT_STATUS_PAUSED)
+    result = reconcile_group(job, job.groups[0], allocs, {}, NOW, deployment=current, job_versions=versions)
+    expected.check(result)
+    assert sum(1 for p in result.place if p.canary) == canaries_placed
+    if setup == "promoted":
+        # The old alloc of the canary's slot goes without a replacement; slots 1 and 2 roll.
+        assert allocs[0].id in {s.alloc.id for s in result.stop}
+        assert sorted(p.index for p in result.place) == [1, 2]
+        assert result.held_back  # slot 3 waits for health
+
+
+def test_reconcile__deployment_canaries__ended_deployment__canary_stopped() -> None:
+    """A canary of a deployment that was replaced (a newer version) or failed is stopped,
+    as Nomad's cancelUnneededCanaries: it would otherwise run beside the slots forever."""
+    job, allocs, versions = _canary_scenario()
+    old = Deployment(
+        id="d-old", job_id=job.id, job_version=job.version, status=structs.DEPLOYMENT_STATUS_FAILED
+    )
+    canary = _canary(job, 0, old)
+    result = reconcile_group(
+        job, job.groups[0], [*allocs, canary], {}, NOW, deployment=old, job_versions=versions
+    )
+    assert canary.id in {s.alloc.id for s in result.stop}
+    assert not result.place and not result.update_destructive
+
+
+def test_reconcile__failed_deployment__failed_allocs_not_rescheduled_no_new_slots() -> None:
+    """A failed deployment's failed allocs are not replaced (that would roll the failed
+    version again) and no new slot is filled; a lost alloc is still replaced."""
+    job, node = mock.job(), mock.node()
+    deployment = Deployment(
+        id="d-1", job_id=job.id, job_version=job.version, status=structs.DEPLOYMENT_STATUS_FAILED
+    )
+    allocs = running(job, node, range(3), deployment_id=deployment.id)
+    allocs[1] = failed(allocs[1], NOW - HOUR)
+    gone = mock.node(id="n-gone")
+    allocs[2] = replace(allocs[2], node_id=gone.id)
+    bigger = replace(job, groups=(replace(job.groups[0], count=4),))
+    result = reconcile_group(
+        bigger, bigger.groups[0], allocs, {gone.id: down(gone)}, NOW, deployment=deployment
+    )
+    assert [p.reason for p in result.place] == ["lost"]
+    assert not result.reschedule_now and not result.reschedule_later
