@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from drover.scheduler.reconciler.generic import GroupResult
 from drover.scheduler.reconciler.rollout import update_strategy
+from drover.scheduler.reconciler.system import SystemDiff, SystemRollout
 from drover.scheduler.structs import (
     DEPLOYMENT_DESC_AUTO_PROMOTION,
     DEPLOYMENT_DESC_NEEDS_PROMOTION,
@@ -27,6 +28,7 @@ from drover.scheduler.structs import (
     DEPLOYMENT_STATUS_RUNNING,
     DEPLOYMENT_STATUS_SUCCESSFUL,
     JOB_TYPE_SERVICE,
+    JOB_TYPE_SYSTEM,
     Allocation,
     Deployment,
     DeploymentState,
@@ -40,7 +42,11 @@ __all__ = [
     "deployment_complete",
     "rolling_groups",
     "running_description",
+    "success",
+    "system_complete",
+    "system_rollout",
     "wanted_deployment",
+    "wanted_system_deployment",
 ]
 
 
@@ -64,9 +70,9 @@ def current_deployment(
 
 
 def rolling_groups(job: Job, groups: Iterable[TaskGroup]) -> list[TaskGroup]:
-    """The groups a deployment covers: a service job's groups with a non-empty update block
-    and something to run."""
-    if job.type != JOB_TYPE_SERVICE or job.stop or job.is_template():
+    """The groups a deployment covers: a service or system job's groups with a non-empty
+    update block and something to run (sysbatch and batch work has no health to wait for)."""
+    if job.type not in (JOB_TYPE_SERVICE, JOB_TYPE_SYSTEM) or job.stop or job.is_template():
         return []
     out = []
     for group in groups:
@@ -183,3 +189,88 @@ def deployment_complete(deployment: Deployment, results: Mapping[str, GroupResul
 
 def success(deployment: Deployment) -> DeploymentStatusUpdate:
     return DeploymentStatusUpdate(deployment.id, DEPLOYMENT_STATUS_SUCCESSFUL, DEPLOYMENT_DESC_SUCCESSFUL)
+
+
+# ---------------------------------------------------------------------------------------
+# System jobs: one deployment per version over every node the job runs on (Nomad 1.11's
+# system deployments, without canaries: a system group's canary is refused by validation).
+
+
+def system_rollout(
+    job: Job, deployment: Deployment | None, allocs: Iterable[Allocation]
+) -> dict[str, SystemRollout]:
+    """Per deployed group, the nodes whose new alloc still waits for its health verdict,
+    and whether the rollout is blocked (paused, failed, or a live alloc unhealthy)."""
+    if deployment is None:
+        return {}
+    blocked_all = not deployment.active() or deployment.status != DEPLOYMENT_STATUS_RUNNING
+    waiting: dict[str, set[str]] = {}
+    unhealthy: set[str] = set()
+    for alloc in allocs:
+        if alloc.deployment_id != deployment.id or alloc.terminal():
+            continue
+        health = alloc.deployment_status.health if alloc.deployment_status is not None else ""
+        if not health:
+            waiting.setdefault(alloc.task_group, set()).add(alloc.node_id)
+        elif alloc.deployment_status is not None and alloc.deployment_status.is_unhealthy():
+            unhealthy.add(alloc.task_group)
+    return {
+        name: SystemRollout(
+            waiting=frozenset(waiting.get(name, ())), blocked=blocked_all or name in unhealthy
+        )
+        for name in deployment.task_groups
+    }
+
+
+def wanted_system_deployment(
+    job: Job,
+    diff: SystemDiff,
+    allocs: Iterable[Allocation],
+    current: Deployment | None,
+    desired_totals: Mapping[str, int],
+    *,
+    new_id: str,
+    now_ns: int,
+) -> Deployment | None:
+    """A new deployment when a system job's version changes its allocs (destructive or
+    in-place updates) or has none yet; its desired total per group is the number of allocs
+    the job wants on the nodes it may run on."""
+    rolling = [g for g in rolling_groups(job, job.groups) if desired_totals.get(g.name, 0) > 0]
+    if not rolling or current is not None:
+        return None
+    has_version = {a.task_group for a in allocs if a.job_version == job.version}
+    changing = {t.group for t in (*diff.update_destructive, *diff.update_inplace, *diff.deferred)}
+    if not any(g.name in changing or g.name not in has_version for g in rolling):
+        return None
+    states = {}
+    for g in rolling:
+        strategy = update_strategy(job, g)
+        assert strategy is not None
+        states[g.name] = DeploymentState(
+            auto_revert=strategy.auto_revert,
+            progress_deadline_ns=strategy.progress_deadline_ns,
+            desired_total=desired_totals[g.name],
+        )
+    return Deployment(
+        id=new_id,
+        namespace=job.namespace,
+        job_id=job.id,
+        job_version=job.version,
+        job_modify_index=job.job_modify_index,
+        job_create_index=job.create_index,
+        task_groups=states,
+        status=DEPLOYMENT_STATUS_RUNNING,
+        status_description=DEPLOYMENT_DESC_RUNNING,
+        eval_priority=job.priority,
+        create_time_ns=now_ns,
+        modify_time_ns=now_ns,
+    )
+
+
+def system_complete(deployment: Deployment, diff: SystemDiff) -> bool:
+    """Nothing left to roll and every group healthy on every node it wants."""
+    if deployment.status != DEPLOYMENT_STATUS_RUNNING:
+        return False
+    if diff.update_destructive or diff.update_inplace or diff.deferred or diff.place:
+        return False
+    return all(s.healthy_allocs >= s.desired_total for s in deployment.task_groups.values())

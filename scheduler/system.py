@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from drover.scheduler import deployments
 from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
 from drover.scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
 from drover.scheduler.placement.metrics import coalesce
@@ -47,6 +48,8 @@ from drover.scheduler.structs import (
     TRIGGER_ROLLING_UPDATE,
     Allocation,
     AllocMetric,
+    Deployment,
+    DeploymentStatusUpdate,
     Evaluation,
     Job,
     Node,
@@ -139,6 +142,10 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         return SchedulerResult(plan=None, eval_update=failed)
 
     inputs = read_inputs(state, ev.namespace, ev.job_id, job)
+    target = job if job is not None else Job(id=ev.job_id, namespace=ev.namespace, type=ev.type, stop=True)
+    deployment, deployment_updates = deployments.current_deployment(
+        target, state.latest_deployment(ev.namespace, ev.job_id)
+    )
     diff = diff_system_allocs(
         job,
         inputs.nodes_ready.values(),
@@ -148,8 +155,12 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         infeasible=inputs.infeasible,
         drain_pending=inputs.drain_pending,
         job_versions=inputs.job_versions,
+        rollout=deployments.system_rollout(target, deployment, inputs.allocs),
     )
     outcome = build_plan(state, ev, job, diff, inputs.nodes_ready, ctx)
+    plan, governing = _with_deployment(
+        outcome.plan, ev, state, target, diff, inputs, deployment, deployment_updates, ctx
+    )
 
     groups = [g.name for g in job.groups] if job is not None else []
     queued = {name: len(outcome.failed.get(name, ())) for name in groups}
@@ -187,9 +198,10 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         next_eval=next_id or ev.next_eval,
         snapshot_index=state.index,
         modify_time_ns=ctx.now_ns,
+        deployment_id=governing or ev.deployment_id,
     )
     return SchedulerResult(
-        plan=outcome.plan,
+        plan=plan,
         eval_update=eval_update,
         created_evals=tuple(created),
         queued=queued,
@@ -200,6 +212,56 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
 # One function for both types: the job says which rules apply (sysbatch: count per node,
 # finished allocs are not re-run).
 compute_sysbatch = compute_system
+
+
+def _with_deployment(
+    plan: Plan | None,
+    ev: Evaluation,
+    state: State,
+    job: Job,
+    diff: SystemDiff,
+    inputs: SystemInputs,
+    deployment: Deployment | None,
+    updates: tuple[DeploymentStatusUpdate, ...],
+    ctx: SchedulerContext,
+) -> tuple[Plan | None, str]:
+    """The plan with its deployment: a new one for a changed version, the allocs it places
+    or updates in place joining the governing one, a cancelled outdated one, a complete one
+    marked successful. Returns (plan, the governing deployment's ID or "")."""
+    totals = {
+        g.name: (len(inputs.nodes_ready) - len(inputs.infeasible.get(g.name, frozenset()))) * g.count
+        for g in job.groups
+    }
+    wanted = None
+    if job.type == JOB_TYPE_SYSTEM and plan is not None and plan.node_allocation:
+        wanted = deployments.wanted_system_deployment(
+            job, diff, inputs.allocs, deployment, totals, new_id=ctx.new_id(), now_ns=ctx.now_ns
+        )
+    governing = wanted or (deployment if deployment is not None and deployment.active() else None)
+    if governing is not None and plan is not None:
+        groups = set(governing.task_groups)
+        node_allocation = {
+            node_id: tuple(
+                replace(a, deployment_id=governing.id, deployment_status=None)
+                if a.task_group in groups and a.deployment_id != governing.id
+                else a
+                for a in placed
+            )
+            for node_id, placed in plan.node_allocation.items()
+        }
+        plan = replace(plan, node_allocation=node_allocation)
+    if deployment is not None and wanted is None and deployments.system_complete(deployment, diff):
+        updates = (*updates, deployments.success(deployment))
+    if wanted is not None or updates:
+        base = plan or Plan(
+            eval_id=ev.id,
+            priority=ev.priority,
+            job_id=ev.job_id,
+            namespace=ev.namespace,
+            snapshot_index=state.index,
+        )
+        plan = replace(base, deployment=wanted, deployment_updates=updates)
+    return plan, governing.id if governing is not None else ""
 
 
 def build_plan(

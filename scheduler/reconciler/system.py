@@ -405,6 +405,7 @@ def diff_system_allocs(
     infeasible: Mapping[str, frozenset[str]] | None = None,
     drain_pending: frozenset[str] = frozenset(),
     job_versions: Mapping[int, Job] | None = None,
+    rollout: Mapping[str, SystemRollout] | None = None,
 ) -> SystemDiff:
     """Reconcile one system/sysbatch job against its nodes.
 
@@ -419,6 +420,7 @@ def diff_system_allocs(
     ``drain_pending``: draining nodes that still hold live service/batch allocs.
     ``job_versions``: older versions of the job by number, to tell in-place from destructive
     updates; a version missing here makes its allocs' update destructive.
+    ``rollout``: per group under a deployment, what its health says (``SystemRollout``).
     """
     view = _View(
         job=job,
@@ -441,7 +443,9 @@ def diff_system_allocs(
     if job is not None and not job.stop:
         for bucket, t in _open_slots(view, job, kept, split.terminal):
             out[bucket].append(t)
-        out[UPDATE_DESTRUCTIVE], out[DEFERRED] = limit_destructive(job, out[UPDATE_DESTRUCTIVE], charged)
+        out[UPDATE_DESTRUCTIVE], out[DEFERRED] = limit_destructive(
+            job, out[UPDATE_DESTRUCTIVE], charged, rollout or {}
+        )
     return SystemDiff(**{name: _sorted(items) for name, items in out.items()})
 
 
@@ -558,16 +562,33 @@ def _open_slots(
                     yield IGNORE, t
 
 
+@dataclass(frozen=True, slots=True)
+class SystemRollout:
+    """A system group's deployment, as the budget sees it: ``waiting`` nodes hold a new
+    alloc of the deployment whose health is not known yet (each costs one unit of
+    ``max_parallel`` until it is healthy: the next batch waits for health, as well as for
+    the stagger); ``blocked``: the deployment is paused or failed, or one of its allocs is
+    unhealthy, so nothing more is updated."""
+
+    waiting: frozenset[str] = frozenset()
+    blocked: bool = False
+
+
 def limit_destructive(
-    job: Job, candidates: Iterable[AllocTuple], charged: Mapping[str, set[str]]
+    job: Job,
+    candidates: Iterable[AllocTuple],
+    charged: Mapping[str, set[str]],
+    rollout: Mapping[str, SystemRollout] | None = None,
 ) -> tuple[list[AllocTuple], list[AllocTuple]]:
     """Split destructive updates into (now, deferred) under each group's max_parallel.
 
     The unit is a node: all of a node's destructive updates for a group go together and
     cost one. Nodes already charged (a duplicate stop took their only running alloc) are
-    paid for first, never held back, and their updates ride along for free. Nodes are
-    admitted in ID order so a retry of the same eval admits the same ones.
+    paid for first, never held back, and their updates ride along for free. Nodes whose new
+    alloc waits for its health verdict (``SystemRollout.waiting``) use up budget too. Nodes
+    are admitted in ID order so a retry of the same eval admits the same ones.
     """
+    rollout = rollout or {}
     by_group: dict[str, dict[str, list[AllocTuple]]] = defaultdict(lambda: defaultdict(list))
     for t in candidates:
         by_group[t.group][t.node_id].append(t)
@@ -577,8 +598,10 @@ def limit_destructive(
         group = job.lookup_group(group_name)
         limit = max_parallel(job, group) if group is not None else 0
         paid = set(charged.get(group_name, ()))
+        gate = rollout.get(group_name, SystemRollout())
+        waiting = len(gate.waiting - paid)
         for node_id in sorted(by_node):
-            if limit == 0 or node_id in paid or len(paid) < limit:
+            if node_id in paid or (not gate.blocked and (limit == 0 or len(paid) + waiting < limit)):
                 paid.add(node_id)
                 now.extend(by_node[node_id])
             else:
@@ -600,6 +623,7 @@ __all__ = [
     "Slot",
     "SystemAllocFacts",
     "SystemDiff",
+    "SystemRollout",
     "TerminalSplit",
     "diff_system_allocs",
     "limit_destructive",

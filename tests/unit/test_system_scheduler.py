@@ -300,8 +300,20 @@ def test_system__stagger__follow_up_eval_for_the_rest() -> None:
         assert follow.previous_eval == ev.id
         assert result.eval_update.next_eval == follow.id
         assert result.eval_update.status == structs.EVAL_STATUS_COMPLETE
+        # The stagger alone is not enough: the batch's health is not known yet.
+        early = h.run(compute_system, follow)
+        assert early.plan is None or not early.plan.node_allocation
+        for a in placed(result):
+            h.set_health(a.id, structs.HEALTH_HEALTHY)
         ev = follow
     assert batches == [2, 2, 1]
+    for a in h.snapshot().allocs_by_job(v1.namespace, v1.id):
+        if not a.terminal() and a.deployment_status is None:
+            h.set_health(a.id, structs.HEALTH_HEALTHY)
+    finished = run(h, v1)
+    assert finished.plan is not None and not finished.plan.node_allocation
+    assert [u.status for u in finished.plan.deployment_updates] == [structs.DEPLOYMENT_STATUS_SUCCESSFUL]
+    h.commit(finished)
     assert run(h, v1).plan is None
     assert all(
         a.job_version == v1.version
