@@ -9,8 +9,9 @@ of ``docs/deployments.md``:
 * A paused or failed deployment, and a group whose canaries wait for promotion, admit no
   destructive update.
 * Otherwise the budget is ``max_parallel`` minus the deployment's live allocs whose health
-  is not known yet; a live unhealthy alloc in the deployment stops the rollout (budget 0;
-  one that failed and was replaced no longer does: its replacement counts as not known). So
+  is not known yet; an unhealthy alloc in the deployment stops the rollout (budget 0),
+  until it is replaced (then its replacement counts as not known yet): a version that
+  fails at start never runs wider than ``max_parallel`` while the watcher fails it. So
   the next batch waits for health, not just placement: the health verdict's eval (written
   with the verdict) runs the next batch.
 * Canaries: a group with ``canary = N`` and destructive work to do, not yet promoted, gets
@@ -92,8 +93,16 @@ def rollout_gate(
     elif deployment is None:
         budget = strategy.max_parallel
     else:
+        allocs = list(allocs)
+        replaced = {a.previous_allocation for a in allocs if a.previous_allocation}
         mine = [a for a in allocs if a.deployment_id == deployment.id and not a.terminal()]
-        if any(a.deployment_status is not None and a.deployment_status.is_unhealthy() for a in mine):
+        if any(
+            a.deployment_id == deployment.id
+            and a.deployment_status is not None
+            and a.deployment_status.is_unhealthy()
+            and not (a.terminal() and (a.next_allocation or a.id in replaced))
+            for a in allocs
+        ):
             budget = 0
         else:
             pending = sum(1 for a in mine if a.deployment_status is None or not a.deployment_status.health)

@@ -1154,3 +1154,31 @@ def test_reconcile__failed_deployment__failed_allocs_not_rescheduled_no_new_slot
     )
     assert [p.reason for p in result.place] == ["lost"]
     assert not result.reschedule_now and not result.reschedule_later
+
+
+def test_reconcile__rolling__failed_unhealthy_alloc_blocks_until_replaced() -> None:
+    """A new alloc that failed unhealthy stops the rollout even though it holds no
+    resources any more; once it is replaced, its replacement's verdict is what counts."""
+    scenario = s_rolling()
+    first = scenario.run()
+    committed = apply_result(scenario.job, scenario.allocs, first, NOW, healthy_node="node-new")
+    deployment = Deployment(id="d-1", job_id=scenario.job.id, job_version=scenario.job.version)
+    allocs = _in_deployment(committed, deployment, HEALTH_HEALTHY)
+    bad = next(i for i, a in enumerate(allocs) if a.id.startswith("new-"))
+    allocs[bad] = replace(
+        failed(allocs[bad], NOW),
+        deployment_status=AllocDeploymentStatus(health=HEALTH_UNHEALTHY),
+        followup_eval_id="e-later",
+    )
+    group = scenario.job.groups[0]
+    blocked = reconcile_group(scenario.job, group, allocs, {}, NOW, deployment=deployment, **scenario.kwargs)
+    assert not blocked.update_destructive and blocked.held_back
+    replacement = replace(allocs[bad], id="r-1", previous_allocation=allocs[bad].id, client_status="running")
+    replacement = replace(
+        replacement, deployment_status=AllocDeploymentStatus(health=HEALTH_HEALTHY), task_states={}
+    )
+    allocs[bad] = replace(allocs[bad], desired_status=structs.ALLOC_DESIRED_STOP)
+    rolling = reconcile_group(
+        scenario.job, group, [*allocs, replacement], {}, NOW, deployment=deployment, **scenario.kwargs
+    )
+    assert len(rolling.update_destructive) == 2
