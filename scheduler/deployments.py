@@ -104,6 +104,24 @@ def _group_state(job: Job, group: TaskGroup, result: GroupResult) -> DeploymentS
     )
 
 
+def _new_deployment(job: Job, states: Mapping[str, DeploymentState], new_id: str, now_ns: int) -> Deployment:
+    """A running deployment of ``job``'s current version over ``states``' groups."""
+    return Deployment(
+        id=new_id,
+        namespace=job.namespace,
+        job_id=job.id,
+        job_version=job.version,
+        job_modify_index=job.job_modify_index,
+        job_create_index=job.create_index,
+        task_groups=states,
+        status=DEPLOYMENT_STATUS_RUNNING,
+        status_description=running_description(states),
+        eval_priority=job.priority,
+        create_time_ns=now_ns,
+        modify_time_ns=now_ns,
+    )
+
+
 def wanted_deployment(
     job: Job,
     groups: Iterable[TaskGroup],
@@ -133,20 +151,7 @@ def wanted_deployment(
         ):
             return None
         states = {g.name: _group_state(job, g, results[g.name]) for g in rolling}
-        return Deployment(
-            id=new_id,
-            namespace=job.namespace,
-            job_id=job.id,
-            job_version=job.version,
-            job_modify_index=job.job_modify_index,
-            job_create_index=job.create_index,
-            task_groups=states,
-            status=DEPLOYMENT_STATUS_RUNNING,
-            status_description=running_description(states),
-            eval_priority=job.priority,
-            create_time_ns=now_ns,
-            modify_time_ns=now_ns,
-        )
+        return _new_deployment(job, states, new_id, now_ns)
     if not current.active():
         return None
     groups_now = dict(current.task_groups)
@@ -242,7 +247,7 @@ def wanted_system_deployment(
     changing = {t.group for t in (*diff.update_destructive, *diff.update_inplace, *diff.deferred)}
     if not any(g.name in changing or g.name not in has_version for g in rolling):
         return None
-    states = {}
+    states: dict[str, DeploymentState] = {}
     for g in rolling:
         strategy = update_strategy(job, g)
         assert strategy is not None
@@ -251,20 +256,7 @@ def wanted_system_deployment(
             progress_deadline_ns=strategy.progress_deadline_ns,
             desired_total=desired_totals[g.name],
         )
-    return Deployment(
-        id=new_id,
-        namespace=job.namespace,
-        job_id=job.id,
-        job_version=job.version,
-        job_modify_index=job.job_modify_index,
-        job_create_index=job.create_index,
-        task_groups=states,
-        status=DEPLOYMENT_STATUS_RUNNING,
-        status_description=DEPLOYMENT_DESC_RUNNING,
-        eval_priority=job.priority,
-        create_time_ns=now_ns,
-        modify_time_ns=now_ns,
-    )
+    return _new_deployment(job, states, new_id, now_ns)
 
 
 def system_complete(deployment: Deployment, diff: SystemDiff) -> bool:
