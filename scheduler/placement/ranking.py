@@ -25,10 +25,12 @@ over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from drover.scheduler._records import replacer
 from drover.scheduler.fit import allocs_fit
 from drover.scheduler.placement import scores
 from drover.scheduler.placement.feasible import (
@@ -135,7 +137,7 @@ class CandidateRing:
         "identity",
         "index",
         "limit",
-        "metric_maps",
+        "metric_template",
         "order",
         "pos",
         "reasons_version",
@@ -155,8 +157,8 @@ class CandidateRing:
         self.filtered: dict[str, int] = {}  # filter reason -> dropped nodes
         self.exhausted: dict[str, int] = {}  # exhausted dimension -> dropped nodes
         self.reasons_version = 0
-        # (reasons_version, constraint_filtered, dimension_exhausted) of the last metric.
-        self.metric_maps: tuple[int, Mapping[str, int], Mapping[str, int]] | None = None
+        # (reasons_version, report, the metric's fields but the ranking), see _metric.
+        self.metric_template: tuple[int, FilterReport, AllocMetric] | None = None
         self.epoch = epoch
         self.freed_seen = freed_seen
         self.index: dict[str, int] | None = None
@@ -407,32 +409,50 @@ class PreparedGroup:
     def score_meta(
         self, node: Node, view: NodeView, caps: NodeCaps, penalized: bool, final: float
     ) -> NodeScoreMeta:
-        """The node's score by component (Nomad's names), with ``final`` as ranked. Every
-        component is listed, 0 where it does not apply (and then not averaged in), as in
-        Nomad's metrics; affinity and spread only for groups that have them."""
+        """The node's score by component (Nomad's names), with ``final`` as ranked.
+
+        binpack always; the others only where they apply (a component that is 0 is not
+        averaged in, and readers show it as 0). Every alloc keeps up to five of these, in
+        the state and in raft entries on every server, so what carries no information is
+        left out: a metric costs a few dozen bytes per node, not a hundred.
+        """
         components = {
             scores.SCORE_BINPACK: scores.binpack_score(
                 view.cpu + self.cpu, caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
-            ),
-            scores.SCORE_JOB_ANTI_AFFINITY: scores.anti_affinity_penalty(
-                view.groups.get(self.group_key, 0), self.desired
-            ),
-            scores.SCORE_RESCHEDULE_PENALTY: scores.RESCHEDULE_PENALTY if penalized else 0.0,
+            )
         }
+        collisions = view.groups.get(self.group_key, 0)
+        if collisions:
+            components[scores.SCORE_JOB_ANTI_AFFINITY] = scores.anti_affinity_penalty(
+                collisions, self.desired
+            )
+        if penalized:
+            components[scores.SCORE_RESCHEDULE_PENALTY] = scores.RESCHEDULE_PENALTY
         if self.affinity is not None:
-            components[scores.SCORE_NODE_AFFINITY] = self.affinity_of(node)
+            affinity = self.affinity_of(node)
+            if affinity:
+                components[scores.SCORE_NODE_AFFINITY] = affinity
         if self.spreads:
-            components[scores.SCORE_SPREAD] = self.spread_of(node)
-        return NodeScoreMeta(node_id=node.id, scores=components, norm_score=final)
+            spread = self.spread_of(node)
+            if spread:
+                components[scores.SCORE_SPREAD] = spread
+        return _new_score_meta(_SCORE_META, node.id, components, final)
 
     def cached_score_meta(self, node: Node, view: NodeView, caps: NodeCaps, final: float) -> NodeScoreMeta:
         """``score_meta`` for a group whose score depends on the view alone (no penalty,
         spread or distinct_property): one breakdown per node and view version."""
-        hit = self.meta_cache.get(node.id)
-        if hit is not None and hit[0] == view.version:
+        node_id = node.id
+        version = view.version
+        hit = self.meta_cache.get(node_id)
+        if hit is not None and hit[0] == version:
             return hit[1]
-        meta = self.score_meta(node, view, caps, False, final)
-        self.meta_cache[node.id] = (view.version, meta)
+        entry = self.cache.get(node_id)
+        if entry is not None and entry[1] == version and entry[3] == 1:
+            # Only binpack applied (the common case), and the scan has it: no recomputing.
+            meta = _new_score_meta(_SCORE_META, node_id, {scores.SCORE_BINPACK: entry[2]}, final)
+        else:
+            meta = self.score_meta(node, view, caps, False, final)
+        self.meta_cache[node_id] = (version, meta)
         return meta
 
     def score(self, node: Node, view: NodeView, caps: NodeCaps, penalized: bool) -> float:
@@ -664,31 +684,48 @@ def _metric(
     penalty_node_ids: frozenset[str],
 ) -> AllocMetric:
     """The metric of one ``select_node`` call (``drover.scheduler.placement.metrics``).
-    The top nodes' breakdowns are computed for at most ``MAX_SCORE_META`` nodes, after the
-    scan, from the views the scan ranked (nothing has changed them since)."""
-    maps = ring.metric_maps
-    if maps is None or maps[0] != ring.reasons_version:
-        maps = ring.metric_maps = (ring.reasons_version, dict(ring.filtered), dict(ring.exhausted))
+
+    Hot path: everything but the ranked count and the top nodes is the same from one call
+    to the next until the ring drops or frees a node, so it is built once per
+    ``reasons_version`` (``ring.metric_template``) and each call fills in the rest. The top
+    nodes' breakdowns are taken for at most ``MAX_SCORE_META`` nodes, after the scan, from
+    the views the scan ranked (nothing has changed them since), and cached per node and
+    view version where the score depends on the view alone.
+    """
+    template = ring.metric_template
+    if template is None or template[0] != ring.reasons_version or template[1] is not report:
+        base = placement_metric(
+            report, ranked=0, dropped_filtered=dict(ring.filtered), dropped_exhausted=dict(ring.exhausted)
+        )
+        template = ring.metric_template = (ring.reasons_version, report, base)
+    base = template[2]
     metas: list[NodeScoreMeta] = []
     if scored:
-        best = sorted(scored, key=_best_first)[:MAX_SCORE_META] if len(scored) > 1 else list(scored)
-        if chosen is not None and all(item[1] is not chosen for item in best):
-            best[-1:] = [item for item in scored if item[1] is chosen][:1]
+        best = sorted(scored, key=_score_of, reverse=True)[:MAX_SCORE_META] if len(scored) > 1 else scored
+        if chosen is not None and best[0][1] is not chosen and all(item[1] is not chosen for item in best):
+            best = [*best[: MAX_SCORE_META - 1], *(item for item in scored if item[1] is chosen)]
         spreads = bool(prep.spreads)
+        meta_cache = prep.meta_cache
         for score, node, view in best:
-            caps = views.caps(node)
             penalized = node.id in penalty_node_ids
             if spreads or penalized:
-                metas.append(prep.score_meta(node, view, caps, penalized, score))
+                metas.append(prep.score_meta(node, view, views.caps(node), penalized, score))
+                continue
+            hit = meta_cache.get(node.id)
+            if hit is not None and hit[0] == view.version:
+                metas.append(hit[1])
             else:
-                metas.append(prep.cached_score_meta(node, view, caps, score))
-    return placement_metric(
-        report, ranked=ranked, dropped_filtered=maps[1], dropped_exhausted=maps[2], score_meta=metas
-    )
+                metas.append(prep.cached_score_meta(node, view, views.caps(node), score))
+    evaluated = min(base.nodes_evaluated + ranked, max(report.nodes_in_pool, base.nodes_evaluated))
+    return _with_ranking(base, evaluated, tuple(metas))
 
 
-def _best_first(item: _Scored) -> tuple[float, str]:
-    return (-item[0], item[1].id)
+# AllocMetric with nodes_evaluated and score_meta_data replaced, as fast as constructing it.
+_with_ranking = replacer(AllocMetric, "nodes_evaluated", "score_meta_data")
+# A NodeScoreMeta built through its slots (``replacer`` of an empty one): one per placement.
+_new_score_meta = replacer(NodeScoreMeta, "node_id", "scores", "norm_score")
+_SCORE_META = NodeScoreMeta()
+_score_of = itemgetter(0)
 
 
 def place_on_node(
