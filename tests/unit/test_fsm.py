@@ -32,6 +32,7 @@ from drover.scheduler.structs import (
     NODE_INELIGIBLE,
     NODE_STATUS_DOWN,
     NODE_STATUS_READY,
+    Allocation,
     AllocStateChange,
     DrainStrategy,
     Job,
@@ -100,6 +101,17 @@ def log() -> Log:
 def registered(log: Log, job: Job, *, with_eval: bool = True) -> Job:
     log.apply(mock.register_job_entry(job, mock.eval_for(job) if with_eval else None))
     return log.job(job)
+
+
+def placed(log: Log, job: Job | None = None) -> tuple[Job, Allocation]:
+    """Register ``job`` (a service job by default) and commit one alloc of it on a fresh
+    node: the state every alloc-lifecycle test starts from, so each test shows only the
+    entry it is about."""
+    job = job or mock.job()
+    registered(log, job)
+    alloc = mock.alloc(job, mock.node())
+    log.apply(mock.plan_entry([alloc]))
+    return job, alloc
 
 
 # ---------------------------------------------------------------------------------------
@@ -648,11 +660,7 @@ def test_fsm__plan_results__upsert_allocs_with_create_index(log: Log) -> None:
 
 
 def test_fsm__plan_inplace_update__keeps_client_fields(log: Log) -> None:
-    job = mock.job()
-    node = mock.node()
-    registered(log, job)
-    alloc = mock.alloc(job, node)
-    log.apply(mock.plan_entry([alloc]))
+    job, alloc = placed(log)
     log.apply(
         mock.client_update_entry(
             alloc.id, ALLOC_CLIENT_RUNNING, task_states={"web": mock.running_task_state()}
@@ -675,11 +683,7 @@ def test_fsm__plan_inplace_update__keeps_client_fields(log: Log) -> None:
 
 
 def test_fsm__plan_stops__set_desired_status_and_keep_client_status(log: Log) -> None:
-    job = mock.job()
-    node = mock.node()
-    registered(log, job)
-    alloc = mock.alloc(job, node)
-    log.apply(mock.plan_entry([alloc]))
+    job, alloc = placed(log)
     log.apply(mock.client_update_entry(alloc.id, ALLOC_CLIENT_RUNNING))
 
     log.apply(mock.plan_entry(allocs_stopped=[mock.stop(alloc.id, followup_eval_id="eval-followup")]))
@@ -697,11 +701,7 @@ def test_fsm__plan_stops__set_desired_status_and_keep_client_status(log: Log) ->
 
 
 def test_fsm__plan_stop_marks_lost__records_state_history(log: Log) -> None:
-    job = mock.job()
-    node = mock.node()
-    registered(log, job)
-    alloc = mock.alloc(job, node)
-    log.apply(mock.plan_entry([alloc]))
+    job, alloc = placed(log)
 
     log.apply(
         mock.plan_entry(
@@ -717,11 +717,7 @@ def test_fsm__plan_stop_marks_lost__records_state_history(log: Log) -> None:
 
 
 def test_fsm__plan_replacement__links_previous_and_next_allocation(log: Log) -> None:
-    job = mock.job()
-    node = mock.node()
-    registered(log, job)
-    old = mock.alloc(job, node)
-    log.apply(mock.plan_entry([old]))
+    job, old = placed(log)
 
     new = mock.alloc(job, mock.node(), previous_allocation=old.id)
     log.apply(mock.plan_entry([new], [old.id]))
@@ -761,11 +757,7 @@ def test_fsm__plan_stop_of_unknown_alloc__skipped(log: Log) -> None:
 
 
 def test_fsm__alloc_client_update__records_state_history_and_only_client_fields(log: Log) -> None:
-    job = mock.job()
-    node = mock.node()
-    registered(log, job)
-    alloc = mock.alloc(job, node)
-    log.apply(mock.plan_entry([alloc]))
+    job, alloc = placed(log)
     before = log.snap.alloc(alloc.id)
     assert before is not None
     # A client that sends a whole alloc, server fields included: only its own fields apply.
@@ -799,10 +791,7 @@ def test_fsm__alloc_client_update__records_state_history_and_only_client_fields(
 
 
 def test_fsm__alloc_client_update_same_status__adds_no_history(log: Log) -> None:
-    job = mock.job()
-    registered(log, job)
-    alloc = mock.alloc(job, mock.node())
-    log.apply(mock.plan_entry([alloc]))
+    _, alloc = placed(log)
     log.apply(mock.client_update_entry(alloc.id, ALLOC_CLIENT_RUNNING))
 
     log.apply(mock.client_update_entry(alloc.id, ALLOC_CLIENT_RUNNING, client_description="still running"))
@@ -815,10 +804,7 @@ def test_fsm__alloc_client_update_same_status__adds_no_history(log: Log) -> None
 
 
 def test_fsm__alloc_client_updates__history_keeps_the_newest_ten(log: Log) -> None:
-    job = mock.job()
-    registered(log, job)
-    alloc = mock.alloc(job, mock.node())
-    log.apply(mock.plan_entry([alloc]))
+    _, alloc = placed(log)
     statuses = [ALLOC_CLIENT_RUNNING, ALLOC_CLIENT_PENDING] * 7
 
     for i, status in enumerate(statuses):
@@ -830,10 +816,7 @@ def test_fsm__alloc_client_updates__history_keeps_the_newest_ten(log: Log) -> No
 
 
 def test_fsm__alloc_client_update_runs_to_complete__summary_follows(log: Log) -> None:
-    job = mock.batch_job()
-    registered(log, job)
-    alloc = mock.alloc(job, mock.node())
-    log.apply(mock.plan_entry([alloc]))
+    job, alloc = placed(log, mock.batch_job())
     assert log.row(job) == TaskGroupSummary(starting=1)
 
     log.apply(mock.client_update_entry(alloc.id, ALLOC_CLIENT_RUNNING))
