@@ -8,7 +8,8 @@ server/api/ only convert messages and call one function here.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 from google.protobuf.message import Message
@@ -34,6 +35,7 @@ from drover.scheduler.structs import (
     TRIGGER_NODE_DRAIN,
     TRIGGER_NODE_UPDATE,
     TRIGGER_RETRY_FAILED_ALLOC,
+    AllocMetric,
     DrainStrategy,
     Evaluation,
     Job,
@@ -70,6 +72,8 @@ class PlanPreview:
     current_version: int
     changed: bool
     new_job: bool = False
+    # group -> why it would not place all its allocs (the eval's failed_tg_metrics)
+    failed_tg_metrics: Mapping[str, AllocMetric] = field(default_factory=dict)
 
 
 class Proposer(Protocol):
@@ -251,6 +255,7 @@ class Endpoints:
             current_version=existing.version if existing else 0,
             changed=changed,
             new_job=existing is None,
+            failed_tg_metrics=dict(result.eval_update.failed_tg_metrics),
         )
 
     def deregister_job(self, namespace: str, job_id: str, purge: bool) -> tuple[ApplyResult, str]:

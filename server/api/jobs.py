@@ -136,6 +136,8 @@ class JobsServicer(api_pb2_grpc.JobsServicer):
         )
         for group, buckets in preview.groups.items():
             response.groups[group].buckets.update(buckets)
+        for group, metric in preview.failed_tg_metrics.items():
+            to_proto(metric, response.failed_tg_metrics[group])
         return response
 
     @rpc(S, "read")

@@ -817,6 +817,27 @@ class JobPlanResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class FailedTgMetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _structs_pb2.AllocMetric: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _structs_pb2.AllocMetric | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     META_FIELD_NUMBER: _builtins.int
     GROUPS_FIELD_NUMBER: _builtins.int
     CURRENT_VERSION_FIELD_NUMBER: _builtins.int
@@ -824,6 +845,7 @@ class JobPlanResponse(_message.Message):
     QUEUED_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     NEW_JOB_FIELD_NUMBER: _builtins.int
+    FAILED_TG_METRICS_FIELD_NUMBER: _builtins.int
     current_version: _builtins.int
     """The job's current version (0 when it does not exist yet: see new_job)."""
     job_changed: _builtins.bool
@@ -836,6 +858,12 @@ class JobPlanResponse(_message.Message):
     def queued(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def failed_tg_metrics(self) -> _containers.MessageMap[_builtins.str, _structs_pb2.AllocMetric]:
+        """Why each group that would not place all its allocs failed: nodes evaluated, filtered
+        (by reason: "missing drivers", "constraint ..."), exhausted (by dimension).
+        """
+
     def __init__(
         self,
         *,
@@ -846,10 +874,11 @@ class JobPlanResponse(_message.Message):
         queued: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
         new_job: _builtins.bool = ...,
+        failed_tg_metrics: _abc.Mapping[_builtins.str, _structs_pb2.AllocMetric] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "groups", b"groups", "job_changed", b"job_changed", "meta", b"meta", "new_job", b"new_job", "queued", b"queued", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "failed_tg_metrics", b"failed_tg_metrics", "groups", b"groups", "job_changed", b"job_changed", "meta", b"meta", "new_job", b"new_job", "queued", b"queued", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
