@@ -37,11 +37,17 @@ from drover.scheduler._records import replacer
 from drover.scheduler.periodic import cron_error, time_zone_error
 from drover.scheduler.regexp import regexp_error
 from drover.scheduler.structs import (
+    CHECK_HTTP,
+    CHECK_SCRIPT,
+    CHECK_TCP,
+    CHECK_TYPES,
     DEFAULT_NAMESPACE,
     DEFAULT_PRIORITY,
     DELAY_CONSTANT,
     DELAY_EXPONENTIAL,
     DELAY_FUNCTION_NAMES,
+    HEALTH_CHECK_MODES,
+    HEALTH_CHECK_TASK_STATES,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
     JOB_TYPE_SYSBATCH,
@@ -64,6 +70,8 @@ from drover.scheduler.structs import (
     ReschedulePolicy,
     Resources,
     RestartPolicy,
+    Service,
+    ServiceCheck,
     Spread,
     Task,
     TaskGroup,
@@ -134,6 +142,14 @@ _PERIODIC_JOB_TYPES: Final = (JOB_TYPE_BATCH, JOB_TYPE_SYSBATCH)
 _SYSTEM_JOB_TYPES: Final = (JOB_TYPE_SYSTEM, JOB_TYPE_SYSBATCH)
 _PAYLOAD_MODES: Final = ("optional", "required", "forbidden")
 _RESTART_MODES: Final = ("fail", "delay")
+# Deployments (and so the update block) exist for jobs that keep running: Nomad's
+# "Job type %q does not allow update block".
+_UPDATE_JOB_TYPES: Final = (JOB_TYPE_SERVICE, JOB_TYPE_SYSTEM)
+_SERVICE_PROVIDERS: Final = ("nomad",)
+_CHECK_PROTOCOLS: Final = ("http", "https")
+_CHECK_METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# Nomad's minCheckInterval: a check that runs more often only loads the task it watches.
+_MIN_CHECK_INTERVAL_NS: Final = 1_000_000_000
 _BAD_ID_CHARS: Final = re.compile(r"[\s\x00]")
 _MAX_PORT: Final = 65535
 
@@ -185,6 +201,7 @@ INT32_FIELDS: Final = frozenset(
         ("Affinity", "weight"),
         ("Spread", "weight"),
         ("UpdateStrategy", "max_parallel"),
+        ("UpdateStrategy", "canary"),
         ("ReschedulePolicy", "attempts"),
         ("RestartPolicy", "attempts"),
         ("TaskGroup", "count"),
@@ -492,6 +509,8 @@ def canonicalize_job(job: Job) -> Job:
 _with_time_zone = replacer(PeriodicConfig, "time_zone")
 _canonical_job = replacer(Job, "name", "namespace", "priority", "datacenters", "periodic", "groups")
 _canonical_group = replacer(TaskGroup, "update", "reschedule", "restart", "tasks")
+_canonical_update = replacer(UpdateStrategy, "healthy_deadline_ns", "health_check")
+_UPDATE_DEFAULTS: Final = UpdateStrategy()
 _canonical_task = replacer(Task, "resources", "config_json")
 
 # The defaults are frozen values, so one instance per job type serves every job. A type
@@ -508,6 +527,8 @@ def _canonicalize_group(job: Job, group: TaskGroup) -> TaskGroup:
         update = (
             _DEFAULT_UPDATE[job_type] if job_type in _DEFAULT_UPDATE else default_update_strategy(job_type)
         )
+    elif not update.healthy_deadline_ns or not update.health_check:
+        update = _canonicalize_update(update)
     reschedule = group.reschedule
     if reschedule is None:
         reschedule = (
@@ -526,6 +547,17 @@ def _canonicalize_group(job: Job, group: TaskGroup) -> TaskGroup:
         reschedule,
         restart,
         tuple([_canonicalize_task(task) for task in group.tasks]),
+    )
+
+
+def _canonicalize_update(update: UpdateStrategy) -> UpdateStrategy:
+    """An update block sent over the API without a healthy deadline or a health check
+    mode means the defaults: 0 is no valid deadline and "" no mode, so nothing is lost.
+    (A progress deadline of 0 is kept: it means "none", as in Nomad.)"""
+    return _canonical_update(
+        update,
+        update.healthy_deadline_ns or _UPDATE_DEFAULTS.healthy_deadline_ns,
+        update.health_check or HEALTH_CHECK_TASK_STATES,
     )
 
 
@@ -578,6 +610,8 @@ def _job_errors(job: Job, limits: Limits) -> Iterator[FieldError]:
         yield from _placement_errors(job.constraints, job.affinities, job.spreads, "job")
     if job.update is not None:
         yield from _update_errors(job.update, "job.update")
+        if job.type in JOB_TYPES and job.type not in _UPDATE_JOB_TYPES:
+            yield FieldError("job.update", f"job type {_q(job.type)} does not allow an update block")
     if job.periodic is not None:
         yield from _periodic_errors(job.periodic, job.type)
     if job.parameterized is not None:
@@ -595,6 +629,14 @@ def _job_errors(job: Job, limits: Limits) -> Iterator[FieldError]:
             yield FieldError(f"{path}.name", f"duplicate group name {_q(group.name)}")
         seen.add(group.name)
         yield from _group_errors(group, job.type, path, limits)
+        # The job's update block is copied into its groups: reported once, at the job.
+        if (
+            group.update is not None
+            and group.update != job.update
+            and job.type in JOB_TYPES
+            and job.type not in _UPDATE_JOB_TYPES
+        ):
+            yield FieldError(f"{path}.update", f"job type {_q(job.type)} does not allow an update block")
 
 
 def _id_errors(job_id: str) -> Iterator[FieldError]:
@@ -645,6 +687,8 @@ def _group_errors(group: TaskGroup, job_type: str, path: str, limits: Limits) ->
         if task.leader and leaders > 1:
             yield FieldError(f"{task_path}.leader", "only one task in a group may be the leader")
         yield from _task_errors(task, task_path, limits)
+    if group.services or any(task.services for task in group.tasks):
+        yield from _group_services_errors(group, path)
 
 
 def _task_errors(task: Task, path: str, limits: Limits) -> Iterator[FieldError]:
@@ -780,9 +824,117 @@ def _operand_errors(operator: str, value: str, path: str) -> Iterator[FieldError
 
 
 def _update_errors(u: UpdateStrategy, path: str) -> Iterator[FieldError]:
+    """Nomad's ``UpdateStrategy.Validate``: the timings must nest, min_healthy_time <
+    healthy_deadline < progress_deadline (0: none), or a deployment could never succeed."""
     if u.max_parallel < 0:
         yield FieldError(f"{path}.max_parallel", f"must be >= 0, got {u.max_parallel}")
-    yield from _non_negative(u, ("stagger_ns", "min_healthy_time_ns", "healthy_deadline_ns"), path)
+    if u.canary < 0:
+        yield FieldError(f"{path}.canary", f"must be >= 0, got {u.canary}")
+    elif u.auto_promote and u.canary == 0:
+        yield FieldError(f"{path}.auto_promote", "requires canary > 0 (there is nothing to promote)")
+    if u.health_check not in HEALTH_CHECK_MODES:
+        yield FieldError(f"{path}.health_check", _one_of(HEALTH_CHECK_MODES, u.health_check))
+    names = ("stagger_ns", "min_healthy_time_ns", "healthy_deadline_ns", "progress_deadline_ns")
+    negative = [name for name in names if getattr(u, name) < 0]
+    yield from _non_negative(u, names, path)
+    if "min_healthy_time_ns" in negative or "healthy_deadline_ns" in negative:
+        return
+    if u.min_healthy_time_ns >= u.healthy_deadline_ns:
+        yield FieldError(
+            f"{path}.min_healthy_time_ns",
+            f"must be less than healthy_deadline_ns ({_duration(u.healthy_deadline_ns)}), "
+            f"got {_duration(u.min_healthy_time_ns)}",
+        )
+    if "progress_deadline_ns" not in negative and 0 < u.progress_deadline_ns <= u.healthy_deadline_ns:
+        yield FieldError(
+            f"{path}.healthy_deadline_ns",
+            f"must be less than progress_deadline_ns ({_duration(u.progress_deadline_ns)}) unless that is 0, "
+            f"got {_duration(u.healthy_deadline_ns)}",
+        )
+
+
+def _duration(ns: int) -> str:
+    """Nanoseconds for a message, in the unit a job file would use."""
+    for unit, size in (("h", 3600 * _SECOND), ("m", 60 * _SECOND), ("s", _SECOND), ("ms", 1_000_000)):
+        if ns >= size and ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"
+
+
+def _group_services_errors(group: TaskGroup, path: str) -> Iterator[FieldError]:
+    labels = _port_labels(group.network)
+    task_names = frozenset(task.name for task in group.tasks)
+    for i, service in enumerate(group.services):
+        yield from _service_errors(service, f"{path}.services[{i}]", labels, task_names, own_task="")
+    for t, task in enumerate(group.tasks):
+        for i, service in enumerate(task.services):
+            service_path = f"{path}.tasks[{t}].services[{i}]"
+            yield from _service_errors(service, service_path, labels, task_names, own_task=task.name)
+
+
+def _port_labels(network: NetworkResource | None) -> frozenset[str]:
+    if network is None:
+        return frozenset()
+    return frozenset(p.label for p in (*network.reserved_ports, *network.dynamic_ports))
+
+
+def _service_errors(
+    service: Service, path: str, labels: frozenset[str], task_names: frozenset[str], *, own_task: str
+) -> Iterator[FieldError]:
+    """A service of a group (``own_task`` "") or of one task. Ports are the group network's
+    labels: the client resolves them to the alloc's port values."""
+    if service.provider not in _SERVICE_PROVIDERS:
+        yield FieldError(f"{path}.provider", _one_of(_SERVICE_PROVIDERS, service.provider))
+    if service.port and service.port not in labels:
+        yield FieldError(f"{path}.port", _port_label_error(service.port, labels))
+    for i, check in enumerate(service.checks):
+        yield from _check_errors(check, service, f"{path}.checks[{i}]", labels, task_names, own_task=own_task)
+
+
+def _port_label_error(label: str, labels: frozenset[str]) -> str:
+    known = ", ".join(_q(label) for label in sorted(labels)) or "none"
+    return f"{_q(label)} is not a port label of the group's network (labels: {known})"
+
+
+def _check_errors(
+    check: ServiceCheck,
+    service: Service,
+    path: str,
+    labels: frozenset[str],
+    task_names: frozenset[str],
+    *,
+    own_task: str,
+) -> Iterator[FieldError]:
+    if check.type not in CHECK_TYPES:
+        yield FieldError(f"{path}.type", _one_of(CHECK_TYPES, check.type))
+    if check.type in (CHECK_HTTP, CHECK_TCP):
+        port = check.port or service.port
+        if not port:
+            yield FieldError(f"{path}.port", f"a {check.type} check needs a port (here or on its service)")
+        elif port not in labels:
+            yield FieldError(f"{path}.port", _port_label_error(port, labels))
+    if check.type == CHECK_HTTP:
+        if not check.path.startswith("/"):
+            yield FieldError(f"{path}.path", f"must start with /, got {_q(check.path)}")
+        if check.method not in _CHECK_METHODS:
+            yield FieldError(f"{path}.method", _one_of(_CHECK_METHODS, check.method))
+        if check.protocol not in _CHECK_PROTOCOLS:
+            yield FieldError(f"{path}.protocol", _one_of(_CHECK_PROTOCOLS, check.protocol))
+    if check.type == CHECK_SCRIPT:
+        if not check.command:
+            yield FieldError(f"{path}.command", "a script check needs a command")
+        if check.task and check.task not in task_names:
+            yield FieldError(f"{path}.task", f"{_q(check.task)} is not a task of the group")
+        elif not check.task and not own_task:
+            yield FieldError(f"{path}.task", "a script check of a group service must name the task to run in")
+        elif check.task and own_task and check.task != own_task:
+            yield FieldError(f"{path}.task", f"a task's check runs in that task ({_q(own_task)})")
+    if check.interval_ns < _MIN_CHECK_INTERVAL_NS:
+        yield FieldError(
+            f"{path}.interval_ns", f"must be at least 1s, got {_duration(max(check.interval_ns, 0))}"
+        )
+    if check.timeout_ns <= 0:
+        yield FieldError(f"{path}.timeout_ns", f"must be > 0, got {check.timeout_ns}")
 
 
 def _reschedule_errors(r: ReschedulePolicy, path: str) -> Iterator[FieldError]:

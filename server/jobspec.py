@@ -58,6 +58,8 @@ from drover.scheduler.structs import (
     ReschedulePolicy,
     Resources,
     RestartPolicy,
+    Service,
+    ServiceCheck,
     Spread,
     Task,
     TaskGroup,
@@ -93,6 +95,8 @@ _AFFINITY_DEFAULTS: Final = Affinity()
 _SPREAD_DEFAULTS: Final = Spread()
 _PERIODIC_DEFAULTS: Final = PeriodicConfig()
 _PARAMETERIZED_DEFAULTS: Final = ParameterizedConfig()
+_SERVICE_DEFAULTS: Final = Service()
+_CHECK_DEFAULTS: Final = ServiceCheck()
 
 # Blocks that carry exactly one label; every other block in the jobspec carries none.
 _LABELLED_BLOCKS: Final = frozenset({"job", "group", "task", "port"})
@@ -485,7 +489,7 @@ def _optional(body: _Body | None, convert: Callable[[_Body], T]) -> T | None:
 
 _GROUP_KEYS: Final = frozenset(
     {"count", "constraint", "affinity", "spread", "update", "reschedule", "restart", "disconnect"}
-    | {"ephemeral_disk", "network", "meta", "task"}
+    | {"ephemeral_disk", "network", "meta", "task", "service"}
 )
 
 
@@ -518,11 +522,12 @@ def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | N
         if disk
         else _GROUP_DEFAULTS.ephemeral_disk_mb,
         meta=body.str_map("meta"),
+        services=tuple(_service(b) for b in body.blocks("service")),
     )
 
 
 _TASK_KEYS: Final = frozenset(
-    {"driver", "config", "env", "meta", "resources", "constraint", "kill_timeout", "leader"}
+    {"driver", "config", "env", "meta", "resources", "constraint", "kill_timeout", "leader", "service"}
 )
 
 
@@ -540,6 +545,7 @@ def _task(name: str, body: _Body) -> Task:
         constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
         kill_timeout_ns=body.get_duration("kill_timeout", _TASK_DEFAULTS.kill_timeout_ns),
         leader=body.get_bool("leader", False),
+        services=tuple(_service(b) for b in body.blocks("service")),
     )
 
 
@@ -593,10 +599,14 @@ def _spread(body: _Body) -> Spread:
     return Spread(attribute=body.get_str("attribute"), weight=body.get_int("weight", _SPREAD_DEFAULTS.weight))
 
 
+_UPDATE_KEYS: Final = frozenset(
+    {"max_parallel", "stagger", "min_healthy_time", "healthy_deadline", "auto_revert"}
+    | {"canary", "auto_promote", "progress_deadline", "health_check"}
+)
+
+
 def _update(body: _Body, base: UpdateStrategy) -> UpdateStrategy:
-    body.check_keys(
-        frozenset({"max_parallel", "stagger", "min_healthy_time", "healthy_deadline", "auto_revert"})
-    )
+    body.check_keys(_UPDATE_KEYS)
     return replace(
         base,
         max_parallel=body.get_int("max_parallel", base.max_parallel),
@@ -604,6 +614,53 @@ def _update(body: _Body, base: UpdateStrategy) -> UpdateStrategy:
         min_healthy_time_ns=body.get_duration("min_healthy_time", base.min_healthy_time_ns),
         healthy_deadline_ns=body.get_duration("healthy_deadline", base.healthy_deadline_ns),
         auto_revert=body.get_bool("auto_revert", base.auto_revert),
+        canary=body.get_int("canary", base.canary),
+        auto_promote=body.get_bool("auto_promote", base.auto_promote),
+        progress_deadline_ns=body.get_duration("progress_deadline", base.progress_deadline_ns),
+        health_check=body.get_str("health_check", base.health_check),
+    )
+
+
+# Only the client's own checks exist in drover: Consul's keys (connect, meta, canary_tags,
+# check_restart, on_update, ...) are refused by name instead of being read and ignored.
+_SERVICE_KEYS: Final = frozenset({"name", "provider", "port", "tags", "check"})
+_CHECK_KEYS: Final = frozenset(
+    {"name", "type", "port", "path", "method", "protocol", "command", "args", "task", "interval", "timeout"}
+)
+_PROVIDER_NOMAD: Final = "nomad"
+
+
+def _service(body: _Body) -> Service:
+    body.check_keys(_SERVICE_KEYS)
+    provider = body.get_str("provider", _SERVICE_DEFAULTS.provider)
+    if provider != _PROVIDER_NOMAD:
+        raise JobspecError(
+            f'{body.where} provider: only "nomad" is supported (the client runs the checks), got {_quote(provider)}'
+        )
+    return Service(
+        name=body.get_str("name"),
+        provider=provider,
+        port=body.get_str("port"),
+        tags=body.str_list("tags"),
+        checks=tuple(_check(b) for b in body.blocks("check")),
+    )
+
+
+def _check(body: _Body) -> ServiceCheck:
+    body.check_keys(_CHECK_KEYS)
+    d = _CHECK_DEFAULTS
+    return ServiceCheck(
+        name=body.get_str("name"),
+        type=body.get_str("type", d.type),
+        port=body.get_str("port"),
+        path=body.get_str("path", d.path),
+        method=body.get_str("method", d.method),
+        protocol=body.get_str("protocol", d.protocol),
+        command=body.get_str("command"),
+        args=body.str_list("args"),
+        task=body.get_str("task"),
+        interval_ns=body.get_duration("interval", d.interval_ns),
+        timeout_ns=body.get_duration("timeout", d.timeout_ns),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import hcl2
@@ -21,6 +22,8 @@ from drover.scheduler.structs import (
     ReschedulePolicy,
     Resources,
     RestartPolicy,
+    Service,
+    ServiceCheck,
     Task,
     TaskGroup,
     UpdateStrategy,
@@ -549,6 +552,205 @@ def test_bad_hcl__names_the_place(text: str, message: str) -> None:
         parse(text)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------
+# Deployments: the update block's deployment keys, services and their checks
+
+DEPLOYED = """
+job "web" {
+  update {
+    max_parallel      = 2
+    canary            = 1
+    auto_promote      = true
+    progress_deadline = "15m"
+    health_check      = "checks"
+  }
+
+  group "api" {
+    update {
+      min_healthy_time = "3s"
+      healthy_deadline = "2m"
+    }
+
+    network {
+      port "http" {}
+    }
+
+    service {
+      name = "web"
+      port = "http"
+      tags = ["v1", "public"]
+
+      check {
+        name     = "alive"
+        type     = "http"
+        path     = "/health"
+        method   = "HEAD"
+        interval = "5s"
+        timeout  = "1s"
+      }
+
+      check {
+        type    = "script"
+        command = "/bin/check"
+        args    = ["--quick"]
+        task    = "server"
+      }
+    }
+
+    task "server" {
+      driver = "mock"
+
+      service {
+        provider = "nomad"
+
+        check {
+          type     = "tcp"
+          port     = "http"
+          interval = "2s"
+          timeout  = "500ms"
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def test_update__deployment_keys__parsed_and_merged_into_the_group() -> None:
+    j = parse(DEPLOYED)
+    validate_job(j)
+    job_update = UpdateStrategy(
+        max_parallel=2, canary=1, auto_promote=True, progress_deadline_ns=15 * MINUTE, health_check="checks"
+    )
+    assert j.update == job_update
+    assert j.groups[0].update == replace(
+        job_update, min_healthy_time_ns=3 * SECOND, healthy_deadline_ns=2 * MINUTE
+    )
+
+
+def test_update__job_level_only__every_group_inherits_it() -> None:
+    j = parse(
+        'job "web" {\n update {\n canary = 2\n progress_deadline = "0"\n }\n group "a" {\n task "t" {\n driver = "mock"\n }\n }\n }'
+    )
+    assert j.groups[0].update == UpdateStrategy(canary=2, progress_deadline_ns=0)
+
+
+def test_service__group_and_task_services__parsed() -> None:
+    j = parse(DEPLOYED)
+    group = j.groups[0]
+    assert group.services == (
+        Service(
+            name="web",
+            port="http",
+            tags=("v1", "public"),
+            checks=(
+                ServiceCheck(
+                    name="alive",
+                    type="http",
+                    path="/health",
+                    method="HEAD",
+                    interval_ns=5 * SECOND,
+                    timeout_ns=SECOND,
+                ),
+                ServiceCheck(type="script", command="/bin/check", args=("--quick",), task="server"),
+            ),
+        ),
+    )
+    assert group.tasks[0].services == (
+        Service(
+            checks=(ServiceCheck(type="tcp", port="http", interval_ns=2 * SECOND, timeout_ns=SECOND // 2),)
+        ),
+    )
+
+
+def test_service__json_form__same_as_hcl() -> None:
+    data = {
+        "job": {
+            "web": {
+                "group": {
+                    "api": {
+                        "network": {"port": {"http": {}}},
+                        "service": [{"port": "http", "check": [{"type": "tcp", "interval": "3s"}]}],
+                        "task": {"server": {"driver": "mock"}},
+                    }
+                }
+            }
+        }
+    }
+    hcl = one_task_job(
+        group_body='network {\n port "http" {}\n }\n service {\n port = "http"\n check {\n type = "tcp"\n interval = "3s"\n }\n }'
+    )
+    assert parse(json.dumps(data)) == parse(hcl)
+
+
+SERVICE_REFUSED: list[tuple[str, str, str, str]] = [
+    (
+        "consul-provider",
+        'service {\n provider = "consul"\n }',
+        "",
+        'job "web" group "api" service provider: only "nomad" is supported',
+    ),
+    (
+        "on-update",
+        'service {\n on_update = "ignore"\n }',
+        "",
+        'job "web" group "api" service: unknown key "on_update"',
+    ),
+    ("connect", "service {\n connect {}\n }", "", 'service: unknown key "connect"'),
+    ("canary-tags", 'service {\n canary_tags = ["c"]\n }', "", 'service: unknown key "canary_tags"'),
+    (
+        "check-restart",
+        'service {\n check {\n type = "tcp"\n check_restart {\n limit = 3\n }\n }\n }',
+        "",
+        'job "web" group "api" service check: unknown key "check_restart"',
+    ),
+    (
+        "check-on-update",
+        'service {\n check {\n on_update = "ignore"\n }\n }',
+        "",
+        'service check: unknown key "on_update"',
+    ),
+    (
+        "task-service-consul",
+        "",
+        'driver = "mock"\n service {\n provider = "consul"\n }',
+        'job "web" group "api" task "server" service provider: only "nomad" is supported',
+    ),
+    (
+        "task-check-typo",
+        "",
+        'driver = "mock"\n service {\n check {\n intervall = "1s"\n }\n }',
+        'task "server" service check: unknown key "intervall" (did you mean "interval"?)',
+    ),
+    (
+        "check-bad-interval",
+        'service {\n check {\n interval = "soon"\n }\n }',
+        "",
+        "service check interval: expected a duration",
+    ),
+    (
+        "update-typo",
+        "update {\n canaries = 1\n }",
+        "",
+        'update: unknown key "canaries" (did you mean "canary"?)',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("group_body", "task_body", "message"),
+    [c[1:] for c in SERVICE_REFUSED],
+    ids=[c[0] for c in SERVICE_REFUSED],
+)
+def test_service__keys_drover_does_not_run__refused_by_name(
+    group_body: str, task_body: str, message: str
+) -> None:
+    text = one_task_job(task_body=task_body or 'driver = "mock"', group_body=group_body)
+    with pytest.raises(JobspecError) as info:
+        parse(text)
+    assert message in str(info.value)
 
 
 def test_error__starts_with_the_filename() -> None:

@@ -28,6 +28,8 @@ from drover.scheduler.structs import (
     ReschedulePolicy,
     Resources,
     RestartPolicy,
+    Service,
+    ServiceCheck,
     Spread,
     Task,
     TaskGroup,
@@ -94,7 +96,14 @@ def with_task(base: Job | None = None, **changes: Any) -> Job:
 
 
 def batch(**changes: Any) -> Job:
-    return job(type="batch", **changes)
+    """The same job as a canonical batch job (no update block: batch jobs do not roll)."""
+    service = job()
+    return replace(
+        canonicalize_job(
+            replace(service, type="batch", groups=tuple(replace(g, update=None) for g in service.groups))
+        ),
+        **changes,
+    )
 
 
 def errors_of(j: Job) -> list[FieldError]:
@@ -117,8 +126,8 @@ def paths_of(j: Job) -> list[str]:
         job(),
         batch(),
         with_group(job(type="system"), count=1, network=None),
-        with_group(job(type="sysbatch"), count=0),
-        with_group(job(type="sysbatch"), count=3),
+        with_group(job(type="sysbatch"), count=0, update=None),
+        with_group(job(type="sysbatch"), count=3, update=None),
         with_group(count=0),
         batch(periodic=PeriodicConfig(spec="*/5 * * * *", time_zone="America/New_York")),
         # Nomad's forms: 6 fields end with a year, 7 start with seconds and end with a year.
@@ -464,6 +473,207 @@ BAD_JOBS: list[tuple[str, Job, str, str]] = [
 ]
 
 
+def updated(**changes: Any) -> Job:
+    """The job with its group's (canonical) update block changed."""
+    j = job()
+    update = j.groups[0].update
+    assert update is not None
+    return with_group(j, update=replace(update, **changes))
+
+
+def served(*services: Service, task_services: tuple[Service, ...] = ()) -> Job:
+    """The job with these services on its group (and on its task)."""
+    j = with_task(job(), services=task_services)
+    return with_group(j, services=services)
+
+
+def http_check(**changes: Any) -> ServiceCheck:
+    return replace(ServiceCheck(type="http", port="http", path="/health"), **changes)
+
+
+# Deployments: Nomad's UpdateStrategy.Validate, and checks the client can run.
+BAD_DEPLOYMENT_JOBS: list[tuple[str, Job, str, str]] = [
+    ("negative-canary", updated(canary=-1), f"{G}.update.canary", ">= 0"),
+    ("auto-promote-without-canary", updated(auto_promote=True), f"{G}.update.auto_promote", "canary > 0"),
+    ("unknown-health-check", updated(health_check="consul"), f"{G}.update.health_check", '"task_states"'),
+    (
+        "min-healthy-time-equal-to-deadline",
+        updated(min_healthy_time_ns=60 * SECOND, healthy_deadline_ns=60 * SECOND),
+        f"{G}.update.min_healthy_time_ns",
+        "less than healthy_deadline_ns (1m), got 1m",
+    ),
+    (
+        "min-healthy-time-above-deadline",
+        updated(min_healthy_time_ns=90 * SECOND, healthy_deadline_ns=30 * SECOND),
+        f"{G}.update.min_healthy_time_ns",
+        "got 90s",
+    ),
+    (
+        "healthy-deadline-past-progress-deadline",
+        updated(healthy_deadline_ns=20 * 60 * SECOND, progress_deadline_ns=10 * 60 * SECOND),
+        f"{G}.update.healthy_deadline_ns",
+        "less than progress_deadline_ns (10m) unless that is 0",
+    ),
+    (
+        "negative-progress-deadline",
+        updated(progress_deadline_ns=-1),
+        f"{G}.update.progress_deadline_ns",
+        ">= 0",
+    ),
+    (
+        "update-on-batch-job",
+        replace(batch(), update=UpdateStrategy()),
+        "job.update",
+        'job type "batch" does not allow an update block',
+    ),
+    (
+        "group-update-on-sysbatch-job",
+        with_group(batch(type="sysbatch"), count=1, update=UpdateStrategy()),
+        f"{G}.update",
+        'job type "sysbatch" does not allow an update block',
+    ),
+    (
+        "consul-service",
+        served(Service(provider="consul")),
+        f"{G}.services[0].provider",
+        '"nomad"',
+    ),
+    (
+        "service-port-not-a-label",
+        served(Service(port="admin")),
+        f"{G}.services[0].port",
+        '"admin" is not a port label of the group\'s network (labels: "http")',
+    ),
+    (
+        "check-port-not-a-label",
+        served(Service(checks=(http_check(port="web"),))),
+        f"{G}.services[0].checks[0].port",
+        '"web" is not a port label',
+    ),
+    (
+        "tcp-check-without-port",
+        served(Service(checks=(ServiceCheck(type="tcp"),))),
+        f"{G}.services[0].checks[0].port",
+        "needs a port",
+    ),
+    (
+        "task-check-port-not-a-label",
+        served(task_services=(Service(checks=(ServiceCheck(type="tcp", port="db"),)),)),
+        f"{G}.tasks[0].services[0].checks[0].port",
+        '"db" is not a port label',
+    ),
+    (
+        "unknown-check-type",
+        served(Service(checks=(ServiceCheck(type="grpc", port="http"),))),
+        f"{G}.services[0].checks[0].type",
+        '"http", "tcp", "script"',
+    ),
+    (
+        "script-check-without-command",
+        served(task_services=(Service(checks=(ServiceCheck(type="script"),)),)),
+        f"{G}.tasks[0].services[0].checks[0].command",
+        "needs a command",
+    ),
+    (
+        "group-script-check-without-task",
+        served(Service(checks=(ServiceCheck(type="script", command="/bin/true"),))),
+        f"{G}.services[0].checks[0].task",
+        "must name the task",
+    ),
+    (
+        "script-check-in-unknown-task",
+        served(Service(checks=(ServiceCheck(type="script", command="/bin/true", task="sidecar"),))),
+        f"{G}.services[0].checks[0].task",
+        '"sidecar" is not a task of the group',
+    ),
+    (
+        "check-interval-under-1s",
+        served(Service(checks=(http_check(interval_ns=500_000_000),))),
+        f"{G}.services[0].checks[0].interval_ns",
+        "at least 1s, got 500ms",
+    ),
+    (
+        "check-timeout-0",
+        served(Service(checks=(http_check(timeout_ns=0),))),
+        f"{G}.services[0].checks[0].timeout_ns",
+        "> 0",
+    ),
+    (
+        "http-check-relative-path",
+        served(Service(checks=(http_check(path="health"),))),
+        f"{G}.services[0].checks[0].path",
+        "must start with /",
+    ),
+    (
+        "http-check-bad-method",
+        served(Service(checks=(http_check(method="FETCH"),))),
+        f"{G}.services[0].checks[0].method",
+        '"GET"',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("j", "path", "fragment"), [c[1:] for c in BAD_DEPLOYMENT_JOBS], ids=[c[0] for c in BAD_DEPLOYMENT_JOBS]
+)
+def test_validate_job__deployment_problem__names_the_field(j: Job, path: str, fragment: str) -> None:
+    errors = errors_of(j)
+    assert [e.path for e in errors] == [path]
+    assert fragment in errors[0].message
+
+
+@pytest.mark.parametrize(
+    "j",
+    [
+        updated(canary=2, auto_promote=True, health_check="checks"),
+        updated(health_check="manual"),
+        # progress_deadline 0: no progress deadline, so any healthy_deadline goes.
+        updated(healthy_deadline_ns=HOUR, progress_deadline_ns=0),
+        updated(min_healthy_time_ns=0),
+        with_group(job(type="system"), count=1, update=UpdateStrategy(max_parallel=1)),
+        served(
+            Service(name="web", port="http", checks=(ServiceCheck(type="http", path="/"),)),
+            Service(checks=(ServiceCheck(type="script", command="/bin/true", task="server"),)),
+            task_services=(
+                Service(
+                    checks=(ServiceCheck(type="tcp", port="http"), ServiceCheck(type="script", command="x"))
+                ),
+            ),
+        ),
+    ],
+    ids=["canary-auto-promote", "manual", "no-progress-deadline", "min-healthy-time-0", "system", "services"],
+)
+def test_validate_job__deployment_settings__valid(j: Job) -> None:
+    validate_job(j)
+
+
+def test_validate_job__deployment_problems__all_reported() -> None:
+    j = with_group(
+        updated(canary=-1, health_check="", min_healthy_time_ns=HOUR),
+        services=(Service(checks=(ServiceCheck(type="script"), ServiceCheck(type="tcp"))),),
+    )
+    assert set(paths_of(j)) == {
+        f"{G}.update.canary",
+        f"{G}.update.health_check",
+        f"{G}.update.min_healthy_time_ns",
+        f"{G}.services[0].checks[0].command",
+        f"{G}.services[0].checks[0].task",
+        f"{G}.services[0].checks[1].port",
+    }
+
+
+def test_canonicalize_job__api_update_without_deadline_or_mode__gets_the_defaults() -> None:
+    """Protobuf cannot send "unset": 0 and "" there mean the defaults (0 is no valid
+    healthy_deadline, "" no mode); a progress_deadline of 0 stays (it means none)."""
+    raw = with_group(
+        job(),
+        update=UpdateStrategy(max_parallel=2, healthy_deadline_ns=0, health_check="", progress_deadline_ns=0),
+    )
+    update = canonicalize_job(raw).groups[0].update
+    assert update == UpdateStrategy(max_parallel=2, progress_deadline_ns=0)
+    validate_job(canonicalize_job(raw))
+
+
 @pytest.mark.parametrize(("j", "path", "fragment"), [c[1:] for c in BAD_JOBS], ids=[c[0] for c in BAD_JOBS])
 def test_validate_job__one_problem__names_the_field(j: Job, path: str, fragment: str) -> None:
     errors = errors_of(j)
@@ -583,13 +793,22 @@ def reference_canonicalize_job(job: Job) -> Job:
     def task_of(task: Task) -> Task:
         return replace(task, resources=task.resources or Resources(), config_json=task.config_json or "{}")
 
+    def update_of(update: UpdateStrategy | None) -> UpdateStrategy | None:
+        if update is None:
+            return None
+        return replace(
+            update,
+            healthy_deadline_ns=update.healthy_deadline_ns or UpdateStrategy().healthy_deadline_ns,
+            health_check=update.health_check or "task_states",
+        )
+
     def group_of(group: TaskGroup) -> TaskGroup:
         reschedule = group.reschedule
         if reschedule is None:
             reschedule = default_reschedule_policy(job.type)
         return replace(
             group,
-            update=group.update or job.update or default_update_strategy(job.type),
+            update=update_of(group.update or job.update or default_update_strategy(job.type)),
             reschedule=reschedule,
             restart=group.restart or default_restart_policy(job.type),
             tasks=tuple(task_of(task) for task in group.tasks),
