@@ -1,13 +1,15 @@
-"""``drover alloc``: show one allocation, its task states and status history."""
+"""``drover alloc``: show one allocation, its task states and status history, and with
+``-verbose`` how its node was chosen (placement metrics)."""
 
 from __future__ import annotations
 
 import argparse
 import time
 
-from drover.cli._args import Subcommands, add_command, add_group, display_id, read_flags
+from drover.cli._args import Subcommands, add_command, add_group, display_id, is_verbose, read_flags
 from drover.cli._connect import ALLOCS, connect, find
 from drover.cli._format import fmt_duration, fmt_time, print_json, print_kv, print_table
+from drover.cli._placement import metric_lines, score_table
 from drover.cli._reschedule import attempts_text, eligibility_text
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
@@ -73,7 +75,23 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
             print("\nClient Status History")
             rows = [[fmt_time(c.time_ns), c.field, c.value] for c in alloc.state_history]
             print_table(["Time", "Field", "Value"], rows)
+        if is_verbose(args):
+            _print_placement_metrics(alloc)
     return 0
+
+
+def _print_placement_metrics(alloc: structs_pb2.Allocation) -> None:
+    """How the scheduler chose the alloc's node (Nomad's ``alloc status -verbose``)."""
+    print("\nPlacement Metrics")
+    if not alloc.HasField("metrics"):
+        print("  <none: placed before allocations kept their placement metrics>")
+        return
+    for line in metric_lines(alloc.metrics):
+        print(line)
+    headers, rows = score_table(alloc.metrics, full_ids=True)
+    if rows:
+        print()
+        print_table(headers, rows)
 
 
 def _reschedule_lines(client: DroverClient, alloc: structs_pb2.Allocation) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ import argparse
 from drover.cli._args import Subcommands, add_command, add_group, display_id, flag, is_verbose, read_flags
 from drover.cli._connect import EVALS, connect, find
 from drover.cli._format import fmt_time, print_allocs_table, print_json, print_kv, print_table
+from drover.cli._placement import failed_group_lines
 from drover.v1 import structs_pb2
 
 __all__ = ["register"]
@@ -94,6 +95,10 @@ def _cmd_eval_status(args: argparse.Namespace) -> int:
         print("\nFailed Placements")
         rows = [[g, reason] for g, reason in sorted(ev.failed_tg_allocs.items())]
         print_table(["Task Group", "Reason"], rows)
+    if ev.failed_tg_metrics:
+        print()
+        for line in failed_group_lines(ev.failed_tg_metrics):
+            print(line)
     print("\nAllocations")
     print_allocs_table(allocs, is_verbose(args))
     return 0

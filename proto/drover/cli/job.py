@@ -35,6 +35,7 @@ from drover.cli._format import (
     print_table,
 )
 from drover.cli._monitor import monitor_eval
+from drover.cli._placement import failed_group_lines
 from drover.cli._reschedule import awaiting_rows
 from drover.scheduler.structs import Job
 from drover.sdk import DroverClient, DroverError
@@ -213,6 +214,9 @@ def _cmd_job_plan(args: argparse.Namespace) -> int:
             f"Scheduler dry-run: {sum(queued.values())} allocation(s) could not be placed now (would be queued):"
         )
         print_table(["Group", "Queued"], [[g, str(queued[g])] for g in order])
+        if plan.failed_tg_metrics:
+            print()
+            print("\n".join(failed_group_lines(plan.failed_tg_metrics, group_order)))
     else:
         print("Scheduler dry-run: all allocations can be placed.")
     return 0
