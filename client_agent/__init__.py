@@ -10,6 +10,10 @@ Layout (one concept per module; only ``rpc`` talks gRPC):
 - ``drivers``: ``mock`` (a timer) and ``raw_exec`` (a real process group); ``taskenv``:
   the ``DROVER_*``/``NOMAD_*`` variables a task starts with.
 - ``taskrunner`` / ``runner``: one thread per task, one ``AllocRunner`` per alloc.
+- ``health`` / ``checks``: an alloc's deployment health, decided once per deployment
+  (``decide_health`` is pure; ``HealthTracker`` is its thread) from the task states and,
+  with ``health_check = "checks"``, the service checks the client runs itself (http, tcp,
+  script), sent as the alloc's ``deployment_status`` (docs/deployments-health.md).
 - ``rpc``: the server pool (failover, backoff) and the Nodes RPCs.
 - ``config``: ``ClientSettings`` (any object with ``ClientConfig``'s attributes) and
   ``AgentTuning`` (intervals and timeouts).

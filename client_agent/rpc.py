@@ -116,6 +116,8 @@ def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Alloc
         msg.pid = ts.pid
         for ev in ts.events:
             msg.events.add(type=ev.type, message=ev.message, time_ns=ev.time_ns, exit_code=ev.exit_code)
+    if status.deployment_health is not None:
+        alloc.deployment_status.CopyFrom(status.deployment_health.to_proto())
     return alloc
 
 

@@ -6,6 +6,14 @@ client status from all task states together (``taskstate.alloc_status``), and ha
 to ``on_update``, in this order, so what the servers hear is never ahead of the disk and
 updates leave in the order they happened.
 
+Deployment health: while the alloc belongs to a deployment whose group asks the client
+(``health.health_policy``), a ``health.HealthTracker`` watches it, poked on every task
+change. Its verdict is kept per ``deployment_id`` (``_verdict``), written into the local
+record's copy of the alloc (so a restarted agent does not decide twice) and sent with every
+status from then on. A new ``deployment_id`` from the servers (an in-place update into a
+newer deployment) cancels the tracker and starts a fresh one; a verdict the servers already
+hold for the current deployment (an operator's, or ours from before a restart) is final.
+
 Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them (dead, not failed: the
 alloc ends ``complete``); ``detach()`` leaves them running for the next agent, which
 builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` stops
@@ -24,9 +32,10 @@ import structlog
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
+from drover.client.health import DeploymentHealth, HealthTracker, health_policy, recorded_health, with_health
 from drover.client.restarts import RestartPolicy, default_restart_policy
 from drover.client.state import AllocRecord, StateDB, TaskRecord
-from drover.client.taskenv import task_env
+from drover.client.taskenv import dir_env, task_env
 from drover.client.taskrunner import TaskRunner
 from drover.client.taskstate import (
     CLIENT_FAILED,
@@ -95,6 +104,10 @@ class AllocRunner:
         self._log = log.bind(node_id=alloc.node_id, alloc_id=alloc.id, job_id=alloc.job_id)
         self._error = ""
         self._tasks: dict[str, TaskRunner] = {}
+        self._verdict: DeploymentHealth | None = recorded_health(alloc)
+        self._tracker: HealthTracker | None = None
+        # Cancelled trackers whose thread may still finish a check: joined by join().
+        self._old_trackers: list[HealthTracker] = []
         group = find_group(job, alloc.task_group)
         if job is None:
             self._error = f"job {job_key(alloc)} was not sent with the alloc"
@@ -211,9 +224,32 @@ class AllocRunner:
         if self._error:
             return AllocStatus(self._alloc.id, CLIENT_FAILED, self._error, {})
         status = alloc_status(self._alloc.id, {n: t.snapshot().state for n, t in self._tasks.items()})
+        description = status.description
         if self._stop_requested and self._stop_reason and status.client_status == "complete":
-            return AllocStatus(status.alloc_id, status.client_status, self._stop_reason, status.task_states)
-        return status
+            description = self._stop_reason
+        return AllocStatus(
+            status.alloc_id, status.client_status, description, status.task_states, self._health_locked()
+        )
+
+    def _health_locked(self) -> DeploymentHealth | None:
+        """The verdict for the alloc's current deployment, with the servers' canary flag."""
+        verdict = self._verdict
+        if verdict is None or verdict.deployment_id != self._alloc.deployment_id:
+            return None
+        canary = self._alloc.HasField("deployment_status") and self._alloc.deployment_status.canary
+        return DeploymentHealth(verdict.deployment_id, verdict.health, verdict.timestamp_ns, canary)
+
+    @property
+    def deployment_health(self) -> DeploymentHealth | None:
+        with self._lock:
+            return self._health_locked()
+
+    @property
+    def health_watched_deployment(self) -> str:
+        """The deployment whose verdict a tracker is deciding now ("": none)."""
+        with self._lock:
+            tracker = self._tracker
+            return tracker.policy.deployment_id if tracker is not None and not tracker.done else ""
 
     def is_finished(self) -> bool:
         """Every task is dead (or the alloc could not run at all)."""
@@ -239,6 +275,7 @@ class AllocRunner:
                 if self._stop_requested:
                     task.kill()
                 task.start()
+            self._watch_health_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
         """The server changed the alloc (an in-place update): keep the newer copy."""
@@ -246,7 +283,13 @@ class AllocRunner:
             self._alloc = alloc
             if job is not None:
                 self._job = job
+            held = recorded_health(alloc)
+            if held is not None:
+                self._verdict = held
+            elif self._verdict is not None and self._verdict.deployment_id != alloc.deployment_id:
+                self._verdict = None
             self._persist()
+            self._watch_health_locked()
 
     def stop(self, reason: str) -> None:
         """Kill every task (each with its kill_timeout). Idempotent."""
@@ -256,6 +299,8 @@ class AllocRunner:
             self._stop_requested = True
             self._stop_reason = reason
             self._log.info("alloc.stopping", reason=reason)
+            # Tasks killed on purpose say nothing about the version's health.
+            self._cancel_tracker_locked()
             self._persist()
             for task in self._tasks.values():
                 task.kill()
@@ -273,6 +318,8 @@ class AllocRunner:
 
     def detach(self) -> None:
         """Stop watching the tasks and leave them running (agent restart or upgrade)."""
+        with self._lock:
+            self._cancel_tracker_locked()
         for task in self._tasks.values():
             task.detach()
 
@@ -280,6 +327,7 @@ class AllocRunner:
         """The servers forgot the alloc: kill its tasks and remove its record."""
         with self._lock:
             self._destroyed = True
+            self._cancel_tracker_locked()
             for task in self._tasks.values():
                 task.kill()
             try:
@@ -294,7 +342,78 @@ class AllocRunner:
         for task in list(self._tasks.values()):
             remaining = (deadline - self._clock.monotonic_ns()) / 1e9
             ok = task.join(remaining) and ok
+        with self._lock:
+            trackers = [*self._old_trackers, *([self._tracker] if self._tracker else [])]
+        for tracker in trackers:
+            remaining = (deadline - self._clock.monotonic_ns()) / 1e9
+            ok = tracker.join(remaining) and ok
         return ok
+
+    # -- deployment health -------------------------------------------------------------
+
+    def _watch_health_locked(self) -> None:
+        """Keep exactly one tracker on the alloc's current deployment, while one is needed."""
+        tracker = self._tracker
+        current = self._alloc.deployment_id
+        if tracker is not None and tracker.policy.deployment_id == current:
+            return
+        self._cancel_tracker_locked()
+        if not self._started or self._stop_requested or self._destroyed or self._error or self._job is None:
+            return
+        if self._verdict is not None and self._verdict.deployment_id == current:
+            return
+        policy = health_policy(self._alloc, self._job)
+        if policy is None:
+            return
+        self._tracker = HealthTracker.for_alloc(
+            policy,
+            self._alloc,
+            self._job,
+            self._task_envs(),
+            clock=self._clock,
+            tasks=self._task_states,
+            on_health=self._health_decided,
+            log_fields={
+                "alloc_id": self._alloc.id,
+                "job_id": self._alloc.job_id,
+                "node_id": self._alloc.node_id,
+            },
+        )
+        self._tracker.start()
+
+    def _cancel_tracker_locked(self) -> None:
+        if self._tracker is not None:
+            self._tracker.cancel()
+            self._old_trackers.append(self._tracker)
+            self._tracker = None
+
+    def _task_envs(self) -> dict[str, tuple[dict[str, str], str]]:
+        """What a script check runs with: the task's environment and directory, as its driver sets them."""
+        envs: dict[str, tuple[dict[str, str], str]] = {}
+        for name, task in self._tasks.items():
+            task_dir = self._store.alloc_dirs_root / self._alloc.id / name
+            envs[name] = ({**dir_env(str(task_dir.parent), str(task_dir)), **task.spec.env}, str(task_dir))
+        return envs
+
+    def _task_states(self) -> dict[str, TaskState]:
+        # No runner lock: the tracker's thread must not wait on a runner that waits on it.
+        return {name: task.snapshot().state for name, task in self._tasks.items()}
+
+    def _health_decided(self, health: str, timestamp_ns: int, reason: str) -> None:
+        with self._lock:
+            tracker = self._tracker
+            if tracker is None or tracker.policy.deployment_id != self._alloc.deployment_id:
+                return
+            if self._stop_requested or self._destroyed:
+                return
+            self._verdict = DeploymentHealth(tracker.policy.deployment_id, health, timestamp_ns)
+            self._log.info(
+                "alloc.deployment_health",
+                deployment_id=tracker.policy.deployment_id,
+                health=health,
+                reason=reason,
+            )
+            self._persist_and_report()
 
     # -- task changes ------------------------------------------------------------------
 
@@ -303,10 +422,15 @@ class AllocRunner:
             if self._destroyed:
                 return
             self._persist_and_report()
+            if self._tracker is not None:
+                self._tracker.poke()
 
     def _record(self) -> AllocRecord:
+        verdict = self._health_locked()
+        held = recorded_health(self._alloc)
+        alloc = self._alloc if verdict is None or held is not None else with_health(self._alloc, verdict)
         return AllocRecord(
-            alloc=self._alloc,
+            alloc=alloc,
             job=self._job,
             tasks={n: t.snapshot() for n, t in self._tasks.items()},
             stop_requested=self._stop_requested,

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from drover.client.health import DeploymentHealth
 
 __all__ = [
     "CLIENT_COMPLETE",
@@ -156,12 +159,14 @@ class TaskState:
 
 @dataclass(frozen=True, slots=True)
 class AllocStatus:
-    """What the client reports for one alloc: the status and the task states it came from."""
+    """What the client reports for one alloc: the status and the task states it came from,
+    and its deployment health once the client decided it (client_agent/health.py)."""
 
     alloc_id: str
     client_status: str
     description: str
     task_states: Mapping[str, TaskState]
+    deployment_health: DeploymentHealth | None = None
 
 
 def alloc_status(alloc_id: str, states: Mapping[str, TaskState]) -> AllocStatus:
