@@ -117,6 +117,8 @@ def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Alloc
         for ev in ts.events:
             msg.events.add(type=ev.type, message=ev.message, time_ns=ev.time_ns, exit_code=ev.exit_code)
     if status.deployment_health is not None:
+        # The deployment judged rides along: the servers ignore a verdict on another one.
+        alloc.deployment_id = status.deployment_health.deployment_id
         alloc.deployment_status.CopyFrom(status.deployment_health.to_proto())
     return alloc
 

@@ -145,6 +145,8 @@ _RESTART_MODES: Final = ("fail", "delay")
 # Deployments (and so the update block) exist for jobs that keep running: Nomad's
 # "Job type %q does not allow update block".
 _UPDATE_JOB_TYPES: Final = (JOB_TYPE_SERVICE, JOB_TYPE_SYSTEM)
+# A system job runs one alloc on every node: there is no spare place for a canary.
+_NO_SYSTEM_CANARY: Final = "canary is not supported for system jobs"
 _SERVICE_PROVIDERS: Final = ("nomad",)
 _CHECK_PROTOCOLS: Final = ("http", "https")
 _CHECK_METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -610,6 +612,8 @@ def _job_errors(job: Job, limits: Limits) -> Iterator[FieldError]:
         yield from _placement_errors(job.constraints, job.affinities, job.spreads, "job")
     if job.update is not None:
         yield from _update_errors(job.update, "job.update")
+        if job.type == JOB_TYPE_SYSTEM and job.update.canary > 0:
+            yield FieldError("job.update.canary", _NO_SYSTEM_CANARY)
         if job.type in JOB_TYPES and job.type not in _UPDATE_JOB_TYPES:
             yield FieldError("job.update", f"job type {_q(job.type)} does not allow an update block")
     if job.periodic is not None:
@@ -630,6 +634,13 @@ def _job_errors(job: Job, limits: Limits) -> Iterator[FieldError]:
         seen.add(group.name)
         yield from _group_errors(group, job.type, path, limits)
         # The job's update block is copied into its groups: reported once, at the job.
+        if (
+            job.type == JOB_TYPE_SYSTEM
+            and group.update is not None
+            and group.update.canary > 0
+            and group.update != job.update
+        ):
+            yield FieldError(f"{path}.update.canary", _NO_SYSTEM_CANARY)
         if (
             group.update is not None
             and group.update != job.update

@@ -186,6 +186,7 @@ def test_alloc_update_message__carries_the_verdict_and_the_servers_canary_flag()
     assert msg.HasField("deployment_status")
     assert (msg.deployment_status.health, msg.deployment_status.timestamp_ns) == ("healthy", 42)
     assert msg.deployment_status.canary
+    assert msg.deployment_id == "d1"
     undecided = alloc_update_message("n1", AllocStatus("a1", "running", "", {}))
     assert not undecided.HasField("deployment_status")
 
@@ -340,6 +341,8 @@ def test_agent__running_task__reported_healthy_with_the_canary_flag(
 
     assert statuses[0].health == "healthy"
     assert statuses[0].canary
+    judged = {u.deployment_id for u in server.nodes.updates_for("a1") if u.HasField("deployment_status")}
+    assert judged == {"d1"}
     first_running = min(
         u.task_states["main"].started_at_ns
         for u in server.nodes.updates_for("a1")

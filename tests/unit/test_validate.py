@@ -533,6 +533,26 @@ BAD_DEPLOYMENT_JOBS: list[tuple[str, Job, str, str]] = [
         'job type "sysbatch" does not allow an update block',
     ),
     (
+        "canary-on-system-job",
+        with_group(job(type="system"), count=1, update=UpdateStrategy(max_parallel=1, canary=1)),
+        f"{G}.update.canary",
+        "canary is not supported for system jobs",
+    ),
+    (
+        "job-level-canary-on-system-job",
+        (
+            lambda j: canonicalize_job(
+                replace(
+                    j,
+                    update=UpdateStrategy(canary=1),
+                    groups=tuple(replace(g, update=None) for g in j.groups),
+                )
+            )
+        )(with_group(job(type="system"), count=1)),
+        "job.update.canary",
+        "canary is not supported for system jobs",
+    ),
+    (
         "consul-service",
         served(Service(provider="consul")),
         f"{G}.services[0].provider",
