@@ -1,0 +1,176 @@
+"""Deployment health through the whole loop (docs/deployments-health.md): a service job
+with ``update { health_check = "checks" }`` and an http check is registered from an HCL
+file with the ``drover`` CLI; the scheduler places its alloc into a deployment; the real
+client agent runs the ``raw_exec`` task and the check against the port the alloc was
+given, decides, and reports; the server stores the verdict, which the SDK then shows on
+the alloc as an operator would see it (``deployment_status.health``).
+
+Two jobs side by side: one whose task serves HTTP on its port (``python -m http.server``)
+becomes healthy; one whose task runs but serves nothing becomes unhealthy once its
+``healthy_deadline`` passes. Ports are static, picked free on loopback by the test: a task
+cannot learn a dynamic port from its environment in drover yet.
+
+Whatever happens, the jobs are stopped and every process still running inside the test's
+directory (the raw_exec tasks) is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from deploy.cluster import LocalCluster, wait_for
+from drover.sdk import DroverClient
+from drover.v1 import structs_pb2
+from tests.cluster.cli import run_cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _job(job_id: str, port: int, command: str, args: list[str], healthy_deadline: str) -> str:
+    quoted = ", ".join(f'"{a}"' for a in args)
+    return f"""
+job "{job_id}" {{
+  datacenters = ["dc1"]
+
+  update {{
+    max_parallel     = 1
+    health_check     = "checks"
+    min_healthy_time = "1s"
+    healthy_deadline = "{healthy_deadline}"
+  }}
+
+  group "web" {{
+    count = 1
+
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+
+    network {{
+      port "http" {{
+        static = {port}
+      }}
+    }}
+
+    service {{
+      name = "{job_id}"
+      port = "http"
+
+      check {{
+        type     = "http"
+        path     = "/"
+        interval = "1s"
+        timeout  = "1s"
+      }}
+    }}
+
+    task "server" {{
+      driver = "raw_exec"
+      config {{
+        command = "{command}"
+        args    = [{quoted}]
+      }}
+      resources {{
+        cpu    = 50
+        memory = 64
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _run(cluster: LocalCluster, tmp_path: Path, job_id: str, text: str) -> None:
+    path = tmp_path / f"{job_id}.hcl"
+    path.write_text(text)
+    result = run_cli(cluster, "job", "run", "-detach", str(path))
+    assert result.returncode == 0, result.stderr
+
+
+def _health(client: DroverClient, job_id: str) -> tuple[str, structs_pb2.Allocation] | None:
+    """The first verdict on one of the job's allocs, with that alloc (None: none yet)."""
+    for listed in client.list_allocs(job_id=job_id).allocs:
+        alloc = client.get_alloc(listed.id).alloc
+        if alloc.HasField("deployment_status") and alloc.deployment_status.health:
+            return alloc.deployment_status.health, alloc
+    return None
+
+
+@pytest.fixture
+def tasks_cleaned(tmp_path: Path) -> Iterator[None]:
+    """After the test: every process whose working directory is inside it (the tasks)."""
+    try:
+        yield
+    finally:
+        victims = []
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                cwd = Path(proc.cwd())
+                if tmp_path == cwd or tmp_path in cwd.parents:
+                    victims.append(proc)
+        for proc in victims:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(victims, timeout=10)
+
+
+def test_http_check__serving_task_healthy__silent_task_unhealthy(
+    two_clients: LocalCluster, tmp_path: Path, tasks_cleaned: None
+) -> None:
+    cluster = two_clients
+    serving_port, silent_port = _free_port(), _free_port()
+    with DroverClient(cluster.grpc_addresses, retry_deadline=30) as client:
+        wait_for(
+            lambda: len([n for n in client.list_nodes().nodes if n.status == "ready"]) >= 2,
+            60,
+            0.2,
+            lambda: "2 ready nodes\n" + cluster.logs_tail(),
+        )
+        serving = ["-m", "http.server", str(serving_port), "--bind", "127.0.0.1"]
+        _run(cluster, tmp_path, "serving", _job("serving", serving_port, sys.executable, serving, "60s"))
+        silent = ["-c", "import time; time.sleep(600)"]
+        _run(cluster, tmp_path, "silent", _job("silent", silent_port, sys.executable, silent, "8s"))
+        try:
+            healthy = wait_for(
+                lambda: _health(client, "serving"),
+                90,
+                0.3,
+                lambda: "a verdict on serving\n" + cluster.logs_tail(),
+            )
+            unhealthy = wait_for(
+                lambda: _health(client, "silent"),
+                90,
+                0.3,
+                lambda: "a verdict on silent\n" + cluster.logs_tail(),
+            )
+        finally:
+            for job_id in ("serving", "silent"):
+                run_cli(cluster, "job", "stop", "-detach", job_id)
+
+    assert healthy is not None and unhealthy is not None
+    health, alloc = healthy
+    assert health == "healthy"
+    assert alloc.deployment_id
+    assert alloc.client_status == "running"
+    started = alloc.task_states["server"].started_at_ns
+    # Healthy only after the check passed for min_healthy_time (1 s) with the task up.
+    assert alloc.deployment_status.timestamp_ns >= started + 1_000_000_000
+
+    health, alloc = unhealthy
+    assert health == "unhealthy"
+    assert alloc.deployment_id
+    # The task kept running: only the check (nothing listens) made it unhealthy, at the deadline.
+    assert alloc.task_states["server"].state == "running"
+    assert alloc.deployment_status.timestamp_ns >= alloc.task_states["server"].started_at_ns + 4_000_000_000
