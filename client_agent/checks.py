@@ -136,7 +136,7 @@ def _http(spec: CheckSpec, timeout_s: float) -> CheckOutcome:
         response = conn.getresponse()
         status = response.status
         response.read(_OUTPUT_CHARS)
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: http.client's InvalidURL
         return CheckOutcome(False, f"{spec.method} {url}: {_reason(exc)}")
     finally:
         conn.close()

@@ -262,7 +262,11 @@ class HealthTracker:
             if self._clock.now_ns() < self._next_run_ns[key]:
                 continue
             spec = self._specs[key]
-            outcome = self._run(spec)
+            try:
+                outcome = self._run(spec)
+            except Exception as exc:
+                # A check that cannot run is a failing check, not the end of the tracker.
+                outcome = CheckOutcome(False, f"the check could not run: {exc}")
             ran_at = self._clock.now_ns()
             before = self._streaks[key]
             after = before.after(outcome, ran_at)

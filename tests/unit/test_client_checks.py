@@ -102,6 +102,11 @@ def test_http_check__slower_than_its_timeout__fails(http_port: int) -> None:
     assert time.monotonic() - started < 1.5
 
 
+def test_http_check__path_http_client_refuses__fails_instead_of_raising(http_port: int) -> None:
+    outcome = run_check(http_spec(http_port, "/a b\r\nX: y"))
+    assert not outcome.passed
+
+
 def test_http_check__no_port_value__fails_without_connecting() -> None:
     outcome = run_check(http_spec(0))
     assert not outcome.passed and "no value" in outcome.output

@@ -4,7 +4,7 @@ verdict to an in-process fake of the servers (tests/unit/test_client_fake_server
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -220,7 +220,10 @@ class ScriptedCheck:
 
 
 def tracker_for(
-    policy: HealthPolicy, clock: ManualClock, tasks: dict[str, TaskState], run: ScriptedCheck | None = None
+    policy: HealthPolicy,
+    clock: ManualClock,
+    tasks: dict[str, TaskState],
+    run: Callable[[CheckSpec], CheckOutcome] | None = None,
 ) -> tuple[HealthTracker, list[tuple[str, int]]]:
     verdicts: list[tuple[str, int]] = []
     spec = CheckSpec(key="web/alive", type="http", interval_ns=5 * S, timeout_ns=S, port=1)
@@ -252,6 +255,19 @@ def test_tracker__failing_check__resets_the_streak_then_healthy() -> None:
     assert run.runs == [T0 + i * 5 * S for i in range(6)]
     assert verdicts == [("healthy", T0 + 25 * S)]
     assert tracker.done and tracker.tick() is None
+
+
+def test_tracker__check_that_raises__counts_as_failing() -> None:
+    clock = ManualClock(T0)
+
+    def broken(spec: CheckSpec) -> CheckOutcome:
+        raise RuntimeError("boom")
+
+    tracker, verdicts = tracker_for(CHECKED, clock, {"a": running(0)}, broken)
+    assert tracker.tick() is not None
+    clock.now += 60 * S
+    assert tracker.tick() is None
+    assert verdicts == [("unhealthy", T0 + 60 * S)]
 
 
 def test_tracker__check_not_due__not_run_again_and_waits_for_it() -> None:
