@@ -47,6 +47,11 @@ from drover.scheduler.structs import (
 from drover.server import deployments
 from drover.server.acl.records import TOKEN_MANAGEMENT, TOKEN_TYPES, ACLPolicy, ACLTokenRecord
 from drover.server.codec import from_proto
+from drover.server.deployments.apply import (
+    apply_deployment_alloc_health,
+    apply_deployment_promote,
+    apply_deployment_status_update,
+)
 from drover.server.snapshot import from_snapshot
 from drover.server.state_store import TABLES, Changes, StateStore, Tables, Txn
 from drover.v1 import raft_pb2
@@ -637,6 +642,16 @@ APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
     ET.ENTRY_TYPE_ACL_POLICY_DELETE: (raft_pb2.ACLPolicyDeleteEntry, apply_acl_policy_delete),
     ET.ENTRY_TYPE_ACL_TOKEN_UPSERT: (raft_pb2.ACLTokenUpsertEntry, apply_acl_token_upsert),
     ET.ENTRY_TYPE_ACL_TOKEN_DELETE: (raft_pb2.ACLTokenDeleteEntry, apply_acl_token_delete),
+    # server/deployments/apply.py
+    ET.ENTRY_TYPE_DEPLOYMENT_STATUS_UPDATE: (
+        raft_pb2.DeploymentStatusUpdateEntry,
+        apply_deployment_status_update,
+    ),
+    ET.ENTRY_TYPE_DEPLOYMENT_PROMOTE: (raft_pb2.DeploymentPromoteEntry, apply_deployment_promote),
+    ET.ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: (
+        raft_pb2.DeploymentAllocHealthEntry,
+        apply_deployment_alloc_health,
+    ),
 }
 
 

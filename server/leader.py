@@ -31,6 +31,8 @@ from drover.scheduler.structs import (
 )
 from drover.server.blocked import BlockedEvals
 from drover.server.broker import EvalBroker
+from drover.server.deployments.actions import DeploymentActions
+from drover.server.deployments.watcher import DeploymentWatcher
 from drover.server.errors import ConflictError, NotFoundError, RaftError
 from drover.server.invariants import INVARIANTS, check_invariants
 from drover.server.periodic import PeriodicDispatcher
@@ -177,6 +179,7 @@ class LeaderServices:
             (self._reap_heartbeats, "heartbeat-reaper"),
             (self._check_invariants, "invariant-checker"),
             (self._complete_drains, "drainer"),
+            (self._watch_deployments, "deployment-watcher"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -326,6 +329,13 @@ class LeaderServices:
                     log.info("leader.drain_complete_refused", node_id=node_id, reason=str(exc))
                 except Exception:
                     log.exception("leader.drain_complete_failed", node_id=node_id)
+
+    def _watch_deployments(self) -> None:
+        """Fail, revert and promote deployments (server/deployments/watcher.py); rebuilt
+        from the state each time this server becomes the leader."""
+        core = self.core
+        actions = DeploymentActions(core.raft, core.store, core.clock, core.ids)
+        DeploymentWatcher(core.store, actions, core.clock, self.still_leader, self._stop_services).run()
 
     def _check_invariants(self) -> None:
         """Every INVARIANT_CHECK_S, check the state; violations are logged at ERROR and
