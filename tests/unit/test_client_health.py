@@ -416,3 +416,30 @@ def test_agent__in_place_update_into_a_new_deployment__decided_again(
     )
     assert second.health == "healthy"
     assert second.timestamp_ns > first.timestamp_ns
+
+
+def test_agent__restarted_on_the_same_data_dir__does_not_decide_again(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    j = deployed_job(min_healthy_time_ns=S // 5, healthy_deadline_ns=30 * S)
+    first = ClientAgent(settings(tmp_path, server), tuning=FAST)
+    first.start()
+    try:
+        assert first.wait_registered(10)
+        a = deployed_alloc(j)
+        a.node_id = first.node_id
+        server.nodes.place(a, j)
+        runner = wait_until(lambda: first.runner("a1"), 15, "a runner for a1")
+        verdict = wait_until(lambda: runner.deployment_health, 15, "a verdict for d1")
+    finally:
+        first.stop(leave_tasks_running=True, timeout_s=10)
+
+    second = ClientAgent(settings(tmp_path, server), tuning=FAST)
+    second.start()
+    try:
+        restored = second.runner("a1")
+        assert restored is not None
+        assert restored.deployment_health == verdict
+        assert restored.health_watched_deployment == ""
+    finally:
+        second.stop(timeout_s=10)
