@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from drover.scheduler.structs import AllocatedResources, Allocation
+from drover.server.codec import INTERNED_FIELDS
 from tests.bench.alloc_memory import allocation_census, measure_in_process
 
 ALLOCS = 400
@@ -28,21 +30,13 @@ def test_alloc_memory__whole_placement__is_placed_and_held_by_the_state_store(tr
     assert 300 < traced["by_holder_bytes_per_alloc"]["state_store"] < 1_000
 
 
-@pytest.mark.parametrize(
-    "field",
-    [
-        "namespace",
-        "eval_id",
-        "node_id",
-        "node_name",
-        "job_id",
-        "task_group",
-        "desired_status",
-        "client_status",
-        "resources",
-        "task_states",
-    ],
-)
+# What the codec shares, read from the codec itself so a field it starts sharing is guarded
+# too: every field it interns, and ``resources`` (an AllocatedResources, one of
+# SHARED_CLASSES: every alloc of a group decodes to the same record).
+SHARED_FIELDS = sorted(INTERNED_FIELDS[Allocation] | {"resources"})
+
+
+@pytest.mark.parametrize("field", SHARED_FIELDS)
 def test_alloc_memory__repeated_values__are_shared_by_the_stored_allocs(
     traced: dict[str, Any], field: str
 ) -> None:
@@ -53,8 +47,6 @@ def test_alloc_memory__repeated_values__are_shared_by_the_stored_allocs(
 
 
 def test_alloc_memory__census__counts_a_shared_object_once() -> None:
-    from drover.scheduler.structs import AllocatedResources, Allocation
-
     shared = AllocatedResources(cpu_mhz=100, memory_mb=64, disk_mb=1)
     own = [AllocatedResources(cpu_mhz=100, memory_mb=64, disk_mb=1) for _ in range(2)]
 
