@@ -355,12 +355,14 @@ class AllocRunner:
         """Keep exactly one tracker on the alloc's current deployment, while one is needed."""
         tracker = self._tracker
         current = self._alloc.deployment_id
+        if self._verdict is not None and self._verdict.deployment_id == current:
+            # Decided, by this tracker or by the servers (an operator): nothing left to watch.
+            self._cancel_tracker_locked()
+            return
         if tracker is not None and tracker.policy.deployment_id == current:
             return
         self._cancel_tracker_locked()
         if not self._started or self._stop_requested or self._destroyed or self._error or self._job is None:
-            return
-        if self._verdict is not None and self._verdict.deployment_id == current:
             return
         policy = health_policy(self._alloc, self._job)
         if policy is None:
@@ -384,6 +386,7 @@ class AllocRunner:
     def _cancel_tracker_locked(self) -> None:
         if self._tracker is not None:
             self._tracker.cancel()
+            self._old_trackers = [t for t in self._old_trackers if not t.join(0)]
             self._old_trackers.append(self._tracker)
             self._tracker = None
 
@@ -406,6 +409,8 @@ class AllocRunner:
                 return
             if self._stop_requested or self._destroyed:
                 return
+            if self._verdict is not None and self._verdict.deployment_id == tracker.policy.deployment_id:
+                return  # the servers' word came first
             self._verdict = DeploymentHealth(tracker.policy.deployment_id, health, timestamp_ns)
             self._log.info(
                 "alloc.deployment_health",

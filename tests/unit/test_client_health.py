@@ -443,3 +443,23 @@ def test_agent__restarted_on_the_same_data_dir__does_not_decide_again(
         assert restored.health_watched_deployment == ""
     finally:
         second.stop(timeout_s=10)
+
+
+def test_agent__servers_verdict_first__tracker_stops_and_the_verdict_is_theirs(
+    server: FakeServer, agent: ClientAgent
+) -> None:
+    j = deployed_job(min_healthy_time_ns=20 * S, healthy_deadline_ns=30 * S)
+    a = deployed_alloc(j)
+    a.node_id = agent.node_id
+    server.nodes.place(a, j)
+    runner = wait_until(lambda: agent.runner("a1"), 15, "a runner for a1")
+    wait_until(lambda: runner.health_watched_deployment == "d1", 15, "a tracker on d1")
+
+    marked = deployed_alloc(j)
+    marked.node_id = agent.node_id
+    marked.deployment_status.health = "unhealthy"  # an operator's `deployment alloc-health`
+    marked.deployment_status.timestamp_ns = 7
+    server.nodes.place(marked, j)
+
+    wait_until(lambda: runner.health_watched_deployment == "", 15, "the tracker to stop")
+    assert runner.deployment_health == DeploymentHealth("d1", "unhealthy", 7)
