@@ -40,16 +40,15 @@ import psutil
 
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient, DroverError
-from drover.server.codec import to_proto
-from drover.server.jobspec import parse_jobspec
 from drover.v1 import structs_pb2
 from tests.chaos.workload import Caller, WorkloadConfig
+from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
 from tests.cluster.proxy import TcpProxy, proxies_for
 
 T = TypeVar("T")
 
 DATACENTER: Final = "dc2"
-TASK: Final = "sleep"
+TASK: Final = RAW_EXEC_TASK
 JOB_PREFIX: Final = "rx-"
 LOST_AFTER_S: Final = 600
 # The servers' heartbeat settings when real clients take part. A client is told a TTL in
@@ -73,42 +72,17 @@ CREATE_TIME_SLACK_S: Final = 0.01
 
 
 def raw_exec_job(job_id: str, node_name: str) -> structs_pb2.Job:
-    """A service job of one raw_exec ``sleep`` on ``node_name``, written as a user would."""
-    text = f"""
-job "{job_id}" {{
-  type        = "service"
-  datacenters = ["{DATACENTER}"]
-
-  group "g" {{
-    count = 1
-
-    constraint {{
-      attribute = "${{node.unique.name}}"
-      value     = "{node_name}"
-    }}
-
-    disconnect {{
-      lost_after = "{LOST_AFTER_S}s"
-      replace    = false
-    }}
-
-    task "{TASK}" {{
-      driver = "raw_exec"
-
-      config {{
-        command = "/bin/sleep"
-        args    = ["3600"]
-      }}
-
-      resources {{
-        cpu    = 50
-        memory = 16
-      }}
-    }}
-  }}
-}}
-"""
-    return to_proto(parse_jobspec(text, filename=f"{job_id}.hcl"), structs_pb2.Job())
+    """The one ``sleep`` job of agent ``node_name``: pinned to it, in the agents' own
+    datacenter, and kept ``unknown`` (never lost, never replaced) through any cut."""
+    return raw_exec_sleep_job(
+        job_id,
+        disconnect=f'lost_after = "{LOST_AFTER_S}s"\n      replace    = false',
+        datacenter=DATACENTER,
+        pinned_to=node_name,
+        sleep_s=3600,
+        cpu=50,
+        memory_mb=16,
+    )
 
 
 @dataclass(frozen=True, slots=True)

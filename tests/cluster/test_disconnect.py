@@ -35,10 +35,9 @@ import pytest
 
 from deploy.cluster import LocalCluster, client_argv, wait_for
 from drover.sdk import DroverClient, DroverError
-from drover.server.codec import to_proto
-from drover.server.jobspec import parse_jobspec
 from drover.v1 import structs_pb2
 from tests.cluster.conftest import wait_settled
+from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
 from tests.cluster.proxy import BLACKHOLE, REFUSE, TcpProxy, proxies_for
 
 T = TypeVar("T")
@@ -54,60 +53,16 @@ SERVER_ARGS = (
     "8s",
 )
 WAIT_S = 60.0
-TASK = "sleep"
-SLEEP_ARGS = "600"
+TASK = RAW_EXEC_TASK
 
 
 # --- job files --------------------------------------------------------------------------
 
 
-def raw_exec_job(
-    job_id: str,
-    *,
-    disconnect: str,
-    count: int = 1,
-    affinity_to: str = "",
-) -> structs_pb2.Job:
-    """A service job of ``count`` raw_exec ``sleep`` tasks, written as a user would."""
-    affinity = (
-        f"""
-    affinity {{
-      attribute = "${{node.unique.name}}"
-      value     = "{affinity_to}"
-      weight    = 100
-    }}"""
-        if affinity_to
-        else ""
-    )
-    text = f"""
-job "{job_id}" {{
-  type        = "service"
-  datacenters = ["dc1"]
-
-  group "g" {{
-    count = {count}
-{affinity}
-    disconnect {{
-      {disconnect}
-    }}
-
-    task "{TASK}" {{
-      driver = "raw_exec"
-
-      config {{
-        command = "sleep"
-        args    = ["{SLEEP_ARGS}"]
-      }}
-
-      resources {{
-        cpu    = 100
-        memory = 32
-      }}
-    }}
-  }}
-}}
-"""
-    return to_proto(parse_jobspec(text, filename=f"{job_id}.hcl"), structs_pb2.Job())
+def raw_exec_job(job_id: str, *, disconnect: str, count: int = 1, affinity_to: str = "") -> structs_pb2.Job:
+    """A service job of ``count`` raw_exec ``sleep`` tasks in dc1, with ``disconnect`` as
+    its group's disconnect block and, with ``affinity_to``, a preference for that node."""
+    return raw_exec_sleep_job(job_id, disconnect=disconnect, count=count, preferring=affinity_to)
 
 
 # --- a client agent process behind its own proxies ---------------------------------------
