@@ -28,7 +28,6 @@ view of that pid (alive, and the same create_time: a reused pid does not match).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.chaos.workload import Caller, WorkloadConfig
 from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
+from tests.cluster.leftovers import kill_processes_working_under
 from tests.cluster.proxy import TcpProxy, proxies_for
 
 T = TypeVar("T")
@@ -216,17 +216,7 @@ class RealClients:
 
     def _kill_tasks(self) -> None:
         """Every process working inside an agent's data dir: the raw_exec tasks."""
-        roots = [self.data_dir(name).resolve() for name in self._index]
-        victims = []
-        for proc in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.Error, OSError):
-                cwd = Path(proc.cwd())
-                if any(cwd == root or root in cwd.parents for root in roots):
-                    victims.append(proc)
-        for proc in victims:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(victims, timeout=10)
+        kill_processes_working_under(self.data_dir(name).resolve() for name in self._index)
 
     def _close_proxies(self) -> None:
         for proxies in self.proxies.values():

@@ -38,6 +38,7 @@ from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
+from tests.cluster.leftovers import kill_processes_working_under
 from tests.cluster.proxy import BLACKHOLE, REFUSE, TcpProxy, proxies_for
 
 T = TypeVar("T")
@@ -194,16 +195,7 @@ class Rig:
 
     def _kill_tasks(self) -> None:
         """Every process whose working directory is inside this rig: the raw_exec tasks."""
-        victims = []
-        for proc in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.Error):
-                cwd = Path(proc.cwd())
-                if cwd == self.base or self.base in cwd.parents:
-                    victims.append(proc)
-        for proc in victims:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(victims, timeout=10)
+        kill_processes_working_under([self.base])
 
     def _close_proxies(self) -> None:
         for agent in self.clients.values():
