@@ -187,6 +187,16 @@ def test_deployment__canary__waits_for_promotion_then_rolls(
         assert state.desired_canaries == 1 and len(state.placed_canaries) == 1 and not state.promoted
         assert len(_running(client, "can", 0)) == 2  # the old ones keep serving
         assert len(_running(client, "can", 1)) == 1
+        shown = run_cli(rollout_cluster, "alloc", "status", state.placed_canaries[0])
+        assert shown.returncode == 0, shown.stderr
+        lines = {
+            line.split("=")[0].strip(): line.split("=", 1)[1].strip()
+            for line in shown.stdout.splitlines()
+            if "=" in line
+        }
+        assert lines["Deployment ID"] == deployment.id[:8] or lines["Deployment ID"] == deployment.id
+        assert lines["Deployment Health"] == "healthy"
+        assert lines["Canary"] == "true"
 
         promoted = run_cli(rollout_cluster, "deployment", "promote", deployment.id)
         assert promoted.returncode == 0, promoted.stderr

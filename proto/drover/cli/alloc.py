@@ -49,6 +49,7 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
                 ("Previous Allocation", alloc.previous_allocation or "<none>"),
                 ("Next Allocation", alloc.next_allocation or "<none>"),
                 *_reschedule_lines(client, alloc),
+                *_deployment_lines(alloc, args),
             ]
         )
         for name, state in sorted(alloc.task_states.items()):
@@ -92,6 +93,21 @@ def _print_placement_metrics(alloc: structs_pb2.Allocation) -> None:
     if rows:
         print()
         print_table(headers, rows)
+
+
+def _deployment_lines(alloc: structs_pb2.Allocation, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Nomad's "Deployment ID", "Deployment Health" and "Canary" lines, for an alloc of a
+    deployment: health is unset until its client has decided."""
+    if not alloc.deployment_id:
+        return []
+    status = alloc.deployment_status
+    lines = [
+        ("Deployment ID", display_id(alloc.deployment_id, args)),
+        ("Deployment Health", status.health or "unset"),
+    ]
+    if status.canary:
+        lines.append(("Canary", "true"))
+    return lines
 
 
 def _reschedule_lines(client: DroverClient, alloc: structs_pb2.Allocation) -> list[tuple[str, str]]:
