@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from drover.client.fingerprint import NodeSettings
 from drover.common.tls import TLSFiles
 
 __all__ = ["DEFAULT_TTL_NS", "AgentTuning", "ClientSettings", "EmbeddedSettings", "ProcessSettings"]
@@ -13,21 +14,15 @@ __all__ = ["DEFAULT_TTL_NS", "AgentTuning", "ClientSettings", "EmbeddedSettings"
 DEFAULT_TTL_NS: Final = 10_000_000_000
 
 
-class ClientSettings(Protocol):
-    """What the agent reads from its configuration (``drover.server.config.ClientConfig`` fits)."""
+class ClientSettings(NodeSettings, Protocol):
+    """What the agent reads from its configuration (``drover.server.config.ClientConfig`` fits):
+    what its node registration announces (``NodeSettings``: name, datacenter, class, meta)
+    and, on top, where it keeps state, which servers it asks and how it logs."""
 
-    @property
-    def node_name(self) -> str: ...
     @property
     def data_dir(self) -> str: ...
     @property
     def servers(self) -> Sequence[str]: ...
-    @property
-    def datacenter(self) -> str: ...
-    @property
-    def node_class(self) -> str: ...
-    @property
-    def meta(self) -> Mapping[str, str]: ...
     @property
     def log_json(self) -> bool: ...
     @property
