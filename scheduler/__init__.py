@@ -17,8 +17,10 @@ Layout (Nomad's ``scheduler/``, with its ``reconciler/`` and ``feasible/``):
 - ``generic`` / ``system``: the schedulers, service and batch / system and sysbatch: read
   the snapshot, reconcile, place, and build the plan and the follow-up evals.
 - ``reconciler/``: the decisions, as buckets: ``vocabulary`` (the words both use),
-  ``generic`` (``reconcile_group``, in named steps), ``reschedule`` (failed allocs),
-  ``system`` (``diff_system_allocs``).
+  ``generic`` (``reconcile_group``, in named steps), ``rollout`` (how a deployment gates
+  a group's rollout), ``reschedule`` (failed allocs), ``system`` (``diff_system_allocs``).
+- ``deployments``: which deployment governs a job version, when a new one is made, when
+  one has succeeded (docs/deployments.md).
 - ``placement/``: the plan under construction (``plan``), each node as the plan leaves it
   (``views``), choosing nodes (``ranking``), and what that is made of: ``feasible``
   (readiness, datacenters, constraints), ``scores`` (the formulas), ``ports``.
