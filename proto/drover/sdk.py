@@ -80,6 +80,7 @@ class _Stubs:
     allocs: api_pb2_grpc.AllocsStub
     operator: api_pb2_grpc.OperatorStub
     acl: api_pb2_grpc.ACLStub
+    deployments: api_pb2_grpc.DeploymentsStub
 
     @classmethod
     def open(cls, address: str, tls: TLSMaterial | None) -> _Stubs:
@@ -93,6 +94,7 @@ class _Stubs:
             allocs=api_pb2_grpc.AllocsStub(channel),
             operator=api_pb2_grpc.OperatorStub(channel),
             acl=api_pb2_grpc.ACLStub(channel),
+            deployments=api_pb2_grpc.DeploymentsStub(channel),
         )
 
 
@@ -241,6 +243,99 @@ class DroverClient:
         ``DEADLINE_EXCEEDED``). Always answered by the leader (the request has no ``stale``)."""
         req = api_pb2.JobPlanRequest(job=job)
         return self._call(lambda s: s.jobs.Plan, req)
+
+    def revert_job(
+        self, job_id: str, job_version: int, *, namespace: str = "", prior_version: int | None = None
+    ) -> api_pb2.JobRevertResponse:
+        """Register version ``job_version``'s spec again as a new version (stability cleared).
+
+        ``prior_version``: refuse unless the job's current version is this one, so two
+        operators reverting at once cannot undo each other's change unseen."""
+        req = api_pb2.JobRevertRequest(
+            job_id=job_id,
+            namespace=namespace,
+            job_version=job_version,
+            enforce_prior_version=prior_version is not None,
+            prior_version=prior_version or 0,
+        )
+        return self._call(lambda s: s.jobs.Revert, req, write=True)
+
+    def scale_job(
+        self, job_id: str, group: str, count: int, *, namespace: str = "", message: str = ""
+    ) -> api_pb2.JobScaleResponse:
+        """Set one group's count, as a new job version. Refused (FAILED_PRECONDITION) while
+        the job's latest deployment is active, as Nomad refuses it."""
+        req = api_pb2.JobScaleRequest(
+            job_id=job_id, namespace=namespace, group=group, count=count, message=message
+        )
+        return self._call(lambda s: s.jobs.Scale, req, write=True)
+
+    def validate_job(self, job: structs_pb2.Job) -> api_pb2.JobValidateResponse:
+        """Every validation error of ``job`` at once (an empty list: valid). Writes nothing,
+        so it is retried like a read."""
+        req = api_pb2.JobValidateRequest(job=job)
+        return self._call(lambda s: s.jobs.Validate, req)
+
+    # -- Deployments --------------------------------------------------------------------
+
+    def list_deployments(
+        self,
+        *,
+        job_id: str = "",
+        namespace: str = "",
+        stale: bool = False,
+        min_index: int = 0,
+        wait_ns: int = 0,
+    ) -> api_pb2.DeploymentListResponse:
+        """Every deployment, or only ``job_id``'s (newest first)."""
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.DeploymentListRequest(job_id=job_id, namespace=namespace, options=opts)
+        return self._call(lambda s: s.deployments.List, req, options=opts)
+
+    def get_deployment(
+        self, deployment_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.DeploymentGetResponse:
+        """One deployment; with ``min_index``, a blocking query that returns once the
+        deployments table moves past it (how ``job run`` follows a deployment)."""
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.DeploymentGetRequest(deployment_id=deployment_id, options=opts)
+        return self._call(lambda s: s.deployments.Get, req, options=opts)
+
+    def deployment_allocs(
+        self, deployment_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.AllocListResponse:
+        """The allocations placed for a deployment."""
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.DeploymentGetRequest(deployment_id=deployment_id, options=opts)
+        return self._call(lambda s: s.deployments.Allocations, req, options=opts)
+
+    def promote_deployment(
+        self, deployment_id: str, *, groups: Sequence[str] = ()
+    ) -> api_pb2.DeploymentWriteResponse:
+        """Promote the canaries of ``groups`` (none given: every group), so rolling goes on."""
+        req = api_pb2.DeploymentPromoteRequest(deployment_id=deployment_id, groups=list(groups))
+        return self._call(lambda s: s.deployments.Promote, req, write=True)
+
+    def pause_deployment(self, deployment_id: str, *, pause: bool = True) -> api_pb2.DeploymentWriteResponse:
+        """Pause a running deployment (no new placements); ``pause=False`` resumes it."""
+        req = api_pb2.DeploymentPauseRequest(deployment_id=deployment_id, pause=pause)
+        return self._call(lambda s: s.deployments.Pause, req, write=True)
+
+    def fail_deployment(self, deployment_id: str) -> api_pb2.DeploymentWriteResponse:
+        """Mark an active deployment failed; with ``auto_revert`` in any group the job rolls
+        back to its latest stable version (``reverted``/``reverted_job_version`` say so)."""
+        req = api_pb2.DeploymentFailRequest(deployment_id=deployment_id)
+        return self._call(lambda s: s.deployments.Fail, req, write=True)
+
+    def set_alloc_health(
+        self, deployment_id: str, *, healthy: Sequence[str] = (), unhealthy: Sequence[str] = ()
+    ) -> api_pb2.DeploymentWriteResponse:
+        """Set allocations' deployment health by hand (``health_check = "manual"``, or to
+        override the client). One unhealthy alloc fails the deployment."""
+        req = api_pb2.DeploymentAllocHealthRequest(
+            deployment_id=deployment_id, healthy_alloc_ids=list(healthy), unhealthy_alloc_ids=list(unhealthy)
+        )
+        return self._call(lambda s: s.deployments.SetAllocHealth, req, write=True)
 
     # -- Nodes --------------------------------------------------------------------------
 
