@@ -132,6 +132,7 @@ def _build_plan(cls: type) -> tuple[FieldPlan, ...]:
 
 ToFn = Callable[[Any, Any], Any]
 FromFn = Callable[[Any], Any]
+F = TypeVar("F", ToFn, FromFn)
 
 # Published converters; a class appears here only once it and every class it reaches are
 # compiled, so readers never need the lock.
@@ -294,24 +295,15 @@ def _compile(root: type) -> None:
         _TO[cls] = _NAMESPACE[f"_to_{n}"]
 
 
-def _to_fn(cls: type) -> ToFn:
-    fn = _TO.get(cls)
-    if fn is None:
-        with _COMPILE_LOCK:
-            if cls not in _TO:
-                _compile(cls)
-        fn = _TO[cls]
-    return fn
-
-
-def _from_fn(cls: type) -> FromFn:
-    fn = _FROM.get(cls)
-    if fn is None:
-        with _COMPILE_LOCK:
-            if cls not in _FROM:
-                _compile(cls)
-        fn = _FROM[cls]
-    return fn
+def _compiled(table: Mapping[type, F], cls: type) -> F:
+    """``cls``'s converter in ``table`` (``_TO`` or ``_FROM``), compiled on its first use.
+    The callers look ``table`` up without the lock first (the fast path: every class after
+    its first message); ``_compile`` fills both tables at once, under the lock, so two
+    threads asking for a new class compile it once."""
+    with _COMPILE_LOCK:
+        if cls not in table:
+            _compile(cls)
+    return table[cls]
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,13 +312,13 @@ def _from_fn(cls: type) -> FromFn:
 
 def to_proto(obj: Any, msg: M) -> M:
     """Fill ``msg`` (a fresh message of the matching type) from the dataclass ``obj``."""
-    fn = _TO.get(type(obj)) or _to_fn(type(obj))
+    fn = _TO.get(type(obj)) or _compiled(_TO, type(obj))
     fn(obj, msg)
     return msg
 
 
 def from_proto(msg: Message, cls: type[T]) -> T:
     """Build the dataclass ``cls`` from ``msg``; unset optional messages become ``None``."""
-    fn = _FROM.get(cls) or _from_fn(cls)
+    fn = _FROM.get(cls) or _compiled(_FROM, cls)
     value: T = fn(msg)
     return value
