@@ -10,9 +10,7 @@ leader, and that neither a snapshot nor a server's data dir holds a usable secre
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.common.tls import open_channel
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
+from tests.cluster.cli import drover_cli, one_error_line
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node, simulated_secret
 
@@ -45,22 +44,11 @@ def _client(cluster: LocalCluster, token: str | None = None, address: str | None
 def _drover(
     cluster: LocalCluster, *args: str, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The CLI against ``cluster`` over its mTLS, as an operator with the CLI's certificate."""
     assert cluster.tls is not None
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("DROVER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "drover.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**clean, **cluster.tls.cli_env, "DROVER_ADDR": ",".join(cluster.grpc_addresses), **(env or {})},
+    return drover_cli(
+        *args, env={**cluster.tls.cli_env, "DROVER_ADDR": ",".join(cluster.grpc_addresses), **(env or {})}
     )
-
-
-def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
 
 
 def _denied(call: object) -> DroverError:
@@ -191,7 +179,7 @@ def test_acl__bootstrap_twice__refused_sdk_and_cli(cluster: LocalCluster) -> Non
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "ACL bootstrap already done" in str(caught.value)
 
-    line = _one_error_line(_drover(cluster, "acl", "bootstrap"))
+    line = one_error_line(_drover(cluster, "acl", "bootstrap"))
     assert line.startswith("Error: ACL bootstrap already done (reset index: ")
 
 
@@ -207,9 +195,9 @@ def test_acl__cli__token_from_flag_and_env_and_one_line_when_denied(cluster: Loc
     listed = _drover(cluster, "job", "status", "-token", secret)
     assert listed.returncode == 0, listed.stderr
 
-    line = _one_error_line(_drover(cluster, "job", "status"))
+    line = one_error_line(_drover(cluster, "job", "status"))
     assert line == "Error: Permission denied: Jobs.List needs list-jobs on some namespace"
-    line = _one_error_line(_drover(cluster, "system", "reconcile", "summaries", "-token", secret))
+    line = one_error_line(_drover(cluster, "system", "reconcile", "summaries", "-token", secret))
     assert line == 'Error: Permission denied: Operator.ReconcileSummaries needs operator = "write"'
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -12,31 +11,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from deploy.cluster import LocalCluster, pick_free_ports
+from tests.cluster.cli import drover_cli, lone_server_args
 
 
 def _start_server(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     grpc_port, raft_port = pick_free_ports(2)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "drover.cli",
-            "agent",
-            "-server",
-            "-node-name",
-            "s1",
-            "-data-dir",
-            str(tmp_path / "s1"),
-            "-grpc-port",
-            str(grpc_port),
-            "-raft-port",
-            str(raft_port),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    argv = lone_server_args(
+        tmp_path / "s1", "-grpc-port", str(grpc_port), "-raft-port", str(raft_port), *extra
     )
+    return drover_cli(*argv, timeout=60)
 
 
 @pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"], ids=["loopback", "any"])

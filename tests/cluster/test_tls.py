@@ -8,10 +8,6 @@ leader over mTLS, a client agent registering and running a job over mTLS.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -23,29 +19,9 @@ from drover.common import certs
 from drover.common.tls import TLSFiles
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
+from tests.cluster.cli import drover_cli, lone_server_args, one_error_line
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
-
-
-def _drover(
-    *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("DROVER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "drover.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**clean, **(env or {})},
-        cwd=cwd,
-    )
-
-
-def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
 
 
 def _plaintext_health(address: str) -> grpc.StatusCode:
@@ -73,15 +49,15 @@ def test_tls__server_refuses_plaintext_and_serves_the_cli_with_ca_cert(tmp_path:
         cluster.wait_for_leader(60)
 
         assert _plaintext_health(address) == grpc.StatusCode.UNAVAILABLE
-        refused = _drover("operator", "raft", "list-peers", "-address", address, "-retry-deadline", "1")
-        assert "Socket closed" in _one_error_line(refused)
+        refused = drover_cli("operator", "raft", "list-peers", "-address", address, "-retry-deadline", "1")
+        assert "Socket closed" in one_error_line(refused)
 
-        served = _drover(
+        served = drover_cli(
             "operator", "raft", "list-peers", "-address", address, "-ca-cert", str(cluster.tls.ca_file)
         )
         assert served.returncode == 0, served.stderr
         assert "leader" in served.stdout and "s1" in served.stdout
-        from_env = _drover(
+        from_env = drover_cli(
             "job", "status", "-address", address, env={"DROVER_CACERT": str(cluster.tls.ca_file)}
         )
         assert from_env.returncode == 0 and "No jobs" in from_env.stdout, from_env.stderr
@@ -104,12 +80,12 @@ def test_mtls__a_certificate_from_another_ca_is_refused_and_the_clusters_is_acce
         with DroverClient(address, retry_deadline=30, tls=cluster.tls.cli_files) as client:
             assert list(client.list_jobs().jobs) == []
 
-        foreign_cli = _drover(
+        foreign_cli = drover_cli(
             "job", "status", "-address", address, "-retry-deadline", "1",
             "-ca-cert", foreign.ca_file, "-client-cert", foreign.cert_file, "-client-key", foreign.key_file,
         )  # fmt: skip
-        _one_error_line(foreign_cli)
-        own_cli = _drover("job", "status", "-address", address, env=cluster.tls.cli_env)
+        one_error_line(foreign_cli)
+        own_cli = drover_cli("job", "status", "-address", address, env=cluster.tls.cli_env)
         assert own_cli.returncode == 0 and "No jobs" in own_cli.stdout, own_cli.stderr
 
 
@@ -152,17 +128,7 @@ def test_mtls__a_client_agent_registers_and_runs_a_job(tmp_path: Path) -> None:
 
 
 def _server_argv(tmp_path: Path, *tls_args: str) -> list[str]:
-    return [
-        "agent",
-        "-server",
-        "-node-name",
-        "s1",
-        "-data-dir",
-        str(tmp_path / "s1"),
-        "-grpc-port",
-        "0",
-        *tls_args,
-    ]
+    return lone_server_args(tmp_path / "s1", "-grpc-port", "0", *tls_args)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +147,7 @@ def _server_argv(tmp_path: Path, *tls_args: str) -> list[str]:
 def test_tls__agent_with_half_a_tls_setting__one_line_exit_1(
     tmp_path: Path, tls_args: list[str], message: str
 ) -> None:
-    assert message in _one_error_line(_drover(*_server_argv(tmp_path, *tls_args)))
+    assert message in one_error_line(drover_cli(*_server_argv(tmp_path, *tls_args)))
 
 
 def test_tls__agent_with_a_missing_file__exit_1_naming_flag_and_file(tmp_path: Path) -> None:
@@ -191,13 +157,13 @@ def test_tls__agent_with_a_missing_file__exit_1_naming_flag_and_file(tmp_path: P
         tmp_path, "-tls-ca-file", str(tmp_path / "nope.pem"),
         "-tls-cert-file", str(tmp_path / "s.pem"), "-tls-key-file", str(tmp_path / "s-key.pem"),
     )  # fmt: skip
-    result = _drover(*argv)
+    result = drover_cli(*argv)
     assert result.returncode == 1
     assert (
         f"Error: -tls-ca-file {tmp_path / 'nope.pem'}: No such file or directory"
         in result.stdout + result.stderr
     )
-    client = _drover(
+    client = drover_cli(
         "agent", "-client", "-node-name", "c1", "-data-dir", str(tmp_path / "c1"), "-servers", "127.0.0.1:1",
         "-tls-ca-file", str(tmp_path / "nope.pem"),
     )  # fmt: skip
@@ -220,4 +186,4 @@ def test_tls__agent_with_a_missing_file__exit_1_naming_flag_and_file(tmp_path: P
     ids=["cert-without-key", "missing-ca"],
 )
 def test_tls__cli_with_bad_tls_flags__one_line_exit_1(flags: list[str], message: str) -> None:
-    assert message in _one_error_line(_drover("job", "status", "-address", "127.0.0.1:1", *flags))
+    assert message in one_error_line(drover_cli("job", "status", "-address", "127.0.0.1:1", *flags))
