@@ -471,7 +471,8 @@ def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(
     path = tmp_path / "web.hcl"
     path.write_text("web 3")
     code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
-    assert (code, err) == (0, [])
+    # Placements failed: Nomad's exit status 2, no error line.
+    assert (code, err) == (2, [])
     lines = out.splitlines()
     assert lines[lines.index('    Evaluation status changed: "pending" -> "complete"') + 1 :] == [
         f'    Allocation "{ALLOC_ID[:8]}" created: node "{NODE_ID[:8]}", group "web"',
@@ -832,7 +833,8 @@ def test_job_plan__table_of_buckets(
     path = tmp_path / "web.hcl"
     path.write_text("web 4")
     code, out, err = run(capsys, "job", "plan", "-address", addr, str(path))
-    assert (code, err) == (0, [])
+    # Allocations would be created and updated: Nomad's exit status 1, no error line.
+    assert (code, err) == (1, [])
     assert out.splitlines() == [
         'Job: "web" (changes: version 3 -> 4)',
         "",
@@ -863,7 +865,7 @@ def test_job_plan__new_job(
     path = tmp_path / "web.hcl"
     path.write_text("web 2")
     code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
-    assert code == 0
+    assert code == 1  # two allocations would be created
     lines = out.splitlines()
     assert lines[0] == 'Job: "web" (new)'
     assert lines[3].split() == ["web", "2", "0", "0", "0", "0", "0", "0"]
@@ -914,7 +916,7 @@ def test_job_plan__json(
     path = tmp_path / "web.hcl"
     path.write_text("web 4")
     code, out, _ = run(capsys, "job", "plan", "-json", "-address", addr, str(path))
-    assert code == 0
+    assert code == 1  # the same exit status as without -json: allocations would change
     assert json.loads(out) == {
         "meta": {"index": "40"},
         "groups": {
@@ -992,7 +994,8 @@ def test_job_plan__help_documents_exit_codes(capsys: pytest.CaptureFixture[str])
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "Exit status:" in out
-    assert "0  the plan was computed, whether or not the job would change anything" in out
+    assert "0  nothing would change: no allocation would be created, destroyed or updated" in out
+    assert "1  allocations would be created, destroyed or updated" in out
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,14 @@
-"""Following an evaluation after a write (``job run``, ``job stop``, ``job dispatch``,
-``job periodic force``): print each allocation it creates as it appears, then how it ended.
+"""Following a write: the evaluation it created (``job run``, ``job stop``, ``job
+dispatch``, ``job periodic force``, ``job revert``, ``job scale``, the ``deployment``
+writes), printing each allocation it creates as it appears and how it ended; then, for the
+writes that start or move a rollout, the deployment, with its per-group table each time it
+changes, until it ends.
+
+Exit statuses, as Nomad's monitor (>= 1.2.4): 0 when the eval completed and the
+deployment, if any, succeeded; 2 when placements failed (a successful deployment clears
+it); 1 for a failed eval or a deployment that ended any other way than successful, even
+one whose automatic rollback then succeeded. Every wait is a blocking query or bounded by a
+deadline, never a bare sleep.
 """
 
 from __future__ import annotations
@@ -8,24 +17,64 @@ import argparse
 import time
 from typing import Final
 
+import grpc
+
 from drover.cli._args import display_id
+from drover.cli._deployments import deployment_kv, group_table, is_active
 from drover.cli._errors import CLIError
-from drover.sdk import DroverClient
+from drover.cli._format import format_table
+from drover.scheduler.structs import DEPLOYMENT_STATUS_FAILED, DEPLOYMENT_STATUS_SUCCESSFUL
+from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 
-__all__ = ["monitor_eval"]
+__all__ = ["EXIT_PLACEMENT_FAILED", "monitor_deployment", "monitor_eval"]
 
+EXIT_PLACEMENT_FAILED: Final = 2
 # While an eval is pending, one blocking query on the job's allocs waits at most this long
 # before the eval is read again.
 _MONITOR_WAIT_S: Final = 1.0
 # How long to pause when the server answers a blocking query without blocking.
 _MONITOR_POLL_S: Final = 0.2
+# One blocking query on a deployment waits at most this long before it is asked again.
+_DEPLOYMENT_WAIT_S: Final = 5.0
+# What the deployment watcher appends when a failure rolls the job back (DEPLOY.md, 5).
+_ROLLBACK_MARKER: Final = " - rolling back to job version "
 
 
-def monitor_eval(client: DroverClient, args: argparse.Namespace, eval_id: str) -> int:
+def monitor_eval(
+    client: DroverClient,
+    args: argparse.Namespace,
+    eval_id: str,
+    *,
+    follow_deployment: bool = False,
+    job_version: int | None = None,
+) -> int:
     """Follow an eval until it leaves "pending" or -monitor-timeout passes, printing each
     allocation it creates as it appears; then report queued allocations, a blocked eval and a
-    follow-up eval. Returns the exit status; a failed eval raises :class:`CLIError`."""
+    follow-up eval. With ``follow_deployment``, then follow the deployment the eval names
+    (or, with ``job_version``, the one the eval made for that version of its job) until it
+    ends. Returns the exit status (module docstring); a failed eval, or a deployment that
+    did not succeed, raises :class:`CLIError`."""
+    ev = _follow_eval(client, args, eval_id)
+    if ev is None:
+        return 0
+    placement_failed = _report_eval_outcome(ev, args)
+    code = EXIT_PLACEMENT_FAILED if placement_failed else 0
+    if not follow_deployment:
+        return code
+    deployment_id = ev.deployment_id or _deployment_made_by(client, ev, job_version)
+    if not deployment_id:
+        return code
+    deployment = monitor_deployment(client, args, deployment_id)
+    if deployment.status == DEPLOYMENT_STATUS_SUCCESSFUL:
+        return 0
+    raise CLIError(_deployment_failure(client, args, deployment))
+
+
+def _follow_eval(
+    client: DroverClient, args: argparse.Namespace, eval_id: str
+) -> structs_pb2.Evaluation | None:
+    """The eval once it left "pending"; None when -monitor-timeout passed first."""
     timeout_s: float = args.monitor_timeout
     deadline = time.monotonic() + timeout_s
     print(f'==> Monitoring evaluation "{display_id(eval_id, args)}"')
@@ -44,7 +93,7 @@ def monitor_eval(client: DroverClient, args: argparse.Namespace, eval_id: str) -
                 f'==> Evaluation "{display_id(eval_id, args)}" still "pending" after {timeout_s:g}s; stopped monitoring'
             )
             print(f'    Run "drover eval status {eval_id}" to check on it')
-            return 0
+            return None
         # Blocks until the job's allocs change (or a short wait passes), then re-reads the eval.
         watcher.poll(min(remaining, _MONITOR_WAIT_S))
         latest = client.get_eval(eval_id).eval
@@ -53,7 +102,9 @@ def monitor_eval(client: DroverClient, args: argparse.Namespace, eval_id: str) -
         ev = latest
     # The eval's allocs are committed before the eval is marked done: one last look.
     watcher.poll(0)
-    return _report_eval_outcome(ev, args)
+    if ev.deployment_id:
+        print(f'    Evaluation within deployment: "{display_id(ev.deployment_id, args)}"')
+    return ev
 
 
 class _AllocWatcher:
@@ -96,7 +147,8 @@ class _AllocWatcher:
         self.index = max(self.index, resp.meta.index)
 
 
-def _report_eval_outcome(ev: structs_pb2.Evaluation, args: argparse.Namespace) -> int:
+def _report_eval_outcome(ev: structs_pb2.Evaluation, args: argparse.Namespace) -> bool:
+    """Print how the eval ended; whether some placements failed. A failed eval raises."""
     queued = {g: n for g, n in ev.queued_allocations.items() if n > 0}
     incomplete = bool(queued or ev.failed_tg_allocs)
     suffix = " but failed to place all allocations:" if incomplete else ""
@@ -121,4 +173,108 @@ def _report_eval_outcome(ev: structs_pb2.Evaluation, args: argparse.Namespace) -
     if ev.status == "failed":
         detail = f": {ev.status_description}" if ev.status_description else ""
         raise CLIError(f'evaluation "{display_id(ev.id, args)}" failed{detail}')
-    return 0
+    return incomplete
+
+
+def _deployment_made_by(client: DroverClient, ev: structs_pb2.Evaluation, job_version: int | None) -> str:
+    """The deployment of ``job_version`` created after ``ev`` (by its plan), for a server
+    whose evals do not name their deployment; "" for none. A server without the
+    Deployments service has none to follow."""
+    if job_version is None or not ev.job_id:
+        return ""
+    try:
+        listing = client.list_deployments(job_id=ev.job_id, namespace=ev.namespace).deployments
+    except DroverError as exc:
+        if exc.code == grpc.StatusCode.UNIMPLEMENTED:
+            return ""
+        raise
+    made = [d for d in listing if d.job_version == job_version and d.create_index > ev.create_index]
+    return max(made, key=lambda d: d.create_index).id if made else ""
+
+
+def monitor_deployment(
+    client: DroverClient, args: argparse.Namespace, deployment_id: str
+) -> structs_pb2.Deployment:
+    """Follow a deployment with blocking queries until it is no longer active, printing its
+    status and per-group table each time they change; the deployment as it ended. Nomad's
+    monitor follows a deployment for as long as it runs, and so does this: its progress
+    deadline ends a stuck one (Ctrl-C stops watching, exit 130)."""
+    print(f'==> Monitoring deployment "{display_id(deployment_id, args)}"')
+    index = 0
+    shown = ""
+    while True:
+        start = time.monotonic()
+        resp = client.get_deployment(
+            deployment_id, min_index=index, wait_ns=int(_DEPLOYMENT_WAIT_S * 1e9) if index else 0
+        )
+        deployment = resp.deployment
+        text = _progress(deployment, args)
+        if text != shown:
+            print(text)
+            shown = text
+        if not is_active(deployment):
+            detail = f": {deployment.status_description}" if deployment.status_description else ""
+            print(f'==> Deployment "{display_id(deployment.id, args)}" {deployment.status}{detail}')
+            return deployment
+        if resp.meta.index <= index:
+            # Answered without blocking (or the wait ran out): do not spin.
+            time.sleep(max(_MONITOR_POLL_S - (time.monotonic() - start), 0.0))
+        index = max(index, resp.meta.index)
+
+
+def _progress(deployment: structs_pb2.Deployment, args: argparse.Namespace) -> str:
+    """The status lines and the per-group table, indented under the monitor's header."""
+    pairs = deployment_kv(deployment, verbose=False)[3:]
+    width = max(len(k) for k, _ in pairs)
+    lines = [f"    {k.ljust(width)} = {v}".rstrip() for k, v in pairs]
+    headers, rows = group_table(deployment)
+    if rows:
+        lines.append("")
+        lines += [f"    {line}" for line in format_table(headers, rows).splitlines()]
+    return "\n".join(lines)
+
+
+def _deployment_failure(
+    client: DroverClient, args: argparse.Namespace, deployment: structs_pb2.Deployment
+) -> str:
+    """The one-line reason a deployment did not succeed. After a failure that rolled the job
+    back, the rollback's own deployment is followed first (Nomad does the same), and how it
+    ended is part of the line: the exit status stays 1 either way."""
+    what = f'deployment "{display_id(deployment.id, args)}" {deployment.status}'
+    if deployment.status_description:
+        what += f": {deployment.status_description}"
+    if deployment.status != DEPLOYMENT_STATUS_FAILED or _ROLLBACK_MARKER not in deployment.status_description:
+        return what
+    version = deployment.status_description.rsplit(_ROLLBACK_MARKER, 1)[1]
+    rollback = _rollback_deployment(client, args, deployment)
+    if rollback is None:
+        print(f"==> Job rolled back to version {version}; it made no deployment")
+        return what
+    print(f'==> Job rolled back to version {version}: following deployment "{display_id(rollback, args)}"')
+    ended = monitor_deployment(client, args, rollback)
+    return f'{what}; the rollback\'s deployment "{display_id(ended.id, args)}" {ended.status}'
+
+
+def _rollback_deployment(
+    client: DroverClient, args: argparse.Namespace, failed: structs_pb2.Deployment
+) -> str | None:
+    """The deployment the scheduler makes for the rolled-back version: the job's first one
+    created after the failure, waited for with blocking queries until -monitor-timeout."""
+    deadline = time.monotonic() + float(args.monitor_timeout)
+    index = 0
+    while True:
+        remaining = deadline - time.monotonic()
+        resp = client.list_deployments(
+            job_id=failed.job_id,
+            namespace=failed.namespace,
+            min_index=index,
+            wait_ns=max(int(min(remaining, _DEPLOYMENT_WAIT_S) * 1e9), 1) if index else 0,
+        )
+        newer = [d for d in resp.deployments if d.create_index > failed.modify_index and d.id != failed.id]
+        if newer:
+            return min(newer, key=lambda d: d.create_index).id
+        if time.monotonic() >= deadline:
+            return None
+        if resp.meta.index <= index:
+            time.sleep(min(_MONITOR_POLL_S, max(deadline - time.monotonic(), 0.0)))
+        index = max(index, resp.meta.index)

@@ -1,5 +1,7 @@
 """``drover job``: register (``run``), dry-run (``plan``), inspect, stop and dispatch jobs,
-and force a periodic job's launch."""
+and force a periodic job's launch. The commands over versions and rollouts (``history``,
+``revert``, ``scale``, ``inspect``, ``validate``, ``deployments``) live in
+:mod:`drover.cli._job_lifecycle` and are registered here with the rest."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Final
 
 import grpc
 
+from drover.cli import _job_lifecycle
 from drover.cli._args import (
     Subcommands,
     add_command,
@@ -22,8 +25,7 @@ from drover.cli._args import (
     read_flags,
     write_flags,
 )
-from drover.cli._connect import connect, no_unique_match
-from drover.cli._errors import CLIError
+from drover.cli._connect import connect
 from drover.cli._format import (
     fmt_duration,
     fmt_time,
@@ -34,12 +36,12 @@ from drover.cli._format import (
     print_kv,
     print_table,
 )
+from drover.cli._jobs import get_job as _get_job
+from drover.cli._jobs import load_job_file as _load_job_file
 from drover.cli._monitor import monitor_eval
 from drover.cli._placement import failed_group_lines
 from drover.cli._reschedule import awaiting_rows
-from drover.scheduler.structs import Job
 from drover.sdk import DroverClient, DroverError
-from drover.server.codec import to_proto
 from drover.v1 import api_pb2, structs_pb2
 
 __all__ = ["register"]
@@ -47,17 +49,21 @@ __all__ = ["register"]
 _JOB_RUN_EPILOG: Final = """\
 Unless -detach (or -json) is given, the registration's evaluation is monitored: each
 allocation it creates is printed as it appears, until the evaluation completes, fails or
-blocks, or -monitor-timeout passes.
+blocks, or -monitor-timeout passes. Then the deployment the new version starts, if any,
+is followed until it ends: its status and per-group table (Desired, Placed, Healthy,
+Unhealthy, Progress Deadline) each time they change. A failed deployment that rolled the
+job back is said so, and the rollback's deployment is followed too.
 
 Periodic and parameterized jobs get no evaluation at registration: there is nothing to
 monitor.
 
 Exit status:
-  0  registered; the evaluation completed, blocked (allocations queued until capacity
-     frees up; the blocked evaluation's ID is printed), or is still pending after
-     -monitor-timeout
-  1  an error, or the evaluation failed
-  2  usage error
+  0  registered; the evaluation completed and the deployment, if any, succeeded (or the
+     evaluation is still pending after -monitor-timeout)
+  1  an error, a failed evaluation, or a deployment that did not end successful (also
+     when its automatic rollback then succeeded)
+  2  some allocations could not be placed (queued until capacity frees up; the blocked
+     evaluation's ID is printed), unless a deployment then succeeded; or a usage error
 """
 
 _PLAN_EPILOG: Final = """\
@@ -67,9 +73,9 @@ place), stop, migrate, mark lost or leave alone, and how many could not be place
 (they would be queued). Nothing is registered or changed.
 
 Exit status:
-  0  the plan was computed, whether or not the job would change anything
-     (unlike Nomad, which exits 1 when allocations would be created or destroyed)
-  1  an error (bad job file, invalid job, server error)
+  0  nothing would change: no allocation would be created, destroyed or updated
+  1  allocations would be created, destroyed or updated; or an error (bad job file,
+     invalid job, server error: then with one "Error:" line on stderr)
   2  usage error
 """
 
@@ -130,6 +136,7 @@ def register(top: Subcommands) -> None:
         help="if a child was already dispatched with this token, return it instead of dispatching again",
     )
     flag(p, "namespace", default="")
+    _job_lifecycle.register(jobs)
     periodic = add_group(jobs, "periodic", "periodic job operations")
     p = add_command(periodic, "force", _cmd_job_periodic_force, "launch a periodic job's child now")
     p.add_argument("job")
@@ -159,7 +166,7 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
         _print_register_warnings(resp.warnings)
         if args.detach:
             return 0
-        return monitor_eval(client, args, resp.eval_id)
+        return monitor_eval(client, args, resp.eval_id, follow_deployment=True, job_version=resp.version)
 
 
 def _print_register_warnings(warnings: str) -> None:
@@ -184,7 +191,7 @@ def _cmd_job_plan(args: argparse.Namespace) -> int:
         plan = client.plan_job(job_pb)
         if args.json:
             print_json(plan)
-            return 0
+            return _plan_exit_status(plan)
         # current_version is 0 both for a new job and for an existing job at version 0.
         new = not _job_exists(client, job_pb.id, job_pb.namespace)
     print(plan_header(job_pb.id, new=new, changed=plan.job_changed, current_version=plan.current_version))
@@ -219,7 +226,24 @@ def _cmd_job_plan(args: argparse.Namespace) -> int:
             print("\n".join(failed_group_lines(plan.failed_tg_metrics, group_order)))
     else:
         print("Scheduler dry-run: all allocations can be placed.")
-    return 0
+    return _plan_exit_status(plan)
+
+
+# Buckets of allocations the plan would leave as they are: every other bucket creates,
+# stops or changes an allocation.
+_UNCHANGED_BUCKETS: Final = frozenset({"ignore", "reschedule_later"})
+
+
+def _plan_exit_status(plan: api_pb2.JobPlanResponse) -> int:
+    """Nomad's: 1 when allocations would be created, destroyed or updated (placements that
+    would be queued count: they are created once there is room), else 0."""
+    changes = any(
+        count > 0
+        for group in plan.groups.values()
+        for bucket, count in group.buckets.items()
+        if bucket not in _UNCHANGED_BUCKETS
+    )
+    return 1 if changes or any(n > 0 for n in plan.queued.values()) else 0
 
 
 def _job_exists(client: DroverClient, job_id: str, namespace: str) -> bool:
@@ -230,39 +254,6 @@ def _job_exists(client: DroverClient, job_id: str, namespace: str) -> bool:
             return False
         raise
     return True
-
-
-def _load_job_file(path: str) -> structs_pb2.Job:
-    """Parse and locally validate a job file, so mistakes get a message before any RPC."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CLIError(
-            f"{path}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-        ) from exc
-    try:
-        from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
-            JobspecError,
-            parse_jobspec,
-        )
-    except ModuleNotFoundError as exc:
-        if exc.name != "drover.server.jobspec":
-            raise
-        raise CLIError("cannot read job files: drover.server.jobspec is not available") from exc
-    try:
-        job: Job = parse_jobspec(text, filename=path)
-    except JobspecError as exc:
-        raise CLIError(str(exc)) from exc
-    from drover.scheduler.validate import ValidationError, canonicalize_job, validate_job
-
-    try:
-        # The server canonicalizes too; the job is sent as parsed.
-        validate_job(canonicalize_job(job))
-    except ValidationError as exc:
-        raise CLIError(str(exc)) from exc
-    return to_proto(job, structs_pb2.Job())
 
 
 def _cmd_job_status(args: argparse.Namespace) -> int:
@@ -460,18 +451,3 @@ def _cmd_job_periodic_force(args: argparse.Namespace) -> int:
         if args.detach:
             return 0
         return monitor_eval(client, args, resp.eval_id)
-
-
-def _get_job(client: DroverClient, args: argparse.Namespace) -> api_pb2.JobGetResponse:
-    """The job named exactly, or else the only job whose ID starts with the argument."""
-    stale: bool = getattr(args, "stale", False)
-    try:
-        return client.get_job(args.job, namespace=args.namespace, stale=stale)
-    except DroverError as exc:
-        if exc.code != grpc.StatusCode.NOT_FOUND:
-            raise
-        listing = client.list_jobs(prefix=args.job, namespace=args.namespace, stale=stale)
-        matches = [j.id for j in listing.jobs if j.id.startswith(args.job)]
-        if len(matches) != 1:
-            no_unique_match("job", args.job, matches, exc)
-        return client.get_job(matches[0], namespace=args.namespace, stale=stale)
