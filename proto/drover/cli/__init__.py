@@ -15,7 +15,10 @@ its commands to the parser, and the handlers that run them:
 
 - ``agent``: ``drover agent -dev|-server|-client``, the agents themselves.
 - ``job``: ``run``, ``plan``, ``status``, ``stop``, ``allocs``, ``dispatch``,
-  ``periodic force``.
+  ``periodic force``; and over versions and rollouts (``_job_lifecycle``): ``history``,
+  ``revert``, ``scale``, ``inspect``, ``validate``, ``deployments``.
+- ``deployment``: ``list``, ``status``, ``promote``, ``pause``, ``resume``, ``fail``,
+  ``alloc-health``.
 - ``node``: ``status``, ``drain``, ``eligibility``.
 - ``eval``: ``list``, ``status``.
 - ``alloc``: ``status``.
@@ -33,7 +36,9 @@ Shared, private:
 - ``_args``: flag spellings and the common flag sets; reading ``-address``, ``-verbose``.
 - ``_connect``: the SDK client from the flags; finding a record by ID prefix.
 - ``_errors``: :class:`CLIError` and the one boundary that turns failures into one line.
-- ``_monitor``: following an evaluation after a write.
+- ``_monitor``: following an evaluation after a write, then the deployment it starts.
+- ``_jobs``: reading a job file; finding a job by ID prefix.
+- ``_deployments``, ``_jobdiff``: how deployments and version diffs read (pure).
 - ``_format``: tables, key = value lists, JSON, times, durations; nothing there talks to
   a server.
 
