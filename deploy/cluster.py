@@ -743,15 +743,11 @@ class LocalCluster:
 
     def stop(self, i: int, timeout: float = STOP_TIMEOUT) -> int | None:
         """SIGTERM server ``i``, SIGKILL it after ``timeout``; its exit status."""
-        member = self._server(i)
-        self._stop_members([member], timeout)
-        return member.proc.returncode if member.proc else None
+        return self._stop_one(self._server(i), timeout)
 
     def restart(self, i: int) -> None:
         """Start server ``i`` again: same name, ports and data dir. It must be down."""
-        member = self._server(i)
-        if member.alive():
-            raise ClusterError(f"{member.name} is still running; kill or stop it first")
+        member = self._down(self._server(i))
         self._channels.drop(i)
         self._spawn(member)
 
@@ -770,15 +766,12 @@ class LocalCluster:
         self._kill(self._client(j), sig)
 
     def stop_client(self, j: int, timeout: float = STOP_TIMEOUT) -> int | None:
-        member = self._client(j)
-        self._stop_members([member], timeout)
-        return member.proc.returncode if member.proc else None
+        """SIGTERM client ``j``, SIGKILL it after ``timeout``; its exit status."""
+        return self._stop_one(self._client(j), timeout)
 
     def restart_client(self, j: int) -> None:
-        member = self._client(j)
-        if member.alive():
-            raise ClusterError(f"{member.name} is still running; kill or stop it first")
-        self._spawn(member)
+        """Start client ``j`` again: same name, servers and data dir. It must be down."""
+        self._spawn(self._down(self._client(j)))
 
     def client_alive(self, j: int) -> bool:
         return self._client(j).alive()
@@ -980,6 +973,18 @@ class LocalCluster:
                 interval=0.005,
                 message=f"{member.name} to stop",
             )
+
+    def _stop_one(self, member: _Member, timeout: float) -> int | None:
+        self._stop_members([member], timeout)
+        return member.proc.returncode if member.proc else None
+
+    @staticmethod
+    def _down(member: _Member) -> _Member:
+        """``member``, once sure it is not running: a second process on its data dir and
+        ports would fight the first, so a restart of a live agent is refused."""
+        if member.alive():
+            raise ClusterError(f"{member.name} is still running; kill or stop it first")
+        return member
 
     def _stop_members(self, members: Sequence[_Member], timeout: float) -> None:
         """SIGTERM them all, wait with one shared deadline, SIGKILL whoever is left.
