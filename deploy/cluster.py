@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import grpc
 
@@ -1139,11 +1139,20 @@ def _cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_stop(args: argparse.Namespace) -> int:
+def _recorded_cluster(args: argparse.Namespace, out: TextIO) -> Path | None:
+    """The record ``start`` wrote in ``args.dir``, or None (said on ``out``) when there is
+    none: each command decides whether nothing to act on is a failure."""
     state_path = Path(args.dir).resolve() / STATE_FILE
     if not state_path.exists():
-        print(f"no cluster recorded in {state_path}")
-        return 0
+        print(f"no cluster recorded in {state_path}", file=out)
+        return None
+    return state_path
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    state_path = _recorded_cluster(args, sys.stdout)
+    if state_path is None:
+        return 0  # nothing running: stopping it has succeeded
     for name, outcome in stop_recorded(state_path, args.timeout).items():
         detail = {
             "foreign": "pid now belongs to another program; left alone",
@@ -1154,9 +1163,8 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    state_path = Path(args.dir).resolve() / STATE_FILE
-    if not state_path.exists():
-        print(f"no cluster recorded in {state_path}")
+    state_path = _recorded_cluster(args, sys.stdout)
+    if state_path is None:
         return 1
     record = ClusterRecord.load(state_path)
     healthy = True
@@ -1209,9 +1217,8 @@ def recorded_leader(
 
 
 def _cmd_kill_leader(args: argparse.Namespace) -> int:
-    state_path = Path(args.dir).resolve() / STATE_FILE
-    if not state_path.exists():
-        print(f"no cluster recorded in {state_path}", file=sys.stderr)
+    state_path = _recorded_cluster(args, sys.stderr)
+    if state_path is None:
         return 1
     record = ClusterRecord.load(state_path)
     try:
