@@ -179,6 +179,12 @@ def peer_addresses(specs: Sequence[ServerSpec], index: int) -> list[str]:
     return [spec.raft_address for i, spec in enumerate(specs) if i != index]
 
 
+def agent_args(role: str, name: str, data_dir: Path) -> list[str]:
+    """``agent -<role> -node-name <name> -data-dir <dir>``: what every agent a test or this
+    launcher starts is told first (``role``: ``server`` or ``client``)."""
+    return ["agent", f"-{role}", "-node-name", name, "-data-dir", str(data_dir)]
+
+
 def server_argv(
     spec: ServerSpec,
     data_dir: Path,
@@ -191,12 +197,7 @@ def server_argv(
         sys.executable,
         "-m",
         module,
-        "agent",
-        "-server",
-        "-node-name",
-        spec.name,
-        "-data-dir",
-        str(data_dir),
+        *agent_args("server", spec.name, data_dir),
         "-bind",
         spec.host,
         "-grpc-port",
@@ -239,12 +240,7 @@ def client_argv(
         sys.executable,
         "-m",
         module,
-        "agent",
-        "-client",
-        "-node-name",
-        name,
-        "-data-dir",
-        str(data_dir),
+        *agent_args("client", name, data_dir),
         "-servers",
         ",".join(servers),
         # The test and example jobs run raw_exec tasks; a client offers it only when asked.

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from deploy.cluster import LocalCluster
+from deploy.cluster import LocalCluster, agent_args
 
 # The name a test's lone server goes by (``lone_server_args``).
 LONE_SERVER: str = "s1"
@@ -50,4 +50,4 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def lone_server_args(data_dir: Path, *extra: str) -> list[str]:
     """``agent -server`` arguments of a one-server cluster named ``s1`` on ``data_dir``:
     the start the agent-startup and TLS tests each vary by ``extra`` flags."""
-    return ["agent", "-server", "-node-name", LONE_SERVER, "-data-dir", str(data_dir), *extra]
+    return [*agent_args("server", LONE_SERVER, data_dir), *extra]
