@@ -57,7 +57,6 @@ MAX_DETAILS: Final = 20
 JOB_KINDS: Final = frozenset({"register", "update-inplace", "update-destructive", "scale", "stop", "purge"})
 REGISTER_KINDS: Final = frozenset({"register", "update-inplace", "update-destructive", "scale"})
 DIVERGENCE: Final = re.compile(r"may have diverged|failed _onTick|IndexError")
-REJECTED: Final = re.compile(r"^(\S+Z) .*plan\.node_rejected.*?\bnode_id=(\S+)", re.MULTILINE)
 # The plan applier's log lines that bound a rejection count: a new leader's applier starts
 # a new tracker, and the tracker forgets a node once it has marked it.
 PLAN_EVENT: Final = re.compile(
