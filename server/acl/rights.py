@@ -15,6 +15,14 @@ Jobs.Dispatch               namespace: dispatch-job or submit-job
 Jobs.PeriodicForce          namespace: submit-job or force-periodic-job
 Jobs.List                   list-jobs; results filtered to the namespaces that allow it
 Jobs.Get/Versions/Summary   read-job, checked on the namespace of what is returned
+Jobs.Revert                 namespace: submit-job or revert-job
+Jobs.Scale                  namespace: scale-job or submit-job
+Jobs.Validate               namespace of the job: read-job
+Deployments.List/Get/Allocations  read-job, checked on the namespace of what is returned
+Deployments.Promote/Pause/Fail    submit-job, or promote-/pause-/fail-deployment, on the
+                            deployment's namespace (checked by the servicer once found:
+                            the request names only the deployment)
+Deployments.SetAllocHealth  the same with set-alloc-health-deployment
 Evals.List, Allocs.List     read-job; results filtered per namespace
 Evals.Get, Allocs.Get       read-job on the object's own namespace (CVE-2019-16742)
 Nodes.List, Nodes.Get       node read
@@ -111,6 +119,12 @@ def _read(*caps: str, results: tuple[str, ...]) -> Need:
     return Need(Scope.NAMESPACE, caps, results=results)
 
 
+def _deployment_write(*caps: str) -> Need:
+    """A write naming a deployment, not a namespace: the gate asks for ``caps`` in some
+    namespace, server/api/deployments.py then on the deployment's own."""
+    return Need(Scope.NAMESPACE, caps, why="the deployment's namespace is checked once it is found")
+
+
 def _level(scope: Scope, level: str, alternative: str = "") -> Need:
     return Need(scope, (level,), alternative=alternative)
 
@@ -145,6 +159,16 @@ RIGHTS: Final[Mapping[str, Need]] = {
     "Jobs.Get": _read("read-job", results=("job", "summary")),
     "Jobs.Versions": _read("read-job", results=("versions",)),
     "Jobs.Summary": _read("read-job", results=("summary",)),
+    "Jobs.Revert": _write("submit-job", "revert-job", namespace=_ns(lambda r: r.namespace)),
+    "Jobs.Scale": _write("scale-job", "submit-job", namespace=_ns(lambda r: r.namespace)),
+    "Jobs.Validate": _write("read-job", namespace=_ns(lambda r: r.job.namespace)),
+    "Deployments.List": _read("read-job", results=("deployments",)),
+    "Deployments.Get": _read("read-job", results=("deployment",)),
+    "Deployments.Allocations": _read("read-job", results=("allocs",)),
+    "Deployments.Promote": _deployment_write("submit-job", "promote-deployment"),
+    "Deployments.Pause": _deployment_write("submit-job", "pause-deployment"),
+    "Deployments.Fail": _deployment_write("submit-job", "fail-deployment"),
+    "Deployments.SetAllocHealth": _deployment_write("submit-job", "set-alloc-health-deployment"),
     "Evals.List": _read("read-job", results=("evals",)),
     "Evals.Get": _read("read-job", results=("eval",)),
     "Allocs.List": _read("read-job", results=("allocs",)),

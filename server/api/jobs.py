@@ -7,9 +7,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from drover.scheduler import validate
 from drover.scheduler.structs import DEFAULT_NAMESPACE, Job
 from drover.server.api._base import meta_for, query, rpc, write_meta
+from drover.server.api.deployments import actions_for
 from drover.server.codec import from_proto, to_proto
+from drover.server.core import job_limits
 from drover.server.errors import NotFoundError, ValidationError
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
@@ -149,3 +152,44 @@ class JobsServicer(api_pb2_grpc.JobsServicer):
         if summary is None:
             raise NotFoundError(f"job {request.job_id!r} not found")
         return api_pb2.JobSummaryResponse(meta=meta, summary=to_proto(summary, structs_pb2.JobSummary()))
+
+    @rpc(S, "write")
+    def Revert(
+        self, request: api_pb2.JobRevertRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobRevertResponse:
+        outcome = actions_for(self.core).revert_job(
+            _ns(request.namespace),
+            request.job_id,
+            request.job_version,
+            enforce_prior=request.enforce_prior_version,
+            prior_version=request.prior_version,
+        )
+        return api_pb2.JobRevertResponse(
+            meta=write_meta(outcome.index), eval_id=outcome.eval_id, job_version=outcome.job_version
+        )
+
+    @rpc(S, "write")
+    def Scale(
+        self, request: api_pb2.JobScaleRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobScaleResponse:
+        outcome = actions_for(self.core).scale_job(
+            _ns(request.namespace), request.job_id, request.group, request.count, request.message
+        )
+        return api_pb2.JobScaleResponse(
+            meta=write_meta(outcome.index), eval_id=outcome.eval_id, job_version=outcome.job_version
+        )
+
+    @rpc(S, "local")
+    def Validate(
+        self, request: api_pb2.JobValidateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.JobValidateResponse:
+        """Every problem at once, as the register path would find them (nothing is written)."""
+        if not request.HasField("job"):
+            raise ValidationError("job: required")
+        try:
+            validate.validate_job(
+                validate.canonicalize_job(from_proto(request.job, Job)), job_limits(self.core.cfg)
+            )
+        except validate.ValidationError as exc:
+            return api_pb2.JobValidateResponse(errors=[str(e) for e in exc.errors])
+        return api_pb2.JobValidateResponse()

@@ -8,6 +8,7 @@ from drover.server.acl.acl import ACL, DENY_ALL, MANAGEMENT, compile_acl
 from drover.server.acl.policy import parse_policy
 from drover.server.acl.rights import NODE_SECRET_RPCS, RIGHTS, Scope, check_request, check_response, need_for
 from drover.server.api.acl import ACLServicer
+from drover.server.api.deployments import DeploymentsServicer
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
@@ -22,6 +23,7 @@ SERVICERS = {
     "Allocs": AllocsServicer,
     "Operator": OperatorServicer,
     "ACL": ACLServicer,
+    "Deployments": DeploymentsServicer,
 }
 PROTO_RPCS = sorted(
     f"{service.name}.{method.name}"
