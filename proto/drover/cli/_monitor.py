@@ -210,7 +210,8 @@ def monitor_deployment(
         deployment = resp.deployment
         text = _progress(deployment, args)
         if text != shown:
-            print(text)
+            # A blank line between updates: each is a whole status and table.
+            print(f"\n{text}" if shown else text)
             shown = text
         if not is_active(deployment):
             detail = f": {deployment.status_description}" if deployment.status_description else ""
