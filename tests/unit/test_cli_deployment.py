@@ -785,9 +785,8 @@ def test_job_scale__group_omitted_when_the_job_has_one(
         (["web", "3"], 'Error: job "web" has 2 task groups (web, cache): name one'),
         (["web", "db", "3"], 'Error: job "web" has no task group "db"'),
         (["web", "web", "-1"], 'Error: COUNT must be a non-negative integer, got "-1"'),
-        (["web", "a", "b", "3"], "Error: expected JOB [GROUP] COUNT, got 4 arguments"),
     ],
-    ids=["two-groups-none-named", "unknown-group", "negative", "too-many"],
+    ids=["two-groups-none-named", "unknown-group", "negative"],
 )
 def test_job_scale__argument_errors__nothing_scaled(
     fake: tuple[FakeDrover, str], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -799,6 +798,13 @@ def test_job_scale__argument_errors__nothing_scaled(
     code, out, err = run(capsys, "job", "scale", "-address", addr, *argv)
     assert (code, out, err) == (1, "", [message])
     assert state.calls("Jobs.Scale") == []
+
+
+def test_job_scale__too_many_arguments__usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["job", "scale", "web", "a", "b", "3"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: 3" in capsys.readouterr().err
 
 
 def test_job_inspect__stored_spec_as_json(

@@ -98,7 +98,8 @@ def register(jobs: Subcommands) -> None:
     flag(p, "namespace", default="")
     p = add_command(jobs, "scale", _cmd_scale, "change the count of a job's task group", _SCALE_EXIT)
     p.add_argument("job")
-    p.add_argument("args", nargs="+", metavar="[GROUP] COUNT")
+    p.add_argument("group", nargs="?", help="the task group (may be left out when the job has one)")
+    p.add_argument("count")
     write_flags(p, monitor=True)
     flag(p, "namespace", default="")
     p = add_command(jobs, "inspect", _cmd_inspect, "print a job's stored spec as JSON")
@@ -193,13 +194,11 @@ def _cmd_revert(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    if len(args.args) > 2:
-        raise CLIError(f"expected JOB [GROUP] COUNT, got {len(args.args) + 1} arguments")
-    count = _non_negative_int(args.args[-1], "COUNT")
+    count = _non_negative_int(args.count, "COUNT")
     with connect(args) as client:
         job = get_job(client, args).job
-        if len(args.args) == 2:
-            group = args.args[0]
+        if args.group is not None:
+            group: str = args.group
         elif len(job.groups) == 1:
             group = job.groups[0].name
         else:
