@@ -179,3 +179,99 @@ def test_job_lifecycle__run_history_revert_scale_inspect_validate_plan(
     assert "Job Version = 3" in shown.stdout and "Status      = successful" in shown.stdout, _said(shown)
     table = shown.stdout.split("Deployed\n", 1)[1].splitlines()
     assert table[0].split()[:5] == ["Task", "Group", "Desired", "Placed", "Healthy"], _said(shown)
+
+
+_STEERED = """
+job "api" {{
+  datacenters = ["dc1"]
+  group "api" {{
+    count = 2
+    update {{
+      max_parallel      = 2
+      canary            = {canary}
+      health_check      = "{health_check}"
+      min_healthy_time  = "1s"
+      healthy_deadline  = "30s"
+      progress_deadline = "1m"
+    }}
+    task "server" {{
+      driver = "mock"
+      config {{
+        run_for = "{run_for}"
+      }}
+      resources {{
+        cpu    = 50
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _deployment_json(cluster: LocalCluster, ref: str) -> dict[str, object]:
+    shown = _cli(cluster, "deployment", "status", "-json", ref)
+    assert shown.returncode == 0, _said(shown)
+    got: dict[str, object] = json.loads(shown.stdout)
+    return got
+
+
+def test_deployment_commands__promote_a_canary_then_set_health_by_hand(
+    cluster_with_client: LocalCluster, tmp_path: Path
+) -> None:
+    cluster = cluster_with_client
+    files = {name: tmp_path / f"{name}.hcl" for name in ("v0", "canary", "manual")}
+    files["v0"].write_text(_STEERED.format(canary=0, health_check="task_states", run_for="1h"))
+    files["canary"].write_text(_STEERED.format(canary=1, health_check="task_states", run_for="2h"))
+    files["manual"].write_text(_STEERED.format(canary=0, health_check="manual", run_for="3h"))
+    ran = _cli(cluster, "job", "run", str(files["v0"]))
+    assert ran.returncode == 0, _said(ran)
+
+    # Version 1 places one canary beside the old allocs and waits for promotion.
+    ran = _cli(cluster, "job", "run", "-detach", str(files["canary"]))
+    assert ran.returncode == 0, _said(ran)
+    listed = _cli(cluster, "job", "deployments", "-json", "api")
+    assert listed.returncode == 0, _said(listed)
+    canary_id = json.loads(listed.stdout)[0]["id"]
+
+    def waiting_for_promotion() -> dict[str, object] | None:
+        got = _deployment_json(cluster, canary_id[:8])
+        group = got["task_groups"]["api"]  # type: ignore[index]
+        return got if group["canaries"] == 1 and group["healthy"] == 1 else None
+
+    waiting = wait_for(waiting_for_promotion, 60, 0.5, lambda: "a healthy canary\n" + cluster.logs_tail())
+    assert waiting is not None
+    group = waiting["task_groups"]["api"]  # type: ignore[index]
+    assert (waiting["status"], group["promoted"], group["desired"]) == ("running", False, 2)
+    assert "requires manual promotion" in str(waiting["status_description"])
+    promoted = _cli(cluster, "deployment", "promote", canary_id[:8])
+    assert promoted.returncode == 0, _said(promoted)
+    assert f'==> Deployment "{canary_id[:8]}" successful' in promoted.stdout, _said(promoted)
+    done = _deployment_json(cluster, canary_id)
+    assert (done["status"], done["task_groups"]["api"]["promoted"]) == ("successful", True)  # type: ignore[index]
+
+    # Version 2: only an operator says whether its allocs are healthy.
+    ran = _cli(cluster, "job", "run", "-detach", str(files["manual"]))
+    assert ran.returncode == 0, _said(ran)
+    listed = _cli(cluster, "job", "deployments", "-json", "api")
+    manual_id = json.loads(listed.stdout)[0]["id"]
+    assert manual_id != canary_id
+
+    def placed_unset() -> list[str] | None:
+        shown = _cli(cluster, "deployment", "status", "-verbose", manual_id)
+        assert shown.returncode == 0, _said(shown)
+        rows = shown.stdout.split("\nAllocations\n", 1)[1].splitlines()[1:]
+        unset = [r.split()[0] for r in rows if r.split()[6] == "unset" and r.split()[5] == "running"]
+        return unset if len(unset) == 2 else None
+
+    allocs = wait_for(
+        placed_unset, 60, 0.5, lambda: "2 running allocs of unset health\n" + cluster.logs_tail()
+    )
+    assert allocs is not None
+    # Prefixes of the deployment's own allocs do; the command then follows it to the end.
+    marked = _cli(
+        cluster, "deployment", "alloc-health", "-healthy", ",".join(a[:8] for a in allocs), manual_id[:8]
+    )
+    assert marked.returncode == 0, _said(marked)
+    assert "marked 2 healthy" in marked.stdout, _said(marked)
+    assert f'==> Deployment "{manual_id[:8]}" successful' in marked.stdout, _said(marked)
