@@ -644,9 +644,11 @@ def test_job_run__auto_reverted__says_so_follows_the_rollback_still_exit_1(
     rollback = deployment(
         "successful", deployment_id=ROLLBACK_ID, description="Deployment completed successfully", healthy=2
     )
-    rollback.create_index = 70  # after the failure (modify_index 60)
-    rollback.job_version = 2
-    state.extra_deployments = [rollback]
+    rollback.job_version = 2  # the rollback registers version 0's spec as version 2
+    # An older deployment of the job, and one of the failed version: neither is followed.
+    stale = deployment("successful", deployment_id=DEP_ID_2, description="Deployment completed successfully")
+    stale.job_version, stale.create_index = 0, 10
+    state.extra_deployments = [stale, rollback]
     code, out, err = run(capsys, "job", "run", "-address", addr, str(job_file))
     assert code == 1  # Nomad >= 1.2.4: the deployment failed, whatever the rollback did
     assert err == [

@@ -260,7 +260,7 @@ def _rollback_deployment(
     client: DroverClient, args: argparse.Namespace, failed: structs_pb2.Deployment
 ) -> str | None:
     """The deployment the scheduler makes for the rolled-back version: the job's first one
-    created after the failure, waited for with blocking queries until -monitor-timeout."""
+    of a newer version, waited for with blocking queries until -monitor-timeout."""
     deadline = time.monotonic() + float(args.monitor_timeout)
     index = 0
     while True:
@@ -271,7 +271,9 @@ def _rollback_deployment(
             min_index=index,
             wait_ns=max(int(min(remaining, _DEPLOYMENT_WAIT_S) * 1e9), 1) if index else 0,
         )
-        newer = [d for d in resp.deployments if d.create_index > failed.modify_index and d.id != failed.id]
+        # The rollback is a newer job version; the failed record's own indexes may have moved
+        # on since (its counters keep counting), so they cannot date it.
+        newer = [d for d in resp.deployments if d.job_version > failed.job_version and d.id != failed.id]
         if newer:
             return min(newer, key=lambda d: d.create_index).id
         if time.monotonic() >= deadline:
