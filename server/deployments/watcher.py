@@ -37,6 +37,10 @@ log = structlog.get_logger("drover.deployments")
 WATCHED_TABLES: Final = ("deployments", "allocs", "jobs", "job_versions")
 # The longest sleep in one go, so a revoke (``stop``) is noticed promptly.
 WAIT_SLICE_S: Final = 0.5
+# After a change, this long for more to arrive before the next pass: a burst of client
+# health reports costs one scan of the deployments' allocs, not one per report (Nomad
+# batches its watcher's writes over 250 ms for the same reason).
+BATCH_S: Final = 0.1
 
 
 class DeploymentWatcher:
@@ -65,18 +69,21 @@ class DeploymentWatcher:
             except Exception:
                 log.exception("deployment.watch_failed", index=snap.index)
                 due = 0
-            self._sleep(snap.table_index(*WATCHED_TABLES), due)
+            if self._sleep(snap.table_index(*WATCHED_TABLES), due):
+                self._stop.wait(BATCH_S)
 
-    def _sleep(self, seen: int, due_ns: int) -> None:
+    def _sleep(self, seen: int, due_ns: int) -> bool:
+        """Until a watched table moves past ``seen`` (True) or ``due_ns`` comes (False)."""
         while not self._stop.is_set():
             timeout = WAIT_SLICE_S
             if due_ns:
                 timeout = min(timeout, max(0.0, (due_ns - self._clock.now_ns()) / 1e9))
             snap = self._store.wait_for(WATCHED_TABLES, seen, timeout)
             if snap.table_index(*WATCHED_TABLES) > seen or self._store.closed:
-                return
+                return True
             if due_ns and self._clock.now_ns() >= due_ns:
-                return
+                return False
+        return False
 
     def watch_once(self, snap: Snapshot, now_ns: int) -> int:
         """Decide about every active deployment of ``snap`` at ``now_ns`` and write the

@@ -9,6 +9,7 @@ propose. A refused entry must leave the state digest as it was.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -59,17 +60,19 @@ class Cluster:
         self.store = StateStore()
         self.fsm = FSM(self.store)
         self.index = 0
+        # One writer at a time, as raft's apply thread is (a watcher thread proposes too).
+        self._writing = threading.Lock()
 
     def seed(self, fn: Callable[[Txn], None]) -> None:
-        self.index += 1
-        txn = Txn(self.store.snapshot().tables, self.index)
-        fn(txn)
-        self.store.commit(txn.commit(), txn.changes)
+        with self._writing:
+            self.index += 1
+            txn = Txn(self.store.snapshot().tables, self.index)
+            fn(txn)
+            self.store.commit(txn.commit(), txn.changes)
 
     def apply(self, data: bytes, *, refused: bool = False) -> ApplyResult:
         before = state_digest(self.store.snapshot().tables)
-        self.index += 1
-        result = self.fsm.apply(data, self.index)
+        result = self.propose(data, 0.0)
         if refused:
             assert result.error, "expected the entry to be refused"
             assert state_digest(self.store.snapshot().tables) == before, "a refused entry changed the state"
@@ -79,8 +82,9 @@ class Cluster:
 
     # The leader's side, for the actions and the watcher: propose = apply here.
     def propose(self, data: bytes, timeout: float) -> ApplyResult:
-        self.index += 1
-        return self.fsm.apply(data, self.index)
+        with self._writing:
+            self.index += 1
+            return self.fsm.apply(data, self.index)
 
     def deployment(self, deployment_id: str = "d1") -> Deployment:
         found = self.store.snapshot().deployment(deployment_id)
@@ -439,6 +443,26 @@ def test_watcher__refused_write__not_retried_until_the_deployment_changes(cluste
     assert cluster.index == index + 1, "one refused proposal"
     watcher.watch_once(decided_on, clock.now)
     assert cluster.index == index + 1, "not proposed again while the deployment is unchanged"
+
+
+def test_watcher__thread__wakes_on_a_health_report_and_stops_when_told(cluster: Cluster) -> None:
+    state = replace(cluster.deployment().task_groups["web"], progress_deadline_ns=0, require_progress_by_ns=0)
+    cluster.seed(lambda txn: txn.put_deployment(replace(cluster.deployment(), task_groups={"web": state})))
+    clock = _Clock(NOW + 2 * MIN)
+    stop = threading.Event()
+    actions = DeploymentActions(cluster, cluster.store, clock, _Ids())
+    thread = threading.Thread(target=DeploymentWatcher(cluster.store, actions, clock, lambda: True, stop).run)
+    thread.start()
+    try:
+        cluster.apply(health_entry(unhealthy=("a1",)))
+        deadline = time.monotonic() + 10
+        while cluster.deployment().status != DEPLOYMENT_STATUS_FAILED:
+            assert time.monotonic() < deadline, "the watcher never acted on the unhealthy alloc"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive(), "the watcher did not stop"
 
 
 # ---------------------------------------------------------------------------------------
