@@ -6,7 +6,9 @@ plan applier, the eval watcher (which first rebuilds broker and blocked evals fr
 the broker ticker and the workers. ``revoke`` stops them in reverse. Both run on one
 "leadership" thread, never on raft's tick thread. Every side effect checks that this
 server still leads in the term it was established in. The periodic dispatcher comes last
-(it rebuilds itself from state on its first tick) and goes first.
+(it rebuilds itself from state on its first tick) and goes first. The deployment watcher
+(server/deployments/watcher.py) is one more of the threads; it keeps nothing of its own,
+so a new leader's watcher carries every deployment on from the state.
 """
 
 from __future__ import annotations
