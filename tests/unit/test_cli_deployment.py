@@ -880,3 +880,26 @@ def test_job_deployments__table(fake: tuple[FakeDrover, str], capsys: pytest.Cap
     assert out.splitlines()[1].split()[:4] == [DEP_ID[:8], "web", "1", "running"]
     code, out, _ = run(capsys, "job", "deployments", "-json", "-address", addr, "web")
     assert [d["id"] for d in json.loads(out)] == [DEP_ID]
+
+
+@pytest.mark.parametrize(
+    ("buckets", "queued", "code"),
+    [
+        ({"ignore": 3}, {}, 0),
+        ({"ignore": 2, "reschedule_later": 1}, {}, 0),
+        ({"place": 0, "stop": 0}, {"web": 0}, 0),
+        ({"inplace": 1}, {}, 1),
+        ({"stop": 1}, {}, 1),
+        ({"canary": 1}, {}, 1),
+        ({}, {"web": 2}, 1),
+    ],
+    ids=["ignore", "reschedule-later", "zeros", "in-place", "stop", "canary", "queued"],
+)
+def test_job_plan__exit_status__1_only_when_allocations_would_change(
+    buckets: dict[str, int], queued: dict[str, int], code: int
+) -> None:
+    from drover.cli.job import _plan_exit_status
+
+    plan = api_pb2.JobPlanResponse(queued=queued)
+    plan.groups["web"].buckets.update(buckets)
+    assert _plan_exit_status(plan) == code
