@@ -25,7 +25,7 @@ over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -722,6 +722,12 @@ def _metric(
 
 # AllocMetric with nodes_evaluated and score_meta_data replaced, as fast as constructing it.
 _with_ranking = replacer(AllocMetric, "nodes_evaluated", "score_meta_data")
+# A placement on one given node: its pool is that node. ``{datacenter: 1}`` is shared by
+# every such metric of the datacenter (records never change their maps).
+_ONE_NODE = AllocMetric(nodes_evaluated=1, nodes_in_pool=1)
+_with_node_score = replacer(AllocMetric, "nodes_available", "score_meta_data")
+_IN_ONE_NODE: dict[str, Mapping[str, int]] = {}
+_IN_ONE_NODE_MAX = 256  # datacenters remembered; a cluster has a handful
 # A NodeScoreMeta built through its slots (``replacer`` of an empty one): one per placement.
 _new_score_meta = replacer(NodeScoreMeta, "node_id", "scores", "norm_score")
 _SCORE_META = NodeScoreMeta()
@@ -813,12 +819,13 @@ def _placed_on_node(
 ) -> NodeChoice:
     stats.nodes_scored += 1
     score = prep.score(node, view, caps, penalized)
-    metric = AllocMetric(
-        nodes_evaluated=1,
-        nodes_in_pool=1,
-        nodes_available={node.datacenter: 1},
-        score_meta_data=(prep.score_meta(node, view, caps, penalized, score),),
-    )
+    available = _IN_ONE_NODE.get(node.datacenter)
+    if available is None:
+        available = {node.datacenter: 1}
+        if len(_IN_ONE_NODE) < _IN_ONE_NODE_MAX:
+            _IN_ONE_NODE[node.datacenter] = available
+    meta = prep.score_meta(node, view, caps, penalized, score)
+    metric = _with_node_score(_ONE_NODE, available, (meta,))
     stats.last_metric = metric
     return NodeChoice(node=node, resources=resources, score=score, metrics=metric)
 
