@@ -17,6 +17,12 @@ its own view loses an alloc (a stop, an in-place replacement); every node comes 
 a distinct_property count drops. Pass the same candidate list object to every call of a
 pass: a different list starts a new ring.
 
+*Metrics.* Every selection leaves its ``AllocMetric`` (``drover.scheduler.placement.metrics``):
+the feasibility report of the candidate list, the ring's dropped nodes by reason (each
+node is dropped with one), the nodes ranked, and the top five's scores by component. The
+chosen alloc carries it (``NodeChoice.metrics``); a failed selection's is
+``builder.stats.last_metric``.
+
 *Scores.* The formulas are in ``drover.scheduler.placement.scores``: binpack (or spread, per the scheduler
 config), job anti-affinity, affinities, spread blocks and the reschedule penalty, averaged
 over the components that apply, as Nomad's ``ScoreNormalizationIterator`` does.
