@@ -69,9 +69,11 @@ INTERNED_FIELDS: Final[Mapping[type, frozenset[str]]] = {
             "client_status",
             "client_description",
             "followup_eval_id",
+            "deployment_id",
             "task_states",  # keys: the group's task names
         }
     ),
+    structs.NodeScoreMeta: frozenset({"node_id", "scores"}),
     structs.AllocatedPort: frozenset({"label", "host_ip"}),
     structs.TaskState: frozenset({"state"}),
     structs.TaskEvent: frozenset({"type"}),
@@ -83,7 +85,18 @@ INTERNED_FIELDS: Final[Mapping[type, frozenset[str]]] = {
     structs.Node: frozenset({"id", "name", "datacenter", "node_class", "status", "scheduling_eligibility"}),
 }
 # Shared: equal records decode to one object (every alloc of a group asks the same).
-SHARED_CLASSES: Final = frozenset({structs.AllocatedResources, structs.Resources, structs.NodeResources})
+# A placement's top node scores repeat across the allocs of an eval (a node at the same fill
+# level scores the same), so they are shared too; a scalar map field is part of the key.
+SHARED_CLASSES: Final = frozenset(
+    {structs.AllocatedResources, structs.Resources, structs.NodeResources, structs.NodeScoreMeta}
+)
+# Shared maps: small scalar maps whose equal values decode to one dict (a placement's
+# counts by datacenter, filter reason and exhausted dimension: the same for most allocs).
+SHARED_MAPS: Final[Mapping[type, frozenset[str]]] = {
+    structs.AllocMetric: frozenset(
+        {"nodes_available", "class_filtered", "constraint_filtered", "class_exhausted", "dimension_exhausted"}
+    ),
+}
 # Entries per shared class; a full cache starts over (it only has to hold a few values).
 SHARED_CACHE_SIZE: Final = 512
 # What every empty map decodes to. Never to be changed: see the module docstring.
@@ -143,6 +156,7 @@ _FROM: dict[type, FromFn] = {}
 _NAMESPACE: dict[str, Any] = {
     "_intern": sys.intern,
     "_EMPTY_MAP": EMPTY_MAP,
+    "_map_shared": lambda d: _shared_map(d),
     "_SHARED_CACHE_SIZE": SHARED_CACHE_SIZE,
 }
 _NUMBERS: dict[type, int] = {}
@@ -219,7 +233,10 @@ def _from_source(n: int, cls: type, plan: tuple[FieldPlan, ...], numbers: Mappin
             values.append(f"tuple([_from_{numbers[sub]}(x) for x in a{i}]) if a{i} else ()")
         elif kind == _MAP_SCALAR:
             # dict(a) reads a's keys through the Mapping ABC's Python-level KeysView.
-            values.append(f"{{{key}: a{i}[k] for k in a{i}}} if a{i} else _EMPTY_MAP")
+            built = f"{{{key}: a{i}[k] for k in a{i}}}"
+            if name in SHARED_MAPS.get(cls, frozenset()):
+                built = f"_map_shared({built})"
+            values.append(f"{built} if a{i} else _EMPTY_MAP")
         else:  # _MAP_MSG
             values.append(
                 f"{{{key}: _from_{numbers[sub]}(x) for k, x in a{i}.items()}} if a{i} else _EMPTY_MAP"
@@ -229,8 +246,12 @@ def _from_source(n: int, cls: type, plan: tuple[FieldPlan, ...], numbers: Mappin
         for i, value in enumerate(values):
             lines.append(f"    v{i} = {value}")
         values = [f"v{i}" for i in range(len(values))]
+        key_parts = [
+            f"tuple({v}.items())" if kind == _MAP_SCALAR else v
+            for v, (_name, kind, _sub) in zip(values, plan, strict=True)
+        ]
         lines += [
-            f"    key = ({', '.join(values)},)",
+            f"    key = ({', '.join(key_parts)},)",
             f"    hit = _shared_{n}.get(key)",
             "    if hit is not None:",
             "        return hit",
@@ -255,15 +276,32 @@ def _check_shareable(
     cls: type, plan: tuple[FieldPlan, ...], plans: Mapping[type, tuple[FieldPlan, ...]]
 ) -> None:
     """A shared class's field values must be a hashable key whose equality is the record's:
-    frozen dataclasses, scalars and tuples of them, no maps, all the way down."""
+    frozen dataclasses, scalars and tuples of them, scalar maps (keyed by their items in
+    order), no maps of records, all the way down."""
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not (params.frozen and params.eq):
         raise TypeError(f"codec: shared class {cls.__name__} is not a frozen dataclass with eq")
     for name, kind, sub in plan:
-        if kind in (_MAP_SCALAR, _MAP_MSG):
-            raise TypeError(f"codec: shared class {cls.__name__} has a map field {name!r}")
+        if kind == _MAP_MSG:
+            raise TypeError(f"codec: shared class {cls.__name__} has a map of records {name!r}")
         if kind in _NESTED_KINDS:
             _check_shareable(sub, plans.get(sub) or _build_plan(sub), plans)
+
+
+_SHARED_MAP_CACHE: dict[tuple[tuple[Any, Any], ...], dict[Any, Any]] = {}
+
+
+def _shared_map(d: dict[Any, Any]) -> dict[Any, Any]:
+    """The one dict equal to ``d``, its keys in the same order (a decoded map keeps the
+    message's order; bounded like the shared records' caches)."""
+    key = tuple(d.items())
+    hit = _SHARED_MAP_CACHE.get(key)
+    if hit is not None:
+        return hit
+    if len(_SHARED_MAP_CACHE) >= SHARED_CACHE_SIZE:
+        _SHARED_MAP_CACHE.clear()
+    _SHARED_MAP_CACHE[key] = d
+    return d
 
 
 def _compile(root: type) -> None:

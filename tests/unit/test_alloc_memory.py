@@ -26,8 +26,18 @@ def traced() -> dict[str, Any]:
 
 def test_alloc_memory__whole_placement__is_placed_and_held_by_the_state_store(traced: dict[str, Any]) -> None:
     assert traced["placed"] == ALLOCS
-    # Before the codec shared anything: ~1,350 bytes per alloc; with sharing ~730.
-    assert 300 < traced["by_holder_bytes_per_alloc"]["state_store"] < 1_000
+    # Before the codec shared anything: ~1,350 bytes per alloc; with sharing ~730 (660 on
+    # 2026-12-01). Since every alloc keeps its placement metrics (Nomad's AllocMetric: the
+    # top five nodes' scores, shared where equal) ~530 more here, plus ~300 of the codec's
+    # bounded caches that 400 allocs do not amortise: 1,560 (1,340 at 2,000 allocs).
+    assert 300 < traced["by_holder_bytes_per_alloc"]["state_store"] < 2_000
+
+
+def test_alloc_memory__placement_metrics__stay_small(traced: dict[str, Any]) -> None:
+    """The metrics are the biggest part of a stored alloc: 3,070 bytes each before their
+    node scores and counts were shared (server/codec.py SHARED_CLASSES, SHARED_MAPS)."""
+    census = traced["state_store_allocs_census_bytes_per_alloc"]
+    assert 0 < census["metrics"] < 800
 
 
 # What the codec shares, read from the codec itself so a field it starts sharing is guarded

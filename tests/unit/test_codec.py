@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drover.scheduler import structs
+from drover.scheduler.structs import TaskGroupSummary
 from drover.server import codec
 from drover.server.codec import from_proto, to_proto
 from drover.v1 import raft_pb2, structs_pb2
@@ -663,10 +664,10 @@ class _Interned:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _MapHolder:
-    """Shaped like structs.Resources on the wire, but with a map: can not be a cache key."""
+class _RecordMapHolder:
+    """Shaped like structs.JobSummary's ``summary``: a map of records can not be a cache key."""
 
-    meta: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    summary: Mapping[str, TaskGroupSummary] = dataclasses.field(default_factory=dict)
 
 
 def test_codec__interning_a_field_that_is_not_a_str__is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -683,11 +684,34 @@ def test_codec__interning_a_field_that_does_not_exist__is_refused(monkeypatch: p
         from_proto(structs_pb2.Port(label="x"), _Interned)
 
 
-def test_codec__sharing_a_class_with_a_map__is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "SHARED_CLASSES", codec.SHARED_CLASSES | {_MapHolder})
+def test_codec__sharing_a_class_with_a_map_of_records__is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "SHARED_CLASSES", codec.SHARED_CLASSES | {_RecordMapHolder})
 
-    with pytest.raises(TypeError, match="map field"):
-        from_proto(structs_pb2.NodeEvent(), _MapHolder)
+    with pytest.raises(TypeError, match="map of records"):
+        from_proto(structs_pb2.JobSummary(), _RecordMapHolder)
+
+
+def test_codec__shared_class_with_a_scalar_map__equal_values_decode_to_one_record() -> None:
+    """A placement's node scores (structs.NodeScoreMeta) repeat across allocs: equal ones
+    are one object; a different score or another key order is its own record."""
+    msg = structs_pb2.NodeScoreMeta(node_id="n1", norm_score=0.5)
+    msg.scores["binpack"] = 0.5
+    msg.scores["job-anti-affinity"] = -0.25
+    first = from_proto(msg, structs.NodeScoreMeta)
+    again = from_proto(structs_pb2.NodeScoreMeta.FromString(msg.SerializeToString()), structs.NodeScoreMeta)
+    assert again is first
+    other = structs_pb2.NodeScoreMeta(node_id="n1", norm_score=0.5)
+    other.scores["binpack"] = 0.75
+    assert from_proto(other, structs.NodeScoreMeta).scores == {"binpack": 0.75}
+
+
+def test_codec__shared_maps__equal_counts_decode_to_one_dict() -> None:
+    msg = structs_pb2.AllocMetric(nodes_evaluated=3)
+    msg.nodes_available["dc1"] = 20
+    first = from_proto(msg, structs.AllocMetric)
+    second = from_proto(structs_pb2.AllocMetric.FromString(msg.SerializeToString()), structs.AllocMetric)
+    assert first.nodes_available == {"dc1": 20}
+    assert second.nodes_available is first.nodes_available
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
