@@ -80,6 +80,16 @@ class Proposer(Protocol):
     def propose(self, data: bytes, timeout: float) -> ApplyResult: ...
 
 
+def propose_write(raft: Proposer, entry_type: int, payload: Message) -> ApplyResult:
+    """One raft write for every writer (job endpoints, deployment actions), so a rejected
+    entry maps to the same error everywhere: NotFoundError when the FSM found nothing to
+    change, ConflictError for any other refusal."""
+    result = raft.propose(encode_entry(entry_type, payload), DEFAULT_WRITE_TIMEOUT)
+    if result.error:
+        raise (NotFoundError if result.not_found else ConflictError)(result.error)
+    return result
+
+
 class Endpoints:
     def __init__(
         self,
@@ -98,10 +108,7 @@ class Endpoints:
         self._limits = limits
 
     def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
-        result = self._raft.propose(encode_entry(entry_type, payload), DEFAULT_WRITE_TIMEOUT)
-        if result.error:
-            raise (NotFoundError if result.not_found else ConflictError)(result.error)
-        return result
+        return propose_write(self._raft, entry_type, payload)
 
     def _new_eval(self, job: Job, trigger: str, now: int, node_id: str = "") -> Evaluation:
         return job_eval(self._ids.new(), job, trigger, now, node_id)

@@ -37,9 +37,9 @@ from drover.scheduler.structs import (
 from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
 from drover.server.deployments.decide import Failure, failure, running_description
-from drover.server.endpoints import DEFAULT_WRITE_TIMEOUT, Proposer
+from drover.server.endpoints import Proposer, propose_write
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
-from drover.server.fsm import ApplyResult, encode_entry
+from drover.server.fsm import ApplyResult
 from drover.server.state_store import Snapshot, StateStore
 from drover.v1 import raft_pb2
 
@@ -83,10 +83,7 @@ class DeploymentActions:
 
     # -- plumbing ----------------------------------------------------------------------
     def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
-        result = self._raft.propose(encode_entry(entry_type, payload), DEFAULT_WRITE_TIMEOUT)
-        if result.error:
-            raise (NotFoundError if result.not_found else ConflictError)(result.error)
-        return result
+        return propose_write(self._raft, entry_type, payload)
 
     def _deployment(self, snap: Snapshot, deployment_id: str) -> Deployment:
         if not deployment_id:
