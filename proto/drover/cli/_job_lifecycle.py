@@ -27,7 +27,7 @@ from drover.cli._format import fmt_time, print_json, print_kv, print_table
 from drover.cli._jobdiff import diff_jobs, fmt_value
 from drover.cli._jobs import get_job, local_errors, parse_job_file
 from drover.cli._monitor import monitor_eval
-from drover.sdk import DroverError
+from drover.sdk import DroverClient, DroverError
 from drover.server.codec import to_proto
 from drover.v1 import api_pb2, structs_pb2
 
@@ -175,22 +175,35 @@ def _non_negative_int(text: str, what: str) -> int:
     return value
 
 
+def _report_new_version(
+    client: DroverClient,
+    args: argparse.Namespace,
+    resp: api_pb2.JobRevertResponse | api_pb2.JobScaleResponse,
+    headline: str,
+) -> int:
+    """What revert and scale say once the server has written a new job version: both then
+    monitor the eval and the deployment of that version exactly as ``job run`` does, so
+    their exit statuses are the same."""
+    if args.json:
+        print_json(resp)
+        return 0
+    print(headline)
+    if not resp.eval_id:
+        print("No evaluation was created: nothing to monitor")
+        return 0
+    print(f"Evaluation {display_id(resp.eval_id, args)}")
+    if args.detach:
+        return 0
+    return monitor_eval(client, args, resp.eval_id, follow_deployment=True, job_version=resp.job_version)
+
+
 def _cmd_revert(args: argparse.Namespace) -> int:
     version = _non_negative_int(args.version, "VERSION")
     with connect(args) as client:
         job = get_job(client, args).job
         resp = client.revert_job(job.id, version, namespace=job.namespace)
-        if args.json:
-            print_json(resp)
-            return 0
-        print(f'Job "{job.id}" reverted to version {version} as version {resp.job_version}')
-        if not resp.eval_id:
-            print("No evaluation was created: nothing to monitor")
-            return 0
-        print(f"Evaluation {display_id(resp.eval_id, args)}")
-        if args.detach:
-            return 0
-        return monitor_eval(client, args, resp.eval_id, follow_deployment=True, job_version=resp.job_version)
+        headline = f'Job "{job.id}" reverted to version {version} as version {resp.job_version}'
+        return _report_new_version(client, args, resp, headline)
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
@@ -207,17 +220,8 @@ def _cmd_scale(args: argparse.Namespace) -> int:
         if group not in {g.name for g in job.groups}:
             raise CLIError(f'job "{job.id}" has no task group "{group}"')
         resp = client.scale_job(job.id, group, count, namespace=job.namespace)
-        if args.json:
-            print_json(resp)
-            return 0
-        print(f'Job "{job.id}" group "{group}" scaled to {count} (version {resp.job_version})')
-        if not resp.eval_id:
-            print("No evaluation was created: nothing to monitor")
-            return 0
-        print(f"Evaluation {display_id(resp.eval_id, args)}")
-        if args.detach:
-            return 0
-        return monitor_eval(client, args, resp.eval_id, follow_deployment=True, job_version=resp.job_version)
+        headline = f'Job "{job.id}" group "{group}" scaled to {count} (version {resp.job_version})'
+        return _report_new_version(client, args, resp, headline)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
