@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from drover.cli._format import fmt_time, jsonable, short_id
+from drover.cli._format import fmt_time, jsonable, print_json, print_table, short_id
 from drover.scheduler.structs import DEPLOYMENT_ACTIVE
 from drover.v1 import structs_pb2
 
@@ -96,6 +96,18 @@ def deployment_list_rows(deployments: Iterable[structs_pb2.Deployment], verbose:
         [short_id(d.id, verbose), d.job_id, str(d.job_version), d.status, d.status_description]
         for d in sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
     ]
+
+
+def print_deployment_list(
+    deployments: Sequence[structs_pb2.Deployment], *, verbose: bool, as_json: bool
+) -> None:
+    """``deployment list`` and ``job deployments`` print one listing, newest first in
+    both forms, so the two commands cannot disagree on its shape."""
+    if as_json:
+        ordered = sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
+        print_json([deployment_json(d) for d in ordered])
+        return
+    print_table(LIST_HEADERS, deployment_list_rows(deployments, verbose), empty="No deployments found")
 
 
 def deployment_alloc_rows(allocs: Sequence[structs_pb2.Allocation], verbose: bool) -> list[list[str]]:

@@ -21,7 +21,7 @@ from drover.cli._args import (
     write_flags,
 )
 from drover.cli._connect import connect
-from drover.cli._deployments import LIST_HEADERS, deployment_json, deployment_list_rows
+from drover.cli._deployments import print_deployment_list
 from drover.cli._errors import CLIError
 from drover.cli._format import fmt_time, print_json, print_kv, print_table
 from drover.cli._jobdiff import diff_jobs, fmt_value
@@ -268,11 +268,5 @@ def _cmd_deployments(args: argparse.Namespace) -> int:
         job = get_job(client, args).job
         listing = client.list_deployments(job_id=job.id, namespace=job.namespace, stale=args.stale)
     deployments = [d for d in listing.deployments if d.job_id == job.id]
-    if args.json:
-        ordered = sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
-        print_json([deployment_json(d) for d in ordered])
-        return 0
-    print_table(
-        LIST_HEADERS, deployment_list_rows(deployments, is_verbose(args)), empty="No deployments found"
-    )
+    print_deployment_list(deployments, verbose=is_verbose(args), as_json=args.json)
     return 0

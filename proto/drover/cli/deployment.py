@@ -25,12 +25,11 @@ from drover.cli._args import (
 from drover.cli._connect import RecordKind, connect, find, no_unique_match
 from drover.cli._deployments import (
     DEPLOYMENT_ALLOC_HEADERS,
-    LIST_HEADERS,
     deployment_alloc_rows,
     deployment_json,
     deployment_kv,
-    deployment_list_rows,
     group_table,
+    print_deployment_list,
 )
 from drover.cli._errors import CLIError
 from drover.cli._format import print_json, print_kv, print_table
@@ -128,13 +127,7 @@ def register(top: Subcommands) -> None:
 def _cmd_list(args: argparse.Namespace) -> int:
     with connect(args) as client:
         deployments = client.list_deployments(stale=args.stale).deployments
-    if args.json:
-        ordered = sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
-        print_json([deployment_json(d) for d in ordered])
-        return 0
-    print_table(
-        LIST_HEADERS, deployment_list_rows(deployments, is_verbose(args)), empty="No deployments found"
-    )
+    print_deployment_list(deployments, verbose=is_verbose(args), as_json=args.json)
     return 0
 
 
