@@ -41,6 +41,7 @@ import structlog
 from drover.client.checks import CheckOutcome, CheckSpec, check_specs, run_check
 from drover.client.clock import Clock
 from drover.client.taskstate import TASK_RUNNING, TaskState
+from drover.client.threads import join_thread
 from drover.v1 import structs_pb2
 
 __all__ = [
@@ -245,11 +246,7 @@ class HealthTracker:
         self._wake.set()
 
     def join(self, timeout_s: float) -> bool:
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(max(0.0, timeout_s))
-        return not thread.is_alive()
+        return join_thread(self._thread, timeout_s)
 
     def tick(self) -> float | None:
         """One look: run the due checks, decide, report a verdict. Seconds until the next

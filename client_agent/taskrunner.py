@@ -38,6 +38,7 @@ from drover.client.taskstate import (
     TaskEvent,
     TaskState,
 )
+from drover.client.threads import join_thread
 
 __all__ = ["TaskRunner"]
 
@@ -113,11 +114,7 @@ class TaskRunner:
         self._wake.set()
 
     def join(self, timeout_s: float) -> bool:
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(max(0.0, timeout_s))
-        return not thread.is_alive()
+        return join_thread(self._thread, timeout_s)
 
     def snapshot(self) -> TaskRecord:
         with self._lock:
