@@ -333,6 +333,22 @@ class TaskGroup:
         return Resources(cpu_mhz=cpu, memory_mb=mem, disk_mb=self.ephemeral_disk_mb)
 
 
+# The Job fields the servers set (the FSM, on register), never the submitter: not part of a
+# job's spec, so spec comparisons (the FSM's "did it change", the CLI's version diff) skip them.
+JOB_BOOKKEEPING_FIELDS: Final = frozenset(
+    {
+        "status",
+        "status_description",
+        "version",
+        "stable",
+        "submit_time_ns",
+        "create_index",
+        "modify_index",
+        "job_modify_index",
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     id: str = ""

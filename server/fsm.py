@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from drover.scheduler._records import replacer
 from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
+    JOB_BOOKKEEPING_FIELDS,
     JOB_STATUS_PENDING,
     MAX_NODE_EVENTS,
     NODE_ELIGIBLE,
@@ -113,21 +114,8 @@ def _put_changed_node(txn: Txn, node: Node, event_msg: Any, evals: Any, index: i
     _put_evals(txn, evals)
 
 
-# Bookkeeping fields: set by the FSM, not by the submitter, so not part of a job's spec.
-_JOB_BOOKKEEPING: Final = frozenset(
-    {
-        "status",
-        "status_description",
-        "version",
-        "stable",
-        "submit_time_ns",
-        "create_index",
-        "modify_index",
-        "job_modify_index",
-    }
-)
 # Every other field of a Job, as one tuple (what dataclass equality compares, minus those).
-_job_spec = attrgetter(*(f.name for f in fields(Job) if f.name not in _JOB_BOOKKEEPING))
+_job_spec = attrgetter(*(f.name for f in fields(Job) if f.name not in JOB_BOOKKEEPING_FIELDS))
 
 
 def _spec_equal(a: Job, b: Job) -> bool:

@@ -149,4 +149,4 @@ def test_spec_equal__bookkeeping_only_change__is_equal(job: structs.Job, bookkee
 def test_spec_equal__bookkeeping_fields__are_the_ones_the_fsm_ignores() -> None:
     from drover.server import fsm
 
-    assert set(fsm._JOB_BOOKKEEPING) == set(_BOOKKEEPING)
+    assert set(fsm.JOB_BOOKKEEPING_FIELDS) == set(_BOOKKEEPING)

@@ -21,23 +21,11 @@ from typing import Final
 
 from google.protobuf.message import Message
 
+from drover.scheduler.structs import JOB_BOOKKEEPING_FIELDS
 from drover.v1 import structs_pb2
 
 __all__ = ["FieldChange", "diff_jobs", "fmt_value", "spec_fields"]
 
-# The Job fields the servers set, not the submitter (server/fsm.py's bookkeeping set).
-_BOOKKEEPING: Final = frozenset(
-    {
-        "status",
-        "status_description",
-        "version",
-        "stable",
-        "submit_time_ns",
-        "create_index",
-        "modify_index",
-        "job_modify_index",
-    }
-)
 # Shown when a path exists on one side only (a group added, a block removed).
 ABSENT: Final = object()
 
@@ -53,7 +41,7 @@ def spec_fields(job: structs_pb2.Job) -> dict[str, object]:
     """Every spec field of ``job`` as ``path -> value`` (scalars, and lists of scalars as
     one value), in the message's field order; unset sub-messages contribute nothing."""
     out: dict[str, object] = {}
-    _flatten(job, "", out, skip=_BOOKKEEPING)
+    _flatten(job, "", out, skip=JOB_BOOKKEEPING_FIELDS)
     return out
 
 
