@@ -61,18 +61,9 @@ class _Raft:
         return "127.0.0.1:4647"
 
 
-class _Ids:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def new(self) -> str:
-        self.n += 1
-        return f"id-{self.n}"
-
-
 def _core() -> Any:
     store = StateStore()
-    raft, clock, ids = _Raft(FSM(store), store), SimpleNamespace(now_ns=lambda: NOW), _Ids()
+    raft, clock, ids = _Raft(FSM(store), store), SimpleNamespace(now_ns=lambda: NOW), mock.Counter("id")
     return SimpleNamespace(
         store=store,
         raft=raft,

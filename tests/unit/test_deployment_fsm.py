@@ -355,15 +355,6 @@ def test_alloc_health__unhealthy_with_update__counted_failed_and_reverted(cluste
 # The watcher's pass, writing through the FSM
 
 
-class _Ids:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def new(self) -> str:
-        self.n += 1
-        return f"id-{self.n}"
-
-
 class _Clock:
     def __init__(self, now: int) -> None:
         self.now = now
@@ -373,7 +364,7 @@ class _Clock:
 
 
 def _watcher(cluster: Cluster, clock: _Clock) -> DeploymentWatcher:
-    actions = DeploymentActions(cluster, cluster.store, clock, _Ids())
+    actions = DeploymentActions(cluster, cluster.store, clock, mock.Counter("id"))
     return DeploymentWatcher(cluster.store, actions, clock, lambda: True, threading.Event())
 
 
@@ -450,7 +441,7 @@ def test_watcher__thread__wakes_on_a_health_report_and_stops_when_told(cluster: 
     cluster.seed(lambda txn: txn.put_deployment(replace(cluster.deployment(), task_groups={"web": state})))
     clock = _Clock(NOW + 2 * MIN)
     stop = threading.Event()
-    actions = DeploymentActions(cluster, cluster.store, clock, _Ids())
+    actions = DeploymentActions(cluster, cluster.store, clock, mock.Counter("id"))
     thread = threading.Thread(target=DeploymentWatcher(cluster.store, actions, clock, lambda: True, stop).run)
     thread.start()
     try:
