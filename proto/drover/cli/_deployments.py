@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from drover.cli._format import fmt_time, jsonable, print_json, print_table, short_id
+from drover.cli._format import (
+    ALLOC_LEAD_HEADERS,
+    alloc_lead_cells,
+    fmt_time,
+    jsonable,
+    oldest_allocs_first,
+    print_json,
+    print_table,
+    short_id,
+)
 from drover.scheduler.structs import DEPLOYMENT_ACTIVE
 from drover.v1 import structs_pb2
 
@@ -28,17 +37,7 @@ __all__ = [
 ]
 
 LIST_HEADERS: Final = ("ID", "Job ID", "Job Version", "Status", "Description")
-DEPLOYMENT_ALLOC_HEADERS: Final = (
-    "ID",
-    "Node ID",
-    "Task Group",
-    "Version",
-    "Desired",
-    "Status",
-    "Health",
-    "Canary",
-    "Created",
-)
+DEPLOYMENT_ALLOC_HEADERS: Final = (*ALLOC_LEAD_HEADERS, "Health", "Canary", "Created")
 
 
 def is_active(deployment: structs_pb2.Deployment) -> bool:
@@ -115,17 +114,12 @@ def deployment_alloc_rows(allocs: Sequence[structs_pb2.Allocation], verbose: boo
     health the client (or an operator) set, "unset" while undecided."""
     return [
         [
-            short_id(a.id, verbose),
-            short_id(a.node_id, verbose),
-            a.task_group,
-            str(a.job_version),
-            a.desired_status,
-            a.client_status,
+            *alloc_lead_cells(a, verbose),
             a.deployment_status.health or "unset",
             str(a.deployment_status.canary).lower(),
             fmt_time(a.create_time_ns),
         ]
-        for a in sorted(allocs, key=lambda a: (a.create_index, a.name, a.id))
+        for a in oldest_allocs_first(allocs)
     ]
 
 

@@ -20,12 +20,15 @@ from drover.v1 import structs_pb2
 
 __all__ = [
     "ALLOC_HEADERS",
+    "ALLOC_LEAD_HEADERS",
     "SHORT_ID_LEN",
+    "alloc_lead_cells",
     "alloc_rows",
     "fmt_duration",
     "fmt_time",
     "format_table",
     "jsonable",
+    "oldest_allocs_first",
     "parse_duration_ns",
     "plan_header",
     "plan_table",
@@ -87,21 +90,31 @@ def print_json(value: object) -> None:
 def alloc_rows(allocs: Iterable[structs_pb2.Allocation], verbose: bool) -> list[list[str]]:
     """Rows for :data:`ALLOC_HEADERS`, oldest first."""
     return [
-        [
-            short_id(a.id, verbose),
-            short_id(a.node_id, verbose),
-            a.task_group,
-            str(a.job_version),
-            a.desired_status,
-            a.client_status,
-            fmt_time(a.create_time_ns),
-            fmt_time(a.modify_time_ns),
-        ]
-        for a in sorted(allocs, key=lambda a: (a.create_index, a.name, a.id))
+        [*alloc_lead_cells(a, verbose), fmt_time(a.create_time_ns), fmt_time(a.modify_time_ns)]
+        for a in oldest_allocs_first(allocs)
     ]
 
 
-ALLOC_HEADERS: Final = ("ID", "Node ID", "Task Group", "Version", "Desired", "Status", "Created", "Modified")
+def alloc_lead_cells(a: structs_pb2.Allocation, verbose: bool) -> list[str]:
+    """The columns every alloc table opens with (:data:`ALLOC_LEAD_HEADERS`), so ``job
+    status``, ``alloc list`` and ``deployment status`` name an alloc the same way."""
+    return [
+        short_id(a.id, verbose),
+        short_id(a.node_id, verbose),
+        a.task_group,
+        str(a.job_version),
+        a.desired_status,
+        a.client_status,
+    ]
+
+
+def oldest_allocs_first(allocs: Iterable[structs_pb2.Allocation]) -> list[structs_pb2.Allocation]:
+    """Every alloc table's row order: by creation, then name, then ID for a stable tie."""
+    return sorted(allocs, key=lambda a: (a.create_index, a.name, a.id))
+
+
+ALLOC_LEAD_HEADERS: Final = ("ID", "Node ID", "Task Group", "Version", "Desired", "Status")
+ALLOC_HEADERS: Final = (*ALLOC_LEAD_HEADERS, "Created", "Modified")
 
 
 def print_allocs_table(allocs: Iterable[structs_pb2.Allocation], verbose: bool) -> None:
