@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from drover.sdk import DroverClient
@@ -115,6 +116,65 @@ job "{job_id}" {{
 }}
 """
     return to_proto(parse_jobspec(text, filename=f"{job_id}.hcl"), structs_pb2.Job())
+
+
+# A group restart block that never restarts: the first exit fails the alloc, so a test
+# sees the reschedule or the unhealthy verdict at once.
+NO_RESTARTS: Final = """restart {
+      attempts = 0
+      mode     = "fail"
+    }"""
+
+
+def raw_exec_hcl(
+    job_id: str,
+    script: str = "",
+    *,
+    job_type: str = "service",
+    count: int = 1,
+    update: str = "",
+    job_update: str = "",
+    restart: str = "",
+    reschedule: str = "",
+    services: str = "",
+    group: str = "g",
+    task: str = "t",
+    command: str = "/bin/sh",
+    args: Sequence[str] = (),
+    memory_mb: int = 32,
+) -> str:
+    """The HCL of a job of one group of ``count`` raw_exec tasks, as an operator would write
+    it for ``drover job run``: the task runs ``/bin/sh -c script`` (or ``command args``).
+    ``update`` is the body of the group's update block and ``job_update`` of the job's;
+    ``restart``, ``reschedule`` and ``services`` are whole group blocks (say
+    :data:`NO_RESTARTS`, or a network and service block), left out when empty."""
+    argv = ["-c", script] if script else list(args)
+    quoted = ", ".join(f'"{a}"' for a in argv)
+    job_blocks = f"\n  update {{\n{job_update}\n  }}" if job_update else ""
+    group_update = f"update {{\n{update}\n    }}" if update else ""
+    group_blocks = "".join(
+        f"\n    {block}" for block in (group_update, restart, reschedule, services) if block
+    )
+    return f"""
+job "{job_id}" {{
+  type        = "{job_type}"
+  datacenters = ["dc1"]{job_blocks}
+  group "{group}" {{
+    count = {count}{group_blocks}
+    task "{task}" {{
+      driver = "raw_exec"
+      config {{
+        command = "{command}"
+        args    = [{quoted}]
+      }}
+      resources {{
+        cpu    = 50
+        memory = {memory_mb}
+      }}
+    }}
+  }}
+}}
+"""
 
 
 def running_allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:

@@ -20,6 +20,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
+from tests.cluster.jobs import raw_exec_hcl
 
 TIMEOUT = 120
 FAST = """      max_parallel     = 1
@@ -35,29 +36,7 @@ SLOW_CANARY = """      max_parallel      = 1
 
 
 def _job(script: str, update: str) -> str:
-    return f"""
-job "ops" {{
-  type        = "service"
-  datacenters = ["dc1"]
-  group "g" {{
-    count = 2
-    update {{
-{update}
-    }}
-    task "t" {{
-      driver = "raw_exec"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}"]
-      }}
-      resources {{
-        cpu    = 50
-        memory = 32
-      }}
-    }}
-  }}
-}}
-"""
+    return raw_exec_hcl("ops", script, count=2, update=update)
 
 
 @pytest.fixture

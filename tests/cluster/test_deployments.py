@@ -19,6 +19,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
+from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
 
 # A deployment needs health verdicts (min_healthy_time each) and evals per batch: generous
 # on a loaded 2-core machine.
@@ -26,33 +27,7 @@ ROLLOUT_TIMEOUT = 120
 
 
 def _job(job_id: str, script: str, update: str, *, count: int = 2) -> str:
-    return f"""
-job "{job_id}" {{
-  type        = "service"
-  datacenters = ["dc1"]
-  group "g" {{
-    count = {count}
-    update {{
-{update}
-    }}
-    restart {{
-      attempts = 0
-      mode     = "fail"
-    }}
-    task "t" {{
-      driver = "raw_exec"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}"]
-      }}
-      resources {{
-        cpu    = 50
-        memory = 32
-      }}
-    }}
-  }}
-}}
-"""
+    return raw_exec_hcl(job_id, script, count=count, update=update, restart=NO_RESTARTS)
 
 
 def _run(cluster: LocalCluster, tmp_path: Path, name: str, text: str) -> None:

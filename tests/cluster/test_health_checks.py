@@ -29,6 +29,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
+from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
 
 
 def _free_port() -> int:
@@ -38,27 +39,12 @@ def _free_port() -> int:
 
 
 def _job(job_id: str, port: int, command: str, args: list[str], healthy_deadline: str) -> str:
-    quoted = ", ".join(f'"{a}"' for a in args)
-    return f"""
-job "{job_id}" {{
-  datacenters = ["dc1"]
-
-  update {{
-    max_parallel     = 1
+    """A job of one task serving (or not) on a static port, checked over HTTP each second."""
+    job_update = f"""    max_parallel     = 1
     health_check     = "checks"
     min_healthy_time = "1s"
-    healthy_deadline = "{healthy_deadline}"
-  }}
-
-  group "web" {{
-    count = 1
-
-    restart {{
-      attempts = 0
-      mode     = "fail"
-    }}
-
-    network {{
+    healthy_deadline = "{healthy_deadline}\""""
+    services = f"""network {{
       port "http" {{
         static = {port}
       }}
@@ -74,22 +60,18 @@ job "{job_id}" {{
         interval = "1s"
         timeout  = "1s"
       }}
-    }}
-
-    task "server" {{
-      driver = "raw_exec"
-      config {{
-        command = "{command}"
-        args    = [{quoted}]
-      }}
-      resources {{
-        cpu    = 50
-        memory = 64
-      }}
-    }}
-  }}
-}}
-"""
+    }}"""
+    return raw_exec_hcl(
+        job_id,
+        job_update=job_update,
+        restart=NO_RESTARTS,
+        services=services,
+        group="web",
+        task="server",
+        command=command,
+        args=args,
+        memory_mb=64,
+    )
 
 
 def _run(cluster: LocalCluster, tmp_path: Path, job_id: str, text: str) -> None:

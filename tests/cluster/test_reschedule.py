@@ -20,6 +20,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
+from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
 
 SECOND = 1_000_000_000
 # The scheduler reschedules a failure due within this window at once (scheduler/reconciler/reschedule.py).
@@ -35,31 +36,7 @@ def _job_file(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def _service(job_id: str, script: str, reschedule: str, *, job_type: str = "service") -> str:
-    return f"""
-job "{job_id}" {{
-  type        = "{job_type}"
-  datacenters = ["dc1"]
-  group "g" {{
-    count = 1
-    restart {{
-      attempts = 0
-      mode     = "fail"
-    }}
-    {reschedule}
-    task "t" {{
-      driver = "raw_exec"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}"]
-      }}
-      resources {{
-        cpu    = 50
-        memory = 32
-      }}
-    }}
-  }}
-}}
-"""
+    return raw_exec_hcl(job_id, script, job_type=job_type, restart=NO_RESTARTS, reschedule=reschedule)
 
 
 def _constant_delay(attempts: int, *, interval: str, delay: str) -> str:
