@@ -25,14 +25,27 @@ from tests.cluster.cli import run_cli
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import running_allocs
 
+
 # Short health times so each deployment ends in seconds: healthy after 1 s running.
-_JOB = """
-job "web" {{
+def _mock_job(
+    name: str, *, run_for: str, count: int = 2, canary: int | None = None, health_check: str = ""
+) -> str:
+    """A job ``name`` of one group ``name`` of ``count`` mock tasks running for ``run_for``
+    (a new value makes a new version); ``canary`` and ``health_check`` go into its update
+    block when given, else the update block leaves them at their defaults."""
+    steering = "".join(
+        [
+            f"\n      canary            = {canary}" if canary is not None else "",
+            f'\n      health_check      = "{health_check}"' if health_check else "",
+        ]
+    )
+    return f"""
+job "{name}" {{
   datacenters = ["dc1"]
-  group "web" {{
+  group "{name}" {{
     count = {count}
     update {{
-      max_parallel      = 2
+      max_parallel      = 2{steering}
       min_healthy_time  = "1s"
       healthy_deadline  = "30s"
       progress_deadline = "1m"
@@ -50,6 +63,7 @@ job "web" {{
   }}
 }}
 """
+
 
 # Three problems in one file: validate must name them all.
 _BAD = """
@@ -98,8 +112,8 @@ def test_job_lifecycle__run_history_revert_scale_inspect_validate_plan(
 ) -> None:
     cluster = cluster_with_client
     v0, v1, bad = tmp_path / "v0.hcl", tmp_path / "v1.hcl", tmp_path / "bad.hcl"
-    v0.write_text(_JOB.format(count=2, run_for="1h"))
-    v1.write_text(_JOB.format(count=2, run_for="2h"))
+    v0.write_text(_mock_job("web", run_for="1h"))
+    v1.write_text(_mock_job("web", run_for="2h"))
     bad.write_text(_BAD)
 
     # A new job: allocations would be created, so plan says 1; nothing is registered.
@@ -181,34 +195,6 @@ def test_job_lifecycle__run_history_revert_scale_inspect_validate_plan(
     assert table[0].split()[:5] == ["Task", "Group", "Desired", "Placed", "Healthy"], _said(shown)
 
 
-_STEERED = """
-job "api" {{
-  datacenters = ["dc1"]
-  group "api" {{
-    count = 2
-    update {{
-      max_parallel      = 2
-      canary            = {canary}
-      health_check      = "{health_check}"
-      min_healthy_time  = "1s"
-      healthy_deadline  = "30s"
-      progress_deadline = "1m"
-    }}
-    task "server" {{
-      driver = "mock"
-      config {{
-        run_for = "{run_for}"
-      }}
-      resources {{
-        cpu    = 50
-        memory = 32
-      }}
-    }}
-  }}
-}}
-"""
-
-
 def _deployment_json(cluster: LocalCluster, ref: str) -> dict[str, object]:
     shown = _cli(cluster, "deployment", "status", "-json", ref)
     assert shown.returncode == 0, _said(shown)
@@ -221,9 +207,9 @@ def test_deployment_commands__promote_a_canary_then_set_health_by_hand(
 ) -> None:
     cluster = cluster_with_client
     files = {name: tmp_path / f"{name}.hcl" for name in ("v0", "canary", "manual")}
-    files["v0"].write_text(_STEERED.format(canary=0, health_check="task_states", run_for="1h"))
-    files["canary"].write_text(_STEERED.format(canary=1, health_check="task_states", run_for="2h"))
-    files["manual"].write_text(_STEERED.format(canary=0, health_check="manual", run_for="3h"))
+    files["v0"].write_text(_mock_job("api", canary=0, health_check="task_states", run_for="1h"))
+    files["canary"].write_text(_mock_job("api", canary=1, health_check="task_states", run_for="2h"))
+    files["manual"].write_text(_mock_job("api", canary=0, health_check="manual", run_for="3h"))
     ran = _cli(cluster, "job", "run", str(files["v0"]))
     assert ran.returncode == 0, _said(ran)
 
