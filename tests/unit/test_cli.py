@@ -16,7 +16,6 @@ import time
 import types
 from collections import defaultdict
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from drover.scheduler import structs
 from drover.server.codec import to_proto
 from drover.server.config import ServerConfig
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
+from tests.fixtures.fake_grpc import run, serving
 
 EVAL_ID = "6f1c2d3e-0000-4000-8000-000000000001"
 EVAL_ID_2 = "6f1c9999-0000-4000-8000-000000000002"
@@ -249,20 +249,15 @@ def snapshot_fixture() -> raft_pb2.StateSnapshot:
 def fake() -> Iterator[tuple[FakeDrover, str]]:
     """An IN-PROCESS FAKE drover server on a free port: (state, "127.0.0.1:port")."""
     state = FakeDrover()
-    pool = futures.ThreadPoolExecutor(max_workers=8)
-    server = grpc.server(pool)
-    api_pb2_grpc.add_JobsServicer_to_server(_Jobs(state), server)
-    api_pb2_grpc.add_EvalsServicer_to_server(_Evals(state), server)
-    api_pb2_grpc.add_AllocsServicer_to_server(_Allocs(state), server)
-    api_pb2_grpc.add_NodesServicer_to_server(_Nodes(state), server)
-    api_pb2_grpc.add_OperatorServicer_to_server(_Operator(state), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield state, f"127.0.0.1:{port}"
-    finally:
-        server.stop(None).wait()
-        pool.shutdown(wait=True)
+    with serving(
+        (api_pb2_grpc.add_JobsServicer_to_server, _Jobs(state)),
+        (api_pb2_grpc.add_EvalsServicer_to_server, _Evals(state)),
+        (api_pb2_grpc.add_AllocsServicer_to_server, _Allocs(state)),
+        (api_pb2_grpc.add_NodesServicer_to_server, _Nodes(state)),
+        (api_pb2_grpc.add_OperatorServicer_to_server, _Operator(state)),
+        max_workers=8,
+    ) as addr:
+        yield state, addr
 
 
 def web_job(count: int = 2) -> structs.Job:
@@ -301,13 +296,6 @@ def fake_jobspec(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     mod.parse_jobspec = parse_jobspec  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "drover.server.jobspec", mod)
     return mod
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[str]]:
-    """Run the CLI; return (exit code, stdout, stderr lines)."""
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err.splitlines()
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from drover.cli import main
 from drover.cli._deployments import deployment_json, group_table
 from drover.cli._jobdiff import ABSENT, diff_jobs, fmt_value
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
+from tests.fixtures.fake_grpc import run, serving
 
 DEP_ID = "d3e10000-0000-4000-8000-000000000001"
 DEP_ID_2 = "d3e12222-0000-4000-8000-000000000002"
@@ -185,26 +185,14 @@ class _Deployments(api_pb2_grpc.DeploymentsServicer):
 def fake() -> Iterator[tuple[FakeDrover, str]]:
     """An IN-PROCESS FAKE drover server on a free port: (state, "127.0.0.1:port")."""
     state = FakeDrover()
-    pool = futures.ThreadPoolExecutor(max_workers=4)
-    server = grpc.server(pool)
-    api_pb2_grpc.add_JobsServicer_to_server(_Jobs(state), server)
-    api_pb2_grpc.add_EvalsServicer_to_server(_Evals(state), server)
-    api_pb2_grpc.add_AllocsServicer_to_server(_Allocs(state), server)
-    api_pb2_grpc.add_DeploymentsServicer_to_server(_Deployments(state), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield state, f"127.0.0.1:{port}"
-    finally:
-        server.stop(None).wait()
-        pool.shutdown(wait=True)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[str]]:
-    """Run the CLI; return (exit code, stdout, stderr lines)."""
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err.splitlines()
+    with serving(
+        (api_pb2_grpc.add_JobsServicer_to_server, _Jobs(state)),
+        (api_pb2_grpc.add_EvalsServicer_to_server, _Evals(state)),
+        (api_pb2_grpc.add_AllocsServicer_to_server, _Allocs(state)),
+        (api_pb2_grpc.add_DeploymentsServicer_to_server, _Deployments(state)),
+        max_workers=4,
+    ) as addr:
+        yield state, addr
 
 
 def deployment(
