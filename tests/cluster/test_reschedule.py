@@ -276,15 +276,19 @@ def test_reschedule__zero_attempts_never_reschedules(two_clients: LocalCluster, 
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
         _run_job(cluster, client, tmp_path, "once", "exit 1", policy)
         _wait_failed(cluster, client, "once", 1, 60, "the failure")
+
+        # Nothing can replace the alloc, so the leader's watcher fails its deployment.
+        def deployment_failed() -> structs_pb2.Deployment | None:
+            (d,) = client.list_deployments(job_id="once").deployments
+            return d if d.status == "failed" else None
+
+        deployment = wait_for(deployment_failed, 60, 0.3, "the deployment to fail")
+        assert deployment.status_description.startswith("Failed due to unhealthy allocations")
         wait_for(lambda: _settled(client, "once"), 60, 0.3, "the job's evaluations to settle")
         (alloc,) = _allocs(client, "once")
         assert alloc.client_status == "failed" and not alloc.followup_eval_id
-        # No reschedule eval; the deployment's watcher evals (the unhealthy verdict, and
-        # the deployment failing: nothing can replace the alloc) placed nothing, as the one
-        # alloc above shows.
+        # No reschedule eval; the deployment's watcher evals (the unhealthy verdict, the
+        # failure) placed nothing, as the one alloc above shows.
         triggers = [e.triggered_by for e in client.list_evals(job_id="once").evals]
         assert [t for t in triggers if t != "deployment-watcher"] == ["job-register"]
-        (deployment,) = client.list_deployments(job_id="once").deployments
-        assert deployment.status == "failed"
-        assert deployment.status_description.startswith("Failed due to unhealthy allocations")
         assert re.search(r"Reschedule Attempts\s+=\s+0/0\n", _cli(cluster, "alloc", "status", alloc.id))
