@@ -38,7 +38,6 @@ from drover.scheduler.placement import (
     select_node,
 )
 from drover.scheduler.reconciler.generic import (
-    PLACE_CANARY,
     DelayedReschedule,
     GroupResult,
     ScoreFn,
@@ -56,7 +55,6 @@ from drover.scheduler.structs import (
     TRIGGER_RETRY_FAILED_ALLOC,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
-    AllocDeploymentStatus,
     AllocMetric,
     Evaluation,
     Job,
@@ -283,6 +281,8 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     failed_metrics: dict[str, AllocMetric] = {}
     for group in groups:
         exhausted = False
+        # New allocs of a deployed group join the governing deployment (canaries marked).
+        deployment_of_group = governing.id if governing is not None and group.name in deployed_groups else ""
         for p in results[group.name].place:
             choice = None
             if not exhausted:
@@ -316,6 +316,8 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
                     index=p.index,
                     previous_id=p.previous.id if p.previous is not None else "",
                     reschedule_events=p.reschedule_events,
+                    deployment_id=deployment_of_group,
+                    canary=p.canary,
                 )
             )
             if p.stop_previous is not None:
@@ -357,8 +359,6 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         # Nothing placed: the eval that places the first alloc (the blocked one) makes it.
         wanted = None
         governing = None
-    if governing is not None:
-        plan = _attach_deployment(plan, governing.id, deployed_groups, results, allocs)
     if deployment is not None and wanted is None and deployments.deployment_complete(deployment, results):
         deployment_updates = (*deployment_updates, deployments.success(deployment))
     if wanted is not None or deployment_updates:
@@ -398,34 +398,3 @@ def _empty_plan(ev: Evaluation, snapshot_index: int) -> Plan:
         namespace=ev.namespace,
         snapshot_index=snapshot_index,
     )
-
-
-def _attach_deployment(
-    plan: Plan | None,
-    deployment_id: str,
-    rolling: set[str],
-    results: Mapping[str, GroupResult],
-    existing: Iterable[Allocation],
-) -> Plan | None:
-    """New allocs of the deployment's groups join it, canaries marked as such (a canary
-    is the new alloc without a predecessor in a slot the group asked a canary for)."""
-    if plan is None or not rolling:
-        return plan
-    known = {a.id for a in existing}
-    canary_slots = {
-        (name, pl.index) for name, r in results.items() for pl in r.place if pl.reason == PLACE_CANARY
-    }
-    node_allocation: dict[str, tuple[Allocation, ...]] = {}
-    for node_id, placed in plan.node_allocation.items():
-        out = []
-        for alloc in placed:
-            if alloc.id not in known and alloc.task_group in rolling:
-                canary = not alloc.previous_allocation and (alloc.task_group, alloc.index) in canary_slots
-                alloc = replace(
-                    alloc,
-                    deployment_id=deployment_id,
-                    deployment_status=AllocDeploymentStatus(canary=True) if canary else None,
-                )
-            out.append(alloc)
-        node_allocation[node_id] = tuple(out)
-    return replace(plan, node_allocation=node_allocation)

@@ -28,6 +28,7 @@ from drover.scheduler.structs import (
     ALLOC_DESIRED_STOP,
     AllocatedResources,
     Allocation,
+    AllocDeploymentStatus,
     AllocStop,
     Evaluation,
     Job,
@@ -225,8 +226,12 @@ def new_alloc(
     index: int,
     previous_id: str = "",
     reschedule_events: tuple[RescheduleEvent, ...] = (),
+    deployment_id: str = "",
+    canary: bool = False,
 ) -> Allocation:
-    """A new alloc of ``group`` on the chosen node: the one way both schedulers mint one."""
+    """A new alloc of ``group`` on the chosen node: the one way both schedulers mint one.
+    ``deployment_id``: the deployment it joins; ``canary``: it runs beside the old allocs
+    until promotion (docs/deployments.md)."""
     return Allocation(
         id=ctx.new_id(),
         namespace=job.namespace,
@@ -246,4 +251,10 @@ def new_alloc(
         modify_time_ns=ctx.now_ns,
         index=index,
         metrics=choice.metrics,
+        deployment_id=deployment_id,
+        deployment_status=_CANARY if canary else None,
     )
+
+
+# Every canary starts the same (frozen, so one value serves them all).
+_CANARY: Final = AllocDeploymentStatus(canary=True)
