@@ -447,6 +447,13 @@ class Nemesis:
         self.disagreements.append(record)
         caller = Caller(self.cluster.grpc_addresses, WorkloadConfig(seed=0), 0)
         try:
+            # Start from an eligible node: a mark left from the last disagreement (a plan
+            # from before its end refused late, or a new leader that had not applied the
+            # operator's write yet) would end this one before any plan is refused.
+            problem = self._make_eligible(caller, SHRINK_NODE)
+            if problem:
+                record.problems.append(problem)
+                return
             control.shrink(SHRINK_NODE)
             self._shrunk = SHRINK_NODE
             self.note("disagree", node=SHRINK_NODE)
@@ -507,24 +514,35 @@ class Nemesis:
         self._shrunk = None
         record.t_restored = self.history.now()
         self.note("agree", node=record.node_id)
+        problem = self._make_eligible(caller, record.node_id)
+        if problem:
+            record.problems.append(problem)
+        else:
+            record.t_eligible = self.history.now()
+
+    def _make_eligible(self, caller: Caller, node_id: str) -> str:
+        """An operator's eligibility write for ``node_id`` until one is acknowledged and the
+        node reads eligible; "" when it does, else what did not happen in time."""
 
         def eligible() -> bool:
-            op = record_write(
+            if self._eligibility(caller, node_id) == "eligible":
+                return True
+            record_write(
                 self.history,
                 caller,
                 "nemesis",
                 "node-eligible",
-                record.node_id,
-                lambda c: c.update_eligibility(record.node_id, "eligible"),
+                node_id,
+                lambda c: c.update_eligibility(node_id, "eligible"),
             )
-            return op.ok
+            return self._eligibility(caller, node_id) == "eligible"
 
         try:
-            wait_for(eligible, RECOVERY_TIMEOUT_S, 0.5, f"{record.node_id} to be made eligible again")
-            record.t_eligible = self.history.now()
-            self.note("node-eligible", node=record.node_id)
+            wait_for(eligible, RECOVERY_TIMEOUT_S, 0.5, f"{node_id} to be made eligible again")
         except TimeoutError as exc:
-            record.problems.append(str(exc))
+            return str(exc)
+        self.note("node-eligible", node=node_id)
+        return ""
 
     def _hold(self, until: float) -> None:
         remaining = until - self.history.now()
