@@ -71,6 +71,19 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             r.api.register_node(simulated_node(node_id))
         r.api.register_job(pinned_job("on-n1", "n1"))
         r.api.register_job(pinned_job("on-n2", "n2"))
+        # Both placed and every eval of theirs done: a refused call is checked against a
+        # state nothing else is still writing to.
+        for job_id, node_id in (("on-n1", "n1"), ("on-n2", "n2")):
+            r.alloc_on(job_id, node_id)
+            wait_for(
+                lambda job_id=job_id: all(
+                    e.status in ("complete", "failed", "canceled")
+                    for e in r.api.list_evals(job_id=job_id).evals
+                ),
+                60,
+                0.1,
+                f"{job_id}'s evaluations to finish",
+            )
         try:
             yield r
         finally:
