@@ -9,13 +9,13 @@ propose. A refused entry must leave the state digest as it was.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from deploy.cluster import wait_for
 from drover.scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
     DEPLOYMENT_DESC_NEEDS_PROMOTION,
@@ -446,10 +446,11 @@ def test_watcher__thread__wakes_on_a_health_report_and_stops_when_told(cluster: 
     thread.start()
     try:
         cluster.apply(health_entry(unhealthy=("a1",)))
-        deadline = time.monotonic() + 10
-        while cluster.deployment().status != DEPLOYMENT_STATUS_FAILED:
-            assert time.monotonic() < deadline, "the watcher never acted on the unhealthy alloc"
-            time.sleep(0.01)
+        wait_for(
+            lambda: cluster.deployment().status == DEPLOYMENT_STATUS_FAILED,
+            timeout=10,
+            message="the watcher to act on the unhealthy alloc",
+        )
     finally:
         stop.set()
         thread.join(timeout=5)
