@@ -17,6 +17,7 @@ from typing import Final
 from google.protobuf.message import Message
 
 from drover.scheduler import validate
+from drover.scheduler.deployments import running_description
 from drover.scheduler.structs import (
     DEFAULT_NAMESPACE,
     DEPLOYMENT_DESC_MARKED_FAILED,
@@ -36,7 +37,7 @@ from drover.scheduler.structs import (
 )
 from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
-from drover.server.deployments.decide import Failure, failure, running_description
+from drover.server.deployments.decide import Failure, failure
 from drover.server.endpoints import Proposer, propose_write
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
 from drover.server.fsm import ApplyResult
@@ -158,7 +159,7 @@ class DeploymentActions:
             )
         ev = self._eval(snap, deployment, self._clock.now_ns())
         return self._status_write(
-            deployment, DEPLOYMENT_STATUS_RUNNING, running_description(deployment), ev, None
+            deployment, DEPLOYMENT_STATUS_RUNNING, running_description(deployment.task_groups), ev, None
         )
 
     def promote(self, deployment_id: str, groups: Sequence[str] = ()) -> WriteOutcome:

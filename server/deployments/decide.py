@@ -27,10 +27,7 @@ from dataclasses import dataclass, replace
 
 from drover.scheduler.reconciler.reschedule import next_reschedule
 from drover.scheduler.structs import (
-    DEPLOYMENT_DESC_AUTO_PROMOTION,
-    DEPLOYMENT_DESC_NEEDS_PROMOTION,
     DEPLOYMENT_DESC_PROGRESS_DEADLINE,
-    DEPLOYMENT_DESC_RUNNING,
     DEPLOYMENT_DESC_UNHEALTHY,
     DEPLOYMENT_STATUS_PAUSED,
     DEPLOYMENT_STATUS_RUNNING,
@@ -47,7 +44,6 @@ __all__ = [
     "decide",
     "failure",
     "group_done",
-    "running_description",
 ]
 
 
@@ -115,17 +111,6 @@ def failure(deployment: Deployment, job: Job | None, versions: Sequence[Job], de
         revert_job=replace(stable, stable=False),
         reverted_version=stable.version,
     )
-
-
-def running_description(deployment: Deployment) -> str:
-    """The description of a running deployment: whether it waits for a promotion, and
-    whose (every canary group with auto_promote: the watcher's)."""
-    if not deployment.requires_promotion():
-        return DEPLOYMENT_DESC_RUNNING
-    canary_groups = [s for s in deployment.task_groups.values() if s.desired_canaries > 0]
-    if all(s.auto_promote for s in canary_groups):
-        return DEPLOYMENT_DESC_AUTO_PROMOTION
-    return DEPLOYMENT_DESC_NEEDS_PROMOTION
 
 
 def group_done(state: DeploymentState, healthy_live: int) -> bool:

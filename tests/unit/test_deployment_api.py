@@ -17,6 +17,7 @@ import pytest
 from drover.scheduler import validate
 from drover.scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
+    DEPLOYMENT_DESC_AUTO_PROMOTION,
     DEPLOYMENT_DESC_PAUSED,
     DEPLOYMENT_STATUS_FAILED,
     DEPLOYMENT_STATUS_PAUSED,
@@ -291,6 +292,25 @@ def test_pause_then_resume__status_moves_and_only_resume_has_an_eval(core: Any) 
     assert core.store.snapshot().deployment("d1").status == DEPLOYMENT_STATUS_RUNNING
     ev = core.store.snapshot().eval(resumed.eval_id)
     assert ev is not None and ev.triggered_by == TRIGGER_DEPLOYMENT_WATCHER and ev.deployment_id == "d1"
+
+
+def test_resume__only_auto_promote_canaries_left__says_the_watcher_promotes(core: Any) -> None:
+    """Resume describes the deployment by the rule its creation used: a group promoted by
+    hand no longer waits for anyone, so the watcher's auto-promotion is what is left."""
+    d1 = core.store.snapshot().deployment("d1")
+    by_hand = DeploymentState(desired_canaries=1, promoted=True, desired_total=3)
+    auto = DeploymentState(desired_canaries=1, auto_promote=True, desired_total=2)
+    _seed(core, lambda txn: txn.put_deployment(replace(d1, task_groups={"web": by_hand, "api": auto})))
+    servicer = DeploymentsServicer(core)
+    _call(servicer, "Pause", api_pb2.DeploymentPauseRequest(deployment_id="d1", pause=True))
+
+    _call(servicer, "Pause", api_pb2.DeploymentPauseRequest(deployment_id="d1", pause=False))
+
+    deployment = core.store.snapshot().deployment("d1")
+    assert (deployment.status, deployment.status_description) == (
+        DEPLOYMENT_STATUS_RUNNING,
+        DEPLOYMENT_DESC_AUTO_PROMOTION,
+    )
 
 
 def test_fail__auto_revert__reverts_to_the_stable_version_as_a_new_one(core: Any) -> None:

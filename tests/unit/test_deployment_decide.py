@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from drover.scheduler.deployments import running_description
 from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_RUNNING,
@@ -33,7 +34,7 @@ from drover.scheduler.structs import (
     RescheduleEvent,
     ReschedulePolicy,
 )
-from drover.server.deployments.decide import WatchDecision, decide, failure, running_description
+from drover.server.deployments.decide import WatchDecision, decide, failure
 from tests.fixtures import mock
 
 NOW = mock.NOW
@@ -287,4 +288,4 @@ def test_failure__without_auto_revert__plain_description() -> None:
     ids=["no-canaries", "manual-promotion", "auto-promotion", "promoted"],
 )
 def test_running_description__says_who_promotes(group: dict[str, object], expected: str) -> None:
-    assert running_description(_deployment(**group)) == expected
+    assert running_description(_deployment(**group).task_groups) == expected
