@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from drover.cli import main
 from drover.cli._placement import failed_group_lines, metric_lines, score_table
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
+from tests.fixtures.fake_grpc import run as run_cli
+from tests.fixtures.fake_grpc import serving
 
 ALLOC_ID = "a11c0000-0000-4000-8000-000000000001"
 EVAL_ID = "e7a10000-0000-4000-8000-000000000001"
@@ -172,22 +172,19 @@ class _Jobs(api_pb2_grpc.JobsServicer):
 @pytest.fixture
 def fake() -> Iterator[tuple[FakeState, str]]:
     state = FakeState()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    api_pb2_grpc.add_AllocsServicer_to_server(_Allocs(state), server)
-    api_pb2_grpc.add_EvalsServicer_to_server(_Evals(state), server)
-    api_pb2_grpc.add_JobsServicer_to_server(_Jobs(state), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield state, f"127.0.0.1:{port}"
-    finally:
-        server.stop(None)
+    with serving(
+        (api_pb2_grpc.add_AllocsServicer_to_server, _Allocs(state)),
+        (api_pb2_grpc.add_EvalsServicer_to_server, _Evals(state)),
+        (api_pb2_grpc.add_JobsServicer_to_server, _Jobs(state)),
+        max_workers=4,
+    ) as addr:
+        yield state, addr
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    assert err == ""
+    """Run the CLI; (exit code, stdout lines). Nothing here may write to stderr."""
+    code, out, err = run_cli(capsys, *argv)
+    assert err == []
     return code, out.splitlines()
 
 
