@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import ctypes
 import json
 import os
@@ -58,7 +59,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -489,6 +490,34 @@ def _libc_tgkill() -> Callable[[int, int, int], int] | None:
 _TGKILL = _libc_tgkill()
 
 
+# Long enough for a SIGKILLed task to be reaped even on a loaded machine.
+TASK_REAP_TIMEOUT = 10.0
+
+
+def kill_processes_working_under(roots: Iterable[Path]) -> None:
+    """SIGKILL every process whose working directory is one of ``roots`` or below one, and
+    wait for them: the raw_exec tasks of client agents on those data dirs.
+
+    A client agent that stops (or is killed) leaves its tasks running by design, so that a
+    restarted agent re-attaches to them (client_agent/drivers/raw_exec.py); raw_exec runs
+    each task in ``<data_dir>/allocs/<alloc_id>/<task>/``. ``roots`` should be resolved
+    paths: a process's cwd is reported resolved.
+    """
+    import psutil
+
+    roots = list(roots)
+    victims = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            cwd = Path(proc.cwd())
+            if any(cwd == root or root in cwd.parents for root in roots):
+                victims.append(proc)
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(victims, timeout=TASK_REAP_TIMEOUT)
+
+
 def _terminate(pid: int) -> None:
     """SIGTERM ``pid`` aimed at its main thread, then SIGCONT in case it was paused.
 
@@ -748,11 +777,16 @@ class LocalCluster:
         self._spawn(member)
 
     def stop_all(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop every agent (all at once, one shared deadline). Safe to call again."""
+        """Stop every agent (all at once, one shared deadline), then the clients' raw_exec
+        tasks, which a stopped agent leaves running for its successor: nothing the cluster
+        started outlives it. Safe to call again."""
         try:
             self._stop_members(self._members(), timeout)
         finally:
-            self._channels.close_all()
+            try:
+                kill_processes_working_under(member.data_dir for member in self._clients)
+            finally:
+                self._channels.close_all()
 
     def is_alive(self, i: int) -> bool:
         """True while the process exists, paused or not."""

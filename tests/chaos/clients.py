@@ -37,12 +37,11 @@ from typing import Any, Final, TypeVar
 
 import psutil
 
-from deploy.cluster import LocalCluster, wait_for
+from deploy.cluster import LocalCluster, kill_processes_working_under, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.chaos.workload import Caller, WorkloadConfig
 from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
-from tests.cluster.leftovers import kill_processes_working_under
 from tests.cluster.proxy import TcpProxy, proxies_for
 
 T = TypeVar("T")

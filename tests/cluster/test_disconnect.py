@@ -33,12 +33,11 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from deploy.cluster import LocalCluster, client_argv, wait_for
+from deploy.cluster import LocalCluster, client_argv, kill_processes_working_under, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
-from tests.cluster.leftovers import kill_processes_working_under
 from tests.cluster.proxy import BLACKHOLE, REFUSE, TcpProxy, proxies_for
 
 T = TypeVar("T")
