@@ -26,6 +26,7 @@ __all__ = [
     "alloc_rows",
     "fmt_duration",
     "fmt_time",
+    "format_kv",
     "format_table",
     "jsonable",
     "oldest_allocs_first",
@@ -67,10 +68,14 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, empty:
     print(format_table(headers, rows))
 
 
-def print_kv(pairs: Sequence[tuple[str, str]]) -> None:
+def format_kv(pairs: Sequence[tuple[str, str]]) -> str:
+    """``key = value`` lines, the keys padded to one width, no trailing spaces."""
     width = max(len(k) for k, _ in pairs)
-    for key, value in pairs:
-        print(f"{key.ljust(width)} = {value}".rstrip())
+    return "\n".join(f"{key.ljust(width)} = {value}".rstrip() for key, value in pairs)
+
+
+def print_kv(pairs: Sequence[tuple[str, str]]) -> None:
+    print(format_kv(pairs))
 
 
 def jsonable(value: object) -> object:

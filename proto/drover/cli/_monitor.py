@@ -22,7 +22,7 @@ import grpc
 from drover.cli._args import display_id
 from drover.cli._deployments import deployment_kv, group_table, is_active
 from drover.cli._errors import CLIError
-from drover.cli._format import format_table
+from drover.cli._format import format_kv, format_table, oldest_allocs_first
 from drover.scheduler.structs import DEPLOYMENT_STATUS_FAILED, DEPLOYMENT_STATUS_SUCCESSFUL
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
@@ -131,7 +131,7 @@ class _AllocWatcher:
             min_index=self.index if blocking else 0,
             wait_ns=max(int(wait_s * 1e9), 1) if blocking else 0,
         )
-        for alloc in sorted(resp.allocs, key=lambda a: (a.create_index, a.name, a.id)):
+        for alloc in oldest_allocs_first(resp.allocs):
             if alloc.eval_id != self.ev.id or alloc.id in self.seen:
                 continue
             self.seen.add(alloc.id)
@@ -208,7 +208,7 @@ def monitor_deployment(
             deployment_id, min_index=index, wait_ns=int(_DEPLOYMENT_WAIT_S * 1e9) if index else 0
         )
         deployment = resp.deployment
-        text = _progress(deployment, args)
+        text = _progress(deployment)
         if text != shown:
             # A blank line between updates: each is a whole status and table.
             print(f"\n{text}" if shown else text)
@@ -223,16 +223,13 @@ def monitor_deployment(
         index = max(index, resp.meta.index)
 
 
-def _progress(deployment: structs_pb2.Deployment, args: argparse.Namespace) -> str:
+def _progress(deployment: structs_pb2.Deployment) -> str:
     """The status lines and the per-group table, indented under the monitor's header."""
-    pairs = deployment_kv(deployment, verbose=False)[3:]
-    width = max(len(k) for k, _ in pairs)
-    lines = [f"    {k.ljust(width)} = {v}".rstrip() for k, v in pairs]
+    text = format_kv(deployment_kv(deployment, verbose=False)[3:])
     headers, rows = group_table(deployment)
     if rows:
-        lines.append("")
-        lines += [f"    {line}" for line in format_table(headers, rows).splitlines()]
-    return "\n".join(lines)
+        text += "\n\n" + format_table(headers, rows)
+    return "\n".join(f"    {line}".rstrip() for line in text.splitlines())
 
 
 def _deployment_failure(
