@@ -36,6 +36,7 @@ from drover.scheduler.structs import (
     TRIGGER_NODE_UPDATE,
     TRIGGER_RETRY_FAILED_ALLOC,
     AllocMetric,
+    Deployment,
     DrainStrategy,
     Evaluation,
     Job,
@@ -88,6 +89,14 @@ def propose_write(raft: Proposer, entry_type: int, payload: Message) -> ApplyRes
     if result.error:
         raise (NotFoundError if result.not_found else ConflictError)(result.error)
     return result
+
+
+def deployment_eval(eval_id: str, job: Job, deployment: Deployment, now_ns: int) -> Evaluation:
+    """A ``deployment-watcher`` eval of ``job`` for ``deployment``, at the deployment's
+    priority (Nomad's EvalPriority): what every writer that moves a deployment (a client's
+    health report, the watcher, an operator) adds so the scheduler acts on the change."""
+    ev = job_eval(eval_id, job, TRIGGER_DEPLOYMENT_WATCHER, now_ns)
+    return replace(ev, deployment_id=deployment.id, priority=deployment.eval_priority or job.priority)
 
 
 class Endpoints:
@@ -593,10 +602,7 @@ class Endpoints:
             job = snap.job(existing.namespace, existing.job_id)
             if deployment is None or not deployment.active() or job is None or job.stop:
                 continue
-            ev = self._new_eval(job, TRIGGER_DEPLOYMENT_WATCHER, now)
-            evals[key] = replace(
-                ev, deployment_id=deployment.id, priority=deployment.eval_priority or ev.priority
-            )
+            evals[key] = deployment_eval(self._ids.new(), job, deployment, now)
         return list(evals.values())
 
     def _failure_evals(self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry) -> list[Evaluation]:

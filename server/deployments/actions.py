@@ -26,7 +26,6 @@ from drover.scheduler.structs import (
     DEPLOYMENT_STATUS_FAILED,
     DEPLOYMENT_STATUS_PAUSED,
     DEPLOYMENT_STATUS_RUNNING,
-    TRIGGER_DEPLOYMENT_WATCHER,
     TRIGGER_JOB_REGISTER,
     TRIGGER_JOB_SCALING,
     Deployment,
@@ -38,7 +37,7 @@ from drover.scheduler.structs import (
 from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
 from drover.server.deployments.decide import Failure, failure
-from drover.server.endpoints import Proposer, propose_write
+from drover.server.endpoints import Proposer, deployment_eval, propose_write
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
 from drover.server.fsm import ApplyResult
 from drover.server.state_store import Snapshot, StateStore
@@ -97,13 +96,11 @@ class DeploymentActions:
         return deployment
 
     def _eval(self, snap: Snapshot, deployment: Deployment, now: int) -> Evaluation | None:
-        """A ``deployment-watcher`` eval of the deployment's job, at the deployment's
-        priority (Nomad's EvalPriority), so the scheduler acts on the change."""
+        """The deployment's eval, or none once its job is gone (nothing left to schedule)."""
         job = snap.job(deployment.namespace, deployment.job_id)
         if job is None:
             return None
-        ev = job_eval(self._ids.new(), job, TRIGGER_DEPLOYMENT_WATCHER, now)
-        return replace(ev, deployment_id=deployment.id, priority=deployment.eval_priority or job.priority)
+        return deployment_eval(self._ids.new(), job, deployment, now)
 
     def _failure(self, snap: Snapshot, deployment: Deployment, description: str) -> Failure:
         job = snap.job(deployment.namespace, deployment.job_id)

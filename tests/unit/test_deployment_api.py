@@ -313,6 +313,23 @@ def test_resume__only_auto_promote_canaries_left__says_the_watcher_promotes(core
     )
 
 
+def test_client_health_report__one_watcher_eval_per_job_at_the_deployments_priority(core: Any) -> None:
+    """The eval a health report adds is built as the operator RPCs build theirs."""
+    d1 = core.store.snapshot().deployment("d1")
+    _seed(core, lambda txn: txn.put_deployment(replace(d1, eval_priority=70)))
+    core.endpoints.register_node(replace(mock.node(id="n1"), secret_id="secret-1"))
+    report = structs_pb2.Allocation(id="a1", client_status=ALLOC_CLIENT_RUNNING, deployment_id="d1")
+    report.deployment_status.health = "healthy"
+    report.deployment_status.timestamp_ns = NOW
+
+    result = core.endpoints.update_allocs([report], node_id="n1", secret_id="secret-1")
+
+    evals = [e for e in core.store.snapshot().evals() if e.modify_index == result.index]
+    assert [(e.triggered_by, e.deployment_id, e.job_id, e.priority) for e in evals] == [
+        (TRIGGER_DEPLOYMENT_WATCHER, "d1", "web", 70)
+    ]
+
+
 def test_fail__auto_revert__reverts_to_the_stable_version_as_a_new_one(core: Any) -> None:
     response = _call(DeploymentsServicer(core), "Fail", api_pb2.DeploymentFailRequest(deployment_id="d1"))
 
