@@ -89,11 +89,16 @@ def group_table(deployment: structs_pb2.Deployment) -> tuple[list[str], list[lis
     return headers, rows
 
 
+def _newest_first(deployments: Iterable[structs_pb2.Deployment]) -> list[structs_pb2.Deployment]:
+    """Every deployment listing's order, in both its forms: by creation, the ID for a tie."""
+    return sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
+
+
 def deployment_list_rows(deployments: Iterable[structs_pb2.Deployment], verbose: bool) -> list[list[str]]:
     """Rows for :data:`LIST_HEADERS`, newest first."""
     return [
         [short_id(d.id, verbose), d.job_id, str(d.job_version), d.status, d.status_description]
-        for d in sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
+        for d in _newest_first(deployments)
     ]
 
 
@@ -103,8 +108,7 @@ def print_deployment_list(
     """``deployment list`` and ``job deployments`` print one listing, newest first in
     both forms, so the two commands cannot disagree on its shape."""
     if as_json:
-        ordered = sorted(deployments, key=lambda d: (d.create_index, d.id), reverse=True)
-        print_json([deployment_json(d) for d in ordered])
+        print_json([deployment_json(d) for d in _newest_first(deployments)])
         return
     print_table(LIST_HEADERS, deployment_list_rows(deployments, verbose), empty="No deployments found")
 
