@@ -36,6 +36,8 @@ from drover.scheduler.placement import (
     placed_score,
     score_node,
     select_node,
+    updated_in_place,
+    with_deployment,
 )
 from drover.scheduler.reconciler.generic import (
     DelayedReschedule,
@@ -59,7 +61,6 @@ from drover.scheduler.structs import (
     Evaluation,
     Job,
     Node,
-    Plan,
     TaskGroup,
     follow_up_eval,
 )
@@ -237,8 +238,11 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         target, groups, results, allocs, deployment, new_id=ctx.new_id(), now_ns=ctx.now_ns
     )
     governing = wanted or (deployment if deployment is not None and deployment.active() else None)
-    deployed_groups = (
-        {g.name for g in deployments.rolling_groups(target, groups)} if governing is not None else set()
+    # group -> the deployment its new and updated allocs join (rolling groups only)
+    joins: dict[str, str] = (
+        {g.name: governing.id for g in deployments.rolling_groups(target, groups)}
+        if governing is not None
+        else {}
     )
 
     # Phase 1: stops, in-place updates, unknown marks, follow-up stamps.
@@ -254,15 +258,9 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         for stop in result.stop:
             builder.stop(stop.alloc, stop.description, client_status=stop.client_status)
         for alloc in result.update_inplace:
-            moved = replace(alloc, job_version=target.version, eval_id=ev.id, modify_time_ns=ctx.now_ns)
-            if (
-                governing is not None
-                and alloc.task_group in deployed_groups
-                and alloc.deployment_id != governing.id
-            ):
-                # Into the new deployment, judged afresh by its client.
-                moved = replace(moved, deployment_id=governing.id, deployment_status=None)
-            builder.place(moved)
+            builder.place(
+                updated_in_place(alloc, target, ev, ctx.now_ns, deployment_id=joins.get(alloc.task_group, ""))
+            )
         # Disconnecting: unknown, still desired to run (it may come back,
         # docs/field-reports.md#field-report-3).
         for alloc in result.disconnecting:
@@ -281,8 +279,6 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     failed_metrics: dict[str, AllocMetric] = {}
     for group in groups:
         exhausted = False
-        # New allocs of a deployed group join the governing deployment (canaries marked).
-        deployment_of_group = governing.id if governing is not None and group.name in deployed_groups else ""
         for p in results[group.name].place:
             choice = None
             if not exhausted:
@@ -316,7 +312,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
                     index=p.index,
                     previous_id=p.previous.id if p.previous is not None else "",
                     reschedule_events=p.reschedule_events,
-                    deployment_id=deployment_of_group,
+                    deployment_id=joins.get(group.name, ""),
                     canary=p.canary,
                 )
             )
@@ -361,12 +357,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         governing = None
     if deployment is not None and wanted is None and deployments.deployment_complete(deployment, results):
         deployment_updates = (*deployment_updates, deployments.success(deployment))
-    if wanted is not None or deployment_updates:
-        plan = replace(
-            plan or _empty_plan(ev, state.index),
-            deployment=wanted,
-            deployment_updates=deployment_updates,
-        )
+    plan = with_deployment(plan, ev, state.index, wanted, deployment_updates)
 
     eval_update = replace(
         ev,
@@ -387,14 +378,4 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         created_evals=tuple(created),
         queued=queued,
         annotations={name: r.counts() for name, r in results.items()},
-    )
-
-
-def _empty_plan(ev: Evaluation, snapshot_index: int) -> Plan:
-    return Plan(
-        eval_id=ev.id,
-        priority=ev.priority,
-        job_id=ev.job_id,
-        namespace=ev.namespace,
-        snapshot_index=snapshot_index,
     )

@@ -32,7 +32,14 @@ from typing import Final
 
 from drover.scheduler import deployments
 from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
-from drover.scheduler.placement import PlanBuilder, feasible_nodes, new_alloc, place_on_node
+from drover.scheduler.placement import (
+    PlanBuilder,
+    feasible_nodes,
+    new_alloc,
+    place_on_node,
+    updated_in_place,
+    with_deployment,
+)
 from drover.scheduler.placement.metrics import coalesce
 from drover.scheduler.reconciler.system import AllocTuple, SystemDiff, diff_system_allocs
 from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, stagger_ns
@@ -49,7 +56,6 @@ from drover.scheduler.structs import (
     Allocation,
     AllocMetric,
     Deployment,
-    DeploymentStatusUpdate,
     Evaluation,
     Job,
     Node,
@@ -157,10 +163,15 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         job_versions=inputs.job_versions,
         rollout=deployments.system_rollout(target, deployment, inputs.allocs),
     )
-    outcome = build_plan(state, ev, job, diff, inputs.nodes_ready, ctx)
-    plan, governing = _with_deployment(
-        outcome.plan, ev, state, target, diff, inputs, deployment, deployment_updates, ctx
-    )
+    wanted = _new_deployment(target, diff, inputs, deployment, ctx)
+    governing = wanted or (deployment if deployment is not None and deployment.active() else None)
+    outcome = build_plan(state, ev, job, diff, inputs.nodes_ready, ctx, deployment=governing)
+    if wanted is not None and (outcome.plan is None or not outcome.plan.node_allocation):
+        # Nothing placed: the eval that places the first alloc (the blocked one) makes it.
+        wanted = governing = None
+    if deployment is not None and deployments.system_complete(deployment, diff):
+        deployment_updates = (*deployment_updates, deployments.success(deployment))
+    plan = with_deployment(outcome.plan, ev, state.index, wanted, deployment_updates)
 
     groups = [g.name for g in job.groups] if job is not None else []
     queued = {name: len(outcome.failed.get(name, ())) for name in groups}
@@ -198,7 +209,7 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         next_eval=next_id or ev.next_eval,
         snapshot_index=state.index,
         modify_time_ns=ctx.now_ns,
-        deployment_id=governing or ev.deployment_id,
+        deployment_id=governing.id if governing is not None else ev.deployment_id,
     )
     return SchedulerResult(
         plan=plan,
@@ -214,54 +225,20 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
 compute_sysbatch = compute_system
 
 
-def _with_deployment(
-    plan: Plan | None,
-    ev: Evaluation,
-    state: State,
-    job: Job,
-    diff: SystemDiff,
-    inputs: SystemInputs,
-    deployment: Deployment | None,
-    updates: tuple[DeploymentStatusUpdate, ...],
-    ctx: SchedulerContext,
-) -> tuple[Plan | None, str]:
-    """The plan with its deployment: a new one for a changed version, the allocs it places
-    or updates in place joining the governing one, a cancelled outdated one, a complete one
-    marked successful. Returns (plan, the governing deployment's ID or "")."""
+def _new_deployment(
+    job: Job, diff: SystemDiff, inputs: SystemInputs, current: Deployment | None, ctx: SchedulerContext
+) -> Deployment | None:
+    """The deployment a system job's changed version starts with, if this pass places or
+    updates anything (decided before placing, so each alloc is minted into it)."""
+    if job.type != JOB_TYPE_SYSTEM or not (diff.place or diff.update_destructive or diff.update_inplace):
+        return None
     totals = {
         g.name: (len(inputs.nodes_ready) - len(inputs.infeasible.get(g.name, frozenset()))) * g.count
         for g in job.groups
     }
-    wanted = None
-    if job.type == JOB_TYPE_SYSTEM and plan is not None and plan.node_allocation:
-        wanted = deployments.wanted_system_deployment(
-            job, diff, inputs.allocs, deployment, totals, new_id=ctx.new_id(), now_ns=ctx.now_ns
-        )
-    governing = wanted or (deployment if deployment is not None and deployment.active() else None)
-    if governing is not None and plan is not None:
-        groups = set(governing.task_groups)
-        node_allocation = {
-            node_id: tuple(
-                replace(a, deployment_id=governing.id, deployment_status=None)
-                if a.task_group in groups and a.deployment_id != governing.id
-                else a
-                for a in placed
-            )
-            for node_id, placed in plan.node_allocation.items()
-        }
-        plan = replace(plan, node_allocation=node_allocation)
-    if deployment is not None and wanted is None and deployments.system_complete(deployment, diff):
-        updates = (*updates, deployments.success(deployment))
-    if wanted is not None or updates:
-        base = plan or Plan(
-            eval_id=ev.id,
-            priority=ev.priority,
-            job_id=ev.job_id,
-            namespace=ev.namespace,
-            snapshot_index=state.index,
-        )
-        plan = replace(base, deployment=wanted, deployment_updates=updates)
-    return plan, governing.id if governing is not None else ""
+    return deployments.wanted_system_deployment(
+        job, diff, inputs.allocs, current, totals, new_id=ctx.new_id(), now_ns=ctx.now_ns
+    )
 
 
 def build_plan(
@@ -271,8 +248,12 @@ def build_plan(
     diff: SystemDiff,
     nodes_ready: Mapping[str, Node],
     ctx: SchedulerContext,
+    *,
+    deployment: Deployment | None = None,
 ) -> PlanOutcome:
-    """The diff as a plan. Stops go in first, so placements see what they free."""
+    """The diff as a plan. Stops go in first, so placements see what they free. The allocs
+    of ``deployment``'s groups it places or updates in place join it."""
+    joins = {name: deployment.id for name in deployment.task_groups} if deployment is not None else {}
     builder = PlanBuilder(state, ev, job)
     for t in (*diff.stop, *diff.migrate):
         builder.stop(_existing(t), t.reason)
@@ -290,7 +271,9 @@ def build_plan(
     if job is not None:
         for t in diff.update_inplace:
             alloc = _existing(t)
-            builder.place(replace(alloc, job_version=job.version, eval_id=ev.id, modify_time_ns=ctx.now_ns))
+            builder.place(
+                updated_in_place(alloc, job, ev, ctx.now_ns, deployment_id=joins.get(alloc.task_group, ""))
+            )
         for t in sorted((*diff.place, *diff.update_destructive), key=lambda t: (t.node_id, t.name)):
             group = job.lookup_group(t.group)
             node = nodes_ready.get(t.node_id)
@@ -314,6 +297,7 @@ def build_plan(
                     name=t.name,
                     index=t.index,
                     previous_id=t.alloc.id if t.alloc is not None else "",
+                    deployment_id=joins.get(group.name, ""),
                 )
             )
     return PlanOutcome(

@@ -32,7 +32,7 @@ Fit is decided by ``drover.scheduler.fit.allocs_fit``, the same function the pla
 
 from drover.scheduler.placement.feasible import feasible_nodes
 from drover.scheduler.placement.metrics import placed_score
-from drover.scheduler.placement.plan import PlanBuilder, new_alloc
+from drover.scheduler.placement.plan import PlanBuilder, new_alloc, updated_in_place, with_deployment
 from drover.scheduler.placement.ports import assign_ports
 from drover.scheduler.placement.ranking import (
     NodeChoice,
@@ -53,4 +53,6 @@ __all__ = [
     "placed_score",
     "score_node",
     "select_node",
+    "updated_in_place",
+    "with_deployment",
 ]

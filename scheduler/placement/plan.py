@@ -17,6 +17,7 @@ alloc in one bucket, so an overlap is a programming error and raises ``ValueErro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from drover.scheduler.fit import allocs_fit
@@ -30,6 +31,8 @@ from drover.scheduler.structs import (
     Allocation,
     AllocDeploymentStatus,
     AllocStop,
+    Deployment,
+    DeploymentStatusUpdate,
     Evaluation,
     Job,
     Node,
@@ -41,7 +44,7 @@ from drover.scheduler.structs import (
 if TYPE_CHECKING:
     from drover.scheduler.interfaces import SchedulerContext, State
 
-__all__ = ["PlanBuilder", "new_alloc"]
+__all__ = ["PlanBuilder", "new_alloc", "updated_in_place", "with_deployment"]
 
 # The kinds of entry a plan holds for an alloc, as its error messages name them.
 _STOPPED: Final = "stopped"
@@ -258,3 +261,36 @@ def new_alloc(
 
 # Every canary starts the same (frozen, so one value serves them all).
 _CANARY: Final = AllocDeploymentStatus(canary=True)
+
+
+def updated_in_place(
+    alloc: Allocation, job: Job, ev: Evaluation, now_ns: int, *, deployment_id: str = ""
+) -> Allocation:
+    """``alloc`` moved to ``job``'s version without a restart: the one way both schedulers
+    update in place. ``deployment_id``: the deployment it joins; an alloc new to it is
+    judged afresh by its client (its old health verdict was about the old deployment)."""
+    moved = replace(alloc, job_version=job.version, eval_id=ev.id, modify_time_ns=now_ns)
+    if deployment_id and alloc.deployment_id != deployment_id:
+        moved = replace(moved, deployment_id=deployment_id, deployment_status=None)
+    return moved
+
+
+def with_deployment(
+    plan: Plan | None,
+    ev: Evaluation,
+    snapshot_index: int,
+    deployment: Deployment | None,
+    updates: tuple[DeploymentStatusUpdate, ...],
+) -> Plan | None:
+    """``plan`` carrying the deployment this pass writes and the status changes of others.
+    Either is a change on its own: with nothing placed or stopped, the plan holds just them."""
+    if deployment is None and not updates:
+        return plan
+    base = plan or Plan(
+        eval_id=ev.id,
+        priority=ev.priority,
+        job_id=ev.job_id,
+        namespace=ev.namespace,
+        snapshot_index=snapshot_index,
+    )
+    return replace(base, deployment=deployment, deployment_updates=updates)
