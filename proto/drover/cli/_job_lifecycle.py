@@ -25,10 +25,9 @@ from drover.cli._deployments import print_deployment_list
 from drover.cli._errors import CLIError
 from drover.cli._format import fmt_time, print_json, print_kv, print_table
 from drover.cli._jobdiff import diff_jobs, fmt_value
-from drover.cli._jobs import get_job, local_errors, parse_job_file
+from drover.cli._jobs import get_job, job_proto, local_errors, parse_job_file
 from drover.cli._monitor import monitor_eval
 from drover.sdk import DroverClient, DroverError
-from drover.server.codec import to_proto
 from drover.v1 import api_pb2, structs_pb2
 
 __all__ = ["register"]
@@ -242,7 +241,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     errors = local_errors(job)
     with connect(args) as client:
         try:
-            resp = client.validate_job(to_proto(job, structs_pb2.Job()))
+            resp = client.validate_job(job_proto(job))
         except DroverError as exc:
             # A job the server cannot even take apart is one more problem, not a crash.
             if exc.code != grpc.StatusCode.INVALID_ARGUMENT:

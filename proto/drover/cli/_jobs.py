@@ -14,7 +14,7 @@ from drover.sdk import DroverClient, DroverError
 from drover.server.codec import to_proto
 from drover.v1 import api_pb2, structs_pb2
 
-__all__ = ["get_job", "load_job_file", "local_errors", "parse_job_file"]
+__all__ = ["get_job", "job_proto", "load_job_file", "local_errors", "parse_job_file"]
 
 
 def parse_job_file(path: str) -> Job:
@@ -62,6 +62,12 @@ def load_job_file(path: str) -> structs_pb2.Job:
     if errors:
         raise CLIError("; ".join(errors))
     # The server canonicalizes too; the job is sent as parsed.
+    return job_proto(job)
+
+
+def job_proto(job: Job) -> structs_pb2.Job:
+    """A parsed job file as it goes on the wire: the one place the CLI converts one, so
+    the commands that send a job (``run``, ``plan``, ``validate``) send the same message."""
     return to_proto(job, structs_pb2.Job())
 
 
