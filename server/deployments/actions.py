@@ -37,6 +37,13 @@ from drover.scheduler.structs import (
 from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
 from drover.server.deployments.decide import Failure, failure
+from drover.server.deployments.state import (
+    TERMINAL_NO_FAIL,
+    TERMINAL_NO_PAUSE,
+    TERMINAL_NO_PROMOTE,
+    TERMINAL_NO_RESUME,
+    TERMINAL_NO_SET_HEALTH,
+)
 from drover.server.endpoints import Proposer, deployment_eval, propose_write
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
 from drover.server.fsm import ApplyResult
@@ -46,12 +53,6 @@ from drover.v1 import raft_pb2
 __all__ = ["DeploymentActions", "WriteOutcome"]
 
 ET = raft_pb2.EntryType
-# Nomad's refusals for a deployment that is over (structs.ErrDeploymentTerminalNo*).
-TERMINAL_NO_FAIL: Final = "Cannot fail terminal deployment"
-TERMINAL_NO_PAUSE: Final = "Cannot pause terminal deployment"
-TERMINAL_NO_RESUME: Final = "Cannot resume terminal deployment"
-TERMINAL_NO_PROMOTE: Final = "Cannot promote terminal deployment"
-TERMINAL_NO_SET_HEALTH: Final = "Cannot set health of allocations for a terminal deployment"
 SCALING_BLOCKED: Final = "job scaling blocked due to active deployment"
 
 

@@ -28,7 +28,14 @@ from drover.scheduler.structs import (
     Evaluation,
 )
 from drover.server.codec import from_proto
-from drover.server.deployments.state import DeploymentRefused, set_alloc_health, set_status
+from drover.server.deployments.state import (
+    TERMINAL_NO_PROMOTE,
+    TERMINAL_NO_SET_HEALTH,
+    DeploymentRefused,
+    healthy_canaries,
+    set_alloc_health,
+    set_status,
+)
 from drover.server.state_store import Txn
 from drover.v1 import raft_pb2, structs_pb2
 
@@ -93,7 +100,7 @@ def apply_deployment_promote(txn: Txn, entry: raft_pb2.DeploymentPromoteEntry, i
     as it wants, or nothing is promoted."""
     deployment = _deployment(txn, entry.deployment_id)
     if not deployment.active():
-        raise _refused("Cannot promote terminal deployment")
+        raise _refused(TERMINAL_NO_PROMOTE)
     unknown = [g for g in entry.groups if g not in deployment.task_groups]
     if unknown:
         raise _refused(f"deployment {deployment.id} has no task group {unknown[0]!r}")
@@ -102,14 +109,9 @@ def apply_deployment_promote(txn: Txn, entry: raft_pb2.DeploymentPromoteEntry, i
     short = []
     for name in sorted(names):
         state = deployment.task_groups[name]
-        healthy = 0
-        for alloc_id in state.placed_canaries:
-            alloc = txn.alloc(alloc_id)
-            status = alloc.deployment_status if alloc is not None else None
-            if alloc is None or status is None or alloc.terminal() or not status.is_healthy():
-                continue
-            healthy += 1
-            promotable.append(alloc)
+        canaries = healthy_canaries(state, txn.alloc)
+        promotable.extend(canaries)
+        healthy = len(canaries)
         if state.desired_canaries and healthy < state.desired_canaries:
             short.append(f'Task group "{name}" has {healthy}/{state.desired_canaries} healthy allocations')
     if short:
@@ -152,7 +154,7 @@ def apply_deployment_alloc_health(txn: Txn, entry: raft_pb2.DeploymentAllocHealt
     auto-revert job if any, after the counters moved."""
     deployment = _deployment(txn, entry.deployment_id)
     if not deployment.active():
-        raise _refused("Cannot set health of allocations for a terminal deployment")
+        raise _refused(TERMINAL_NO_SET_HEALTH)
     overlap = set(entry.healthy_alloc_ids) & set(entry.unhealthy_alloc_ids)
     if overlap:
         raise _refused(f"alloc {sorted(overlap)[0]!r} is both healthy and unhealthy")

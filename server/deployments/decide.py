@@ -36,6 +36,7 @@ from drover.scheduler.structs import (
     DeploymentState,
     Job,
 )
+from drover.server.deployments.state import healthy_canaries
 from drover.server.fsm import _spec_equal
 
 __all__ = [
@@ -196,11 +197,6 @@ def _auto_promotable(deployment: Deployment, allocs: Sequence[Allocation]) -> bo
             continue
         if not state.auto_promote:
             return False
-        healthy = 0
-        for alloc_id in state.placed_canaries:
-            alloc = by_id.get(alloc_id)
-            if alloc is not None and not alloc.terminal() and alloc.deployment_status is not None:
-                healthy += alloc.deployment_status.is_healthy()
-        if healthy != state.desired_canaries:
+        if len(healthy_canaries(state, by_id.get)) != state.desired_canaries:
             return False
     return True

@@ -10,7 +10,9 @@ else, as every FSM function must (docs/design.md, "FSM determinism").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Final
 
 from drover.scheduler.structs import (
     DEPLOYMENT_STATUS_PAUSED,
@@ -29,13 +31,27 @@ from drover.scheduler.structs import (
 from drover.server.state_store import Txn
 
 __all__ = [
+    "TERMINAL_NO_FAIL",
+    "TERMINAL_NO_PAUSE",
+    "TERMINAL_NO_PROMOTE",
+    "TERMINAL_NO_RESUME",
+    "TERMINAL_NO_SET_HEALTH",
     "DeploymentRefused",
     "count_alloc",
+    "healthy_canaries",
     "mark_stable",
     "set_alloc_health",
     "set_status",
     "upsert_from_plan",
 ]
+
+# Nomad's refusals for a deployment that is over (structs.ErrDeploymentTerminalNo*): the
+# leader's checks (server/deployments/actions.py) and the FSM's (apply.py) say them alike.
+TERMINAL_NO_FAIL: Final = "Cannot fail terminal deployment"
+TERMINAL_NO_PAUSE: Final = "Cannot pause terminal deployment"
+TERMINAL_NO_RESUME: Final = "Cannot resume terminal deployment"
+TERMINAL_NO_PROMOTE: Final = "Cannot promote terminal deployment"
+TERMINAL_NO_SET_HEALTH: Final = "Cannot set health of allocations for a terminal deployment"
 
 
 class DeploymentRefused(Exception):
@@ -200,3 +216,16 @@ def set_alloc_health(txn: Txn, alloc: Allocation, health: str, timestamp_ns: int
         )
     )
     return updated
+
+
+def healthy_canaries(state: DeploymentState, alloc: Callable[[str], Allocation | None]) -> list[Allocation]:
+    """The group's placed canaries that count towards its promotion: still there, live and
+    healthy. The watcher's auto-promotion and the FSM's promote check count the same ones,
+    so the watcher never proposes a promotion the FSM refuses."""
+    out = []
+    for alloc_id in state.placed_canaries:
+        canary = alloc(alloc_id)
+        status = canary.deployment_status if canary is not None else None
+        if canary is not None and status is not None and not canary.terminal() and status.is_healthy():
+            out.append(canary)
+    return out
