@@ -141,10 +141,19 @@ class _AllocWatcher:
                 print(f'    Allocation "{display_id(alloc.id, self.args)}" modified: {where}')
             elif alloc.desired_status == "run":
                 print(f'    Allocation "{display_id(alloc.id, self.args)}" created: {where}')
-        if wait_s > 0 and resp.meta.index <= self.index:
-            # The server answered without blocking (or the wait ran out): do not spin.
-            time.sleep(max(min(_MONITOR_POLL_S, wait_s - (time.monotonic() - start)), 0.0))
+        _pause_if_unblocked(start, self.index, resp.meta.index, budget_s=wait_s)
         self.index = max(self.index, resp.meta.index)
+
+
+def _pause_if_unblocked(
+    started: float, asked_index: int, answered_index: int, *, budget_s: float = _MONITOR_POLL_S
+) -> None:
+    """After a blocking query that brought no newer index: if it came back at once (a
+    server that did not block), wait out the rest of :data:`_MONITOR_POLL_S`, never more
+    than ``budget_s``, so a follow loop cannot spin. A wait that ran its course has spent
+    that time already and sleeps no more."""
+    if answered_index <= asked_index:
+        time.sleep(max(min(_MONITOR_POLL_S, budget_s) - (time.monotonic() - started), 0.0))
 
 
 def _report_eval_outcome(ev: structs_pb2.Evaluation, args: argparse.Namespace) -> bool:
@@ -217,9 +226,7 @@ def monitor_deployment(
             detail = f": {deployment.status_description}" if deployment.status_description else ""
             print(f'==> Deployment "{display_id(deployment.id, args)}" {deployment.status}{detail}')
             return deployment
-        if resp.meta.index <= index:
-            # Answered without blocking (or the wait ran out): do not spin.
-            time.sleep(max(_MONITOR_POLL_S - (time.monotonic() - start), 0.0))
+        _pause_if_unblocked(start, index, resp.meta.index)
         index = max(index, resp.meta.index)
 
 
@@ -261,7 +268,8 @@ def _rollback_deployment(
     deadline = time.monotonic() + float(args.monitor_timeout)
     index = 0
     while True:
-        remaining = deadline - time.monotonic()
+        start = time.monotonic()
+        remaining = deadline - start
         resp = client.list_deployments(
             job_id=failed.job_id,
             namespace=failed.namespace,
@@ -275,6 +283,5 @@ def _rollback_deployment(
             return min(newer, key=lambda d: d.create_index).id
         if time.monotonic() >= deadline:
             return None
-        if resp.meta.index <= index:
-            time.sleep(min(_MONITOR_POLL_S, max(deadline - time.monotonic(), 0.0)))
+        _pause_if_unblocked(start, index, resp.meta.index, budget_s=remaining)
         index = max(index, resp.meta.index)
