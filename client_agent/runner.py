@@ -353,13 +353,12 @@ class AllocRunner:
 
     def _watch_health_locked(self) -> None:
         """Keep exactly one tracker on the alloc's current deployment, while one is needed."""
-        tracker = self._tracker
         current = self._alloc.deployment_id
         if self._verdict is not None and self._verdict.deployment_id == current:
             # Decided, by this tracker or by the servers (an operator): nothing left to watch.
             self._cancel_tracker_locked()
             return
-        if tracker is not None and tracker.policy.deployment_id == current:
+        if self._tracker is not None and self._tracker.policy.deployment_id == current:
             return
         self._cancel_tracker_locked()
         if not self._started or self._stop_requested or self._destroyed or self._error or self._job is None:
@@ -367,21 +366,26 @@ class AllocRunner:
         policy = health_policy(self._alloc, self._job)
         if policy is None:
             return
-        self._tracker = HealthTracker.for_alloc(
+
+        def decided(health: str, timestamp_ns: int, reason: str) -> None:
+            self._health_decided(tracker, health, timestamp_ns, reason)
+
+        tracker = HealthTracker.for_alloc(
             policy,
             self._alloc,
             self._job,
             self._task_envs(),
             clock=self._clock,
             tasks=self._task_states,
-            on_health=self._health_decided,
+            on_health=decided,
             log_fields={
                 "alloc_id": self._alloc.id,
                 "job_id": self._alloc.job_id,
                 "node_id": self._alloc.node_id,
             },
         )
-        self._tracker.start()
+        self._tracker = tracker
+        tracker.start()
 
     def _cancel_tracker_locked(self) -> None:
         if self._tracker is not None:
@@ -402,15 +406,12 @@ class AllocRunner:
         # No runner lock: the tracker's thread must not wait on a runner that waits on it.
         return {name: task.snapshot().state for name, task in self._tasks.items()}
 
-    def _health_decided(self, health: str, timestamp_ns: int, reason: str) -> None:
+    def _health_decided(self, tracker: HealthTracker, health: str, timestamp_ns: int, reason: str) -> None:
         with self._lock:
-            tracker = self._tracker
-            if tracker is None or tracker.policy.deployment_id != self._alloc.deployment_id:
+            if tracker is not self._tracker:
+                # Cancelled (stop, detach, destroy, the servers' word first) or replaced by
+                # the tracker of a newer deployment, after its last look: not ours to record.
                 return
-            if self._stop_requested or self._destroyed:
-                return
-            if self._verdict is not None and self._verdict.deployment_id == tracker.policy.deployment_id:
-                return  # the servers' word came first
             self._verdict = DeploymentHealth(tracker.policy.deployment_id, health, timestamp_ns)
             self._log.info(
                 "alloc.deployment_health",

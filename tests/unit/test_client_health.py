@@ -4,12 +4,14 @@ verdict to an in-process fake of the servers (tests/unit/test_client_fake_server
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import drover.client.runner as alloc_runner
 from drover.client.agent import ClientAgent
 from drover.client.checks import CheckOutcome, CheckSpec
 from drover.client.health import (
@@ -463,3 +465,33 @@ def test_agent__servers_verdict_first__tracker_stops_and_the_verdict_is_theirs(
 
     wait_until(lambda: runner.health_watched_deployment == "", 15, "the tracker to stop")
     assert runner.deployment_health == DeploymentHealth("d1", "unhealthy", 7)
+
+
+def test_agent__late_verdict_of_a_replaced_tracker__not_taken_for_the_new_deployment(
+    server: FakeServer, agent: ClientAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracker can finish its last look after an in-place update replaced it: its word is
+    on the old deployment and must not become the new one's."""
+    reporters: dict[str, Callable[[str, int, str], None]] = {}
+
+    class RecordingTracker(HealthTracker):
+        def __init__(self, policy: HealthPolicy, specs: Sequence[CheckSpec], **kwargs: Any) -> None:
+            reporters[policy.deployment_id] = kwargs["on_health"]
+            super().__init__(policy, specs, **kwargs)
+
+    monkeypatch.setattr(alloc_runner, "HealthTracker", RecordingTracker)
+    j = deployed_job(min_healthy_time_ns=20 * S, healthy_deadline_ns=30 * S)
+    a = deployed_alloc(j, "d1")
+    a.node_id = agent.node_id
+    server.nodes.place(a, j)
+    runner = wait_until(lambda: agent.runner("a1"), 15, "a runner for a1")
+    wait_until(lambda: runner.health_watched_deployment == "d1", 15, "a tracker on d1")
+    moved = deployed_alloc(j, "d2")
+    moved.node_id = agent.node_id
+    server.nodes.place(moved, j)
+    wait_until(lambda: runner.health_watched_deployment == "d2", 15, "a tracker on d2")
+
+    reporters["d1"]("unhealthy", 7, "d1's last look, ended after d2's tracker started")
+
+    assert runner.deployment_health is None
+    assert runner.health_watched_deployment == "d2"
