@@ -265,7 +265,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_deployments(args: argparse.Namespace) -> int:
     with connect(args) as client:
         job = get_job(client, args).job
+        # The server lists only this job's deployments.
         listing = client.list_deployments(job_id=job.id, namespace=job.namespace, stale=args.stale)
-    deployments = [d for d in listing.deployments if d.job_id == job.id]
-    print_deployment_list(deployments, verbose=is_verbose(args), as_json=args.json)
+    print_deployment_list(listing.deployments, verbose=is_verbose(args), as_json=args.json)
     return 0
