@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import structlog
 
-from drover.client.checks import CheckOutcome, CheckSpec, check_specs, run_check
+from drover.client.checks import CheckOutcome, CheckSpec, run_check
 from drover.client.clock import Clock
 from drover.client.taskstate import TASK_RUNNING, TaskState
 from drover.client.threads import join_thread
@@ -208,19 +208,6 @@ class HealthTracker:
         self._done = False
         self._last_reason = ""
         self._thread: threading.Thread | None = None
-
-    @classmethod
-    def for_alloc(
-        cls,
-        policy: HealthPolicy,
-        alloc: structs_pb2.Allocation,
-        job: structs_pb2.Job,
-        task_envs: Mapping[str, tuple[Mapping[str, str], str]],
-        **kwargs: Any,
-    ) -> HealthTracker:
-        """A tracker with the checks of the alloc's services resolved to addresses and envs."""
-        specs = check_specs(alloc, job, task_envs) if policy.use_checks else []
-        return cls(policy, specs, **kwargs)
 
     @property
     def done(self) -> bool:

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import structlog
 
+from drover.client.checks import check_specs
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
@@ -370,11 +371,9 @@ class AllocRunner:
         def decided(health: str, timestamp_ns: int, reason: str) -> None:
             self._health_decided(tracker, health, timestamp_ns, reason)
 
-        tracker = HealthTracker.for_alloc(
+        tracker = HealthTracker(
             policy,
-            self._alloc,
-            self._job,
-            self._task_envs(),
+            check_specs(self._alloc, self._job, self._task_envs()) if policy.use_checks else (),
             clock=self._clock,
             tasks=self._task_states,
             on_health=decided,
@@ -398,7 +397,7 @@ class AllocRunner:
         """What a script check runs with: the task's environment and directory, as its driver sets them."""
         envs: dict[str, tuple[dict[str, str], str]] = {}
         for name, task in self._tasks.items():
-            task_dir = self._store.alloc_dirs_root / self._alloc.id / name
+            task_dir = task.task_dir
             envs[name] = ({**dir_env(str(task_dir.parent), str(task_dir)), **task.spec.env}, str(task_dir))
         return envs
 

@@ -113,6 +113,11 @@ class TaskRunner:
         self._detach.set()
         self._wake.set()
 
+    @property
+    def task_dir(self) -> Path:
+        """Where the driver runs the task, so a script check of it can run there too."""
+        return self._task_dir
+
     def join(self, timeout_s: float) -> bool:
         return join_thread(self._thread, timeout_s)
 
