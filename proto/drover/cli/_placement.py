@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from drover.cli._format import short_id
 from drover.v1 import structs_pb2
 
 __all__ = ["SCORE_COLUMNS", "failed_group_lines", "metric_lines", "score_table"]
@@ -67,7 +68,7 @@ def failed_group_lines(failed: Mapping[str, structs_pb2.AllocMetric], order: Seq
         metric = failed[name]
         count = metric.coalesced_failures + 1
         lines.append(f'Task Group "{name}" (failed to place {count} allocation{"" if count == 1 else "s"}):')
-        lines += metric_lines(metric, "  ")
+        lines += metric_lines(metric)
     return lines
 
 
@@ -75,9 +76,7 @@ def _fmt_score(value: float) -> str:
     return f"{value:.3g}"
 
 
-def score_table(
-    metric: structs_pb2.AllocMetric, full_ids: bool, short: int = 8
-) -> tuple[list[str], list[list[str]]]:
+def score_table(metric: structs_pb2.AllocMetric, full_ids: bool) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the top nodes' scores: node, each component, final score."""
     metas = list(metric.score_meta_data)
     present = {key for meta in metas for key in meta.scores}
@@ -85,7 +84,7 @@ def score_table(
     columns += sorted(present - set(columns))
     rows = [
         [
-            meta.node_id if full_ids else meta.node_id[:short],
+            short_id(meta.node_id, full_ids),
             *(_fmt_score(meta.scores.get(c, 0.0)) for c in columns),
             _fmt_score(meta.norm_score),
         ]
