@@ -54,9 +54,10 @@ class RolloutGate:
 
     ``rolls``: the group is deployed batch by batch (else all at once, no deployment).
     ``place_ready``: new slots may be filled and failed allocs of the deployment replaced
-    (not while paused or failed). ``canaries_wanted``: how many canaries the group should
-    have now (0 once promoted, or without destructive work). ``budget``: destructive
-    updates allowed now (None: no limit).
+    (not while paused or failed). ``promoted``/``canary``: whether the group's canaries
+    were promoted, and how many its update block asks for (the reconciler wants them only
+    with destructive work to do and before promotion). ``budget_when_rolling``:
+    destructive updates allowed now once canaries are done (None: no limit).
     """
 
     rolls: bool
@@ -93,20 +94,7 @@ def rollout_gate(
     elif deployment is None:
         budget = strategy.max_parallel
     else:
-        allocs = list(allocs)
-        replaced = {a.previous_allocation for a in allocs if a.previous_allocation}
-        mine = [a for a in allocs if a.deployment_id == deployment.id and not a.terminal()]
-        if any(
-            a.deployment_id == deployment.id
-            and a.deployment_status is not None
-            and a.deployment_status.is_unhealthy()
-            and not (a.terminal() and (a.next_allocation or a.id in replaced))
-            for a in allocs
-        ):
-            budget = 0
-        else:
-            pending = sum(1 for a in mine if a.deployment_status is None or not a.deployment_status.health)
-            budget = max(0, strategy.max_parallel - pending)
+        budget = _deployment_budget(strategy.max_parallel, deployment.id, allocs)
     return RolloutGate(
         rolls=True,
         place_ready=place_ready,
@@ -114,3 +102,29 @@ def rollout_gate(
         canary=strategy.canary,
         budget_when_rolling=budget,
     )
+
+
+def _deployment_budget(max_parallel: int, deployment_id: str, allocs: Iterable[Allocation]) -> int:
+    """``max_parallel`` minus the deployment's live allocs with no health verdict yet; 0
+    while one of its allocs is unhealthy and not replaced (a live one, or a dead one with
+    no replacement yet). One pass: a dead unhealthy alloc is judged once every
+    replacement (``previous_allocation``) has been seen."""
+    replaced: set[str] = set()
+    dead_unhealthy: list[str] = []
+    pending = 0
+    for a in allocs:
+        if a.previous_allocation:
+            replaced.add(a.previous_allocation)
+        if a.deployment_id != deployment_id:
+            continue
+        status = a.deployment_status
+        if not a.terminal():
+            if status is None or not status.health:
+                pending += 1
+            elif status.is_unhealthy():
+                return 0
+        elif status is not None and status.is_unhealthy() and not a.next_allocation:
+            dead_unhealthy.append(a.id)
+    if any(alloc_id not in replaced for alloc_id in dead_unhealthy):
+        return 0
+    return max(0, max_parallel - pending)
