@@ -38,6 +38,15 @@ def run_cli(cluster: LocalCluster, *args: str, timeout: float = 60) -> subproces
     return drover_cli(*args, env={"DROVER_ADDR": ",".join(cluster.grpc_addresses)}, timeout=timeout)
 
 
+def run_job_file(cluster: LocalCluster, directory: Path, name: str, text: str) -> None:
+    """``drover job run -detach`` of ``text``, written to ``<directory>/<name>.hcl`` as an
+    operator's job file; the command must succeed."""
+    path = directory / f"{name}.hcl"
+    path.write_text(text)
+    result = run_cli(cluster, "job", "run", "-detach", str(path))
+    assert result.returncode == 0, result.stderr
+
+
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     """The CLI's whole answer to a refused command: exit 1 and one ``Error: ...`` line on
     stderr (no traceback, no usage dump), which the test then reads."""

@@ -33,6 +33,24 @@ def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
+def wait_ready_nodes(cluster: LocalCluster, count: int, timeout: float = 60) -> None:
+    """At least ``count`` nodes ready: the client agents registered and heartbeating."""
+    with DroverClient(cluster.grpc_addresses, retry_deadline=30) as client:
+        wait_for(
+            lambda: sum(n.status == "ready" for n in client.list_nodes().nodes) >= count,
+            timeout,
+            0.2,
+            lambda: f"{count} ready nodes\n" + cluster.logs_tail(),
+        )
+
+
+@pytest.fixture
+def two_ready_clients(two_clients: LocalCluster) -> LocalCluster:
+    """``two_clients``, once both agents are ready nodes: a job run now can use either."""
+    wait_ready_nodes(two_clients, 2)
+    return two_clients
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three real server processes (free ports, temp data dirs), always stopped afterwards."""

@@ -184,3 +184,10 @@ def running_allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Alloca
         for a in client.list_allocs(job_id=job_id).allocs
         if a.desired_status == "run" and a.client_status == "running"
     ]
+
+
+def deployment_of_version(client: DroverClient, job_id: str, version: int) -> structs_pb2.Deployment | None:
+    """The deployment of version ``version`` of the job, if one was made."""
+    return next(
+        (d for d in client.list_deployments(job_id=job_id).deployments if d.job_version == version), None
+    )

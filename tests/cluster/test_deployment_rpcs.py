@@ -10,7 +10,6 @@ condition with a deadline.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,8 +18,8 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from tests.cluster.cli import run_cli
-from tests.cluster.jobs import raw_exec_hcl
+from tests.cluster.cli import run_job_file
+from tests.cluster.jobs import deployment_of_version, raw_exec_hcl
 
 TIMEOUT = 120
 FAST = """      max_parallel     = 1
@@ -39,36 +38,9 @@ def _job(script: str, update: str) -> str:
     return raw_exec_hcl("ops", script, count=2, update=update)
 
 
-@pytest.fixture
-def ops_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path / "cluster", servers=1, clients=2) as c:
-        c.wait_for_leader(60)
-        with DroverClient(c.grpc_addresses, retry_deadline=30) as client:
-            wait_for(
-                lambda: sum(n.status == "ready" for n in client.list_nodes().nodes) >= 2,
-                60,
-                0.2,
-                lambda: "2 ready nodes\n" + c.logs_tail(),
-            )
-        yield c
-
-
-def _run(cluster: LocalCluster, tmp_path: Path, name: str, text: str) -> None:
-    path = tmp_path / f"{name}.hcl"
-    path.write_text(text)
-    result = run_cli(cluster, "job", "run", "-detach", str(path))
-    assert result.returncode == 0, result.stderr
-
-
-def _of_version(client: DroverClient, version: int) -> structs_pb2.Deployment | None:
-    return next(
-        (d for d in client.list_deployments(job_id="ops").deployments if d.job_version == version), None
-    )
-
-
 def _wait(cluster: LocalCluster, client: DroverClient, version: int, status: str) -> structs_pb2.Deployment:
     def reached() -> structs_pb2.Deployment | None:
-        d = _of_version(client, version)
+        d = deployment_of_version(client, "ops", version)
         return d if d is not None and d.status == status else None
 
     found: structs_pb2.Deployment = wait_for(
@@ -87,17 +59,19 @@ def _refused(call: object, code: grpc.StatusCode, message: str) -> None:
     assert message in refused.value.message
 
 
-def test_deployment_rpcs__pause_resume_fail_and_refusals(ops_cluster: LocalCluster, tmp_path: Path) -> None:
-    with DroverClient(ops_cluster.grpc_addresses, retry_deadline=30) as client:
-        _run(ops_cluster, tmp_path, "v0", _job("echo v0; exec sleep 600", FAST))
-        _wait(ops_cluster, client, 0, "successful")
-        _run(ops_cluster, tmp_path, "v1", _job("echo v1; exec sleep 600", SLOW_CANARY))
+def test_deployment_rpcs__pause_resume_fail_and_refusals(
+    two_ready_clients: LocalCluster, tmp_path: Path
+) -> None:
+    with DroverClient(two_ready_clients.grpc_addresses, retry_deadline=30) as client:
+        run_job_file(two_ready_clients, tmp_path, "v0", _job("echo v0; exec sleep 600", FAST))
+        _wait(two_ready_clients, client, 0, "successful")
+        run_job_file(two_ready_clients, tmp_path, "v1", _job("echo v1; exec sleep 600", SLOW_CANARY))
 
         def canary_placed() -> structs_pb2.Deployment | None:
-            d = _of_version(client, 1)
+            d = deployment_of_version(client, "ops", 1)
             return d if d is not None and d.task_groups["g"].placed_canaries else None
 
-        deployment = wait_for(canary_placed, TIMEOUT, 0.25, lambda: ops_cluster.logs_tail())
+        deployment = wait_for(canary_placed, TIMEOUT, 0.25, lambda: two_ready_clients.logs_tail())
         assert deployment.status == "running"
 
         # While it is active: no scaling, and no promotion of a canary not yet healthy.
@@ -153,5 +127,5 @@ def test_deployment_rpcs__pause_resume_fail_and_refusals(ops_cluster: LocalClust
         )
 
         # The reverted spec rolls out as its own deployment and becomes the stable version.
-        _wait(ops_cluster, client, 2, "successful")
+        _wait(two_ready_clients, client, 2, "successful")
         assert client.get_job("ops").job.stable

@@ -10,16 +10,15 @@ is for a condition with a deadline; timings are never asserted.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from deploy.cluster import LocalCluster, wait_for
+from drover.cli._format import short_id
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from tests.cluster.cli import run_cli
-from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
+from tests.cluster.cli import run_cli, run_job_file
+from tests.cluster.conftest import wait_ready_nodes
+from tests.cluster.jobs import NO_RESTARTS, deployment_of_version, raw_exec_hcl
 
 # A deployment needs health verdicts (min_healthy_time each) and evals per batch: generous
 # on a loaded 2-core machine.
@@ -30,38 +29,15 @@ def _job(job_id: str, script: str, update: str, *, count: int = 2) -> str:
     return raw_exec_hcl(job_id, script, count=count, update=update, restart=NO_RESTARTS)
 
 
-def _run(cluster: LocalCluster, tmp_path: Path, name: str, text: str) -> None:
-    path = tmp_path / f"{name}.hcl"
-    path.write_text(text)
-    result = run_cli(cluster, "job", "run", "-detach", str(path))
-    assert result.returncode == 0, result.stderr
-
-
 def _client(cluster: LocalCluster) -> DroverClient:
     return DroverClient(cluster.grpc_addresses, retry_deadline=30)
-
-
-def _ready(client: DroverClient, n: int) -> bool:
-    return sum(1 for node in client.list_nodes().nodes if node.status == "ready") >= n
-
-
-def _latest(client: DroverClient, job_id: str) -> structs_pb2.Deployment | None:
-    deployments = client.list_deployments(job_id=job_id).deployments
-    return deployments[0] if deployments else None
-
-
-def _deployment_of_version(client: DroverClient, job_id: str, version: int) -> structs_pb2.Deployment | None:
-    for d in client.list_deployments(job_id=job_id).deployments:
-        if d.job_version == version:
-            return d
-    return None
 
 
 def _wait_status(
     cluster: LocalCluster, client: DroverClient, job_id: str, version: int, status: str
 ) -> structs_pb2.Deployment:
     def reached() -> structs_pb2.Deployment | None:
-        d = _deployment_of_version(client, job_id, version)
+        d = deployment_of_version(client, job_id, version)
         return d if d is not None and d.status == status else None
 
     found: structs_pb2.Deployment = wait_for(
@@ -88,16 +64,6 @@ def _running(client: DroverClient, job_id: str, version: int) -> list[structs_pb
     ]
 
 
-@pytest.fixture
-def rollout_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    """One server and two client agents (raw_exec enabled), always stopped afterwards."""
-    with LocalCluster(tmp_path / "cluster", servers=1, clients=2) as c:
-        c.wait_for_leader(60)
-        with _client(c) as client:
-            wait_for(lambda: _ready(client, 2), 60, 0.2, lambda: "2 ready nodes\n" + c.logs_tail())
-        yield c
-
-
 GOOD = "echo up; exec sleep 600"
 HEALTH_FAST = """      max_parallel     = 1
       min_healthy_time = "1s"
@@ -105,24 +71,24 @@ HEALTH_FAST = """      max_parallel     = 1
 
 
 def test_deployment__failing_version__auto_reverts_to_stable_spec(
-    rollout_cluster: LocalCluster, tmp_path: Path
+    two_ready_clients: LocalCluster, tmp_path: Path
 ) -> None:
     """v0 deploys and becomes stable; v1 fails at start; its first unhealthy alloc fails
     the deployment (progress_deadline 0) and auto_revert registers v0's spec as v2, which
     deploys and becomes stable. Never more than max_parallel (1) v1 allocs ran."""
     update = HEALTH_FAST + '\n      progress_deadline = "0"\n      auto_revert = true'
-    with _client(rollout_cluster) as client:
-        _run(rollout_cluster, tmp_path, "v0", _job("rev", GOOD, update))
-        first = _wait_status(rollout_cluster, client, "rev", 0, "successful")
+    with _client(two_ready_clients) as client:
+        run_job_file(two_ready_clients, tmp_path, "v0", _job("rev", GOOD, update))
+        first = _wait_status(two_ready_clients, client, "rev", 0, "successful")
         assert first.task_groups["g"].healthy_allocs == 2
         assert client.get_job("rev").job.stable
 
-        _run(rollout_cluster, tmp_path, "v1", _job("rev", "echo broken; exit 1", update))
-        failed = _wait_status(rollout_cluster, client, "rev", 1, "failed")
+        run_job_file(two_ready_clients, tmp_path, "v1", _job("rev", "echo broken; exit 1", update))
+        failed = _wait_status(two_ready_clients, client, "rev", 1, "failed")
         assert failed.status_description.startswith("Failed due to unhealthy allocations")
         assert "rolling back to job version 0" in failed.status_description
 
-        reverted = _wait_status(rollout_cluster, client, "rev", 2, "successful")
+        reverted = _wait_status(two_ready_clients, client, "rev", 2, "successful")
         assert reverted.id != first.id
         job = client.get_job("rev").job
         assert job.version == 2 and job.stable
@@ -140,42 +106,43 @@ def test_deployment__failing_version__auto_reverts_to_stable_spec(
 
 
 def test_deployment__canary__waits_for_promotion_then_rolls(
-    rollout_cluster: LocalCluster, tmp_path: Path
+    two_ready_clients: LocalCluster, tmp_path: Path
 ) -> None:
     """With canary = 1 the new version first runs one canary beside both old allocs and
     waits for an operator; `drover deployment promote` lets the rollout finish."""
     update = HEALTH_FAST + "\n      canary = 1"
-    with _client(rollout_cluster) as client:
-        _run(rollout_cluster, tmp_path, "v0", _job("can", GOOD, update))
-        _wait_status(rollout_cluster, client, "can", 0, "successful")
+    with _client(two_ready_clients) as client:
+        run_job_file(two_ready_clients, tmp_path, "v0", _job("can", GOOD, update))
+        _wait_status(two_ready_clients, client, "can", 0, "successful")
 
-        _run(rollout_cluster, tmp_path, "v1", _job("can", "echo v1; exec sleep 600", update))
+        run_job_file(two_ready_clients, tmp_path, "v1", _job("can", "echo v1; exec sleep 600", update))
 
         def canary_healthy() -> structs_pb2.Deployment | None:
-            d = _deployment_of_version(client, "can", 1)
+            d = deployment_of_version(client, "can", 1)
             return d if d is not None and d.task_groups["g"].healthy_allocs >= 1 else None
 
-        deployment = wait_for(canary_healthy, ROLLOUT_TIMEOUT, 0.25, lambda: rollout_cluster.logs_tail())
+        deployment = wait_for(canary_healthy, ROLLOUT_TIMEOUT, 0.25, lambda: two_ready_clients.logs_tail())
         assert deployment.status == "running"
         assert deployment.status_description == "Deployment is running but requires manual promotion"
         state = deployment.task_groups["g"]
         assert state.desired_canaries == 1 and len(state.placed_canaries) == 1 and not state.promoted
         assert len(_running(client, "can", 0)) == 2  # the old ones keep serving
         assert len(_running(client, "can", 1)) == 1
-        shown = run_cli(rollout_cluster, "alloc", "status", state.placed_canaries[0])
+        shown = run_cli(two_ready_clients, "alloc", "status", state.placed_canaries[0])
         assert shown.returncode == 0, shown.stderr
         lines = {
             line.split("=")[0].strip(): line.split("=", 1)[1].strip()
             for line in shown.stdout.splitlines()
             if "=" in line
         }
-        assert lines["Deployment ID"] == deployment.id[:8] or lines["Deployment ID"] == deployment.id
+        # Without -verbose the CLI shows short IDs (display_id).
+        assert lines["Deployment ID"] == short_id(deployment.id, verbose=False)
         assert lines["Deployment Health"] == "healthy"
         assert lines["Canary"] == "true"
 
-        promoted = run_cli(rollout_cluster, "deployment", "promote", deployment.id)
+        promoted = run_cli(two_ready_clients, "deployment", "promote", deployment.id)
         assert promoted.returncode == 0, promoted.stderr
-        done = _wait_status(rollout_cluster, client, "can", 1, "successful")
+        done = _wait_status(two_ready_clients, client, "can", 1, "successful")
         assert done.id == deployment.id and done.task_groups["g"].promoted
         wait_for(
             lambda: len(_running(client, "can", 1)) == 2 and not _running(client, "can", 0),
@@ -195,14 +162,14 @@ def test_deployment__leader_killed_mid_rollout__new_leader_finishes_it(tmp_path:
       healthy_deadline = "60s\""""
     with LocalCluster(tmp_path / "cluster", servers=3, clients=2) as c:
         c.wait_for_leader(60)
+        wait_ready_nodes(c, 2)
         with _client(c) as client:
-            wait_for(lambda: _ready(client, 2), 60, 0.2, lambda: "2 ready nodes\n" + c.logs_tail())
-            _run(c, tmp_path, "v0", _job("lk", GOOD, update, count=3))
+            run_job_file(c, tmp_path, "v0", _job("lk", GOOD, update, count=3))
             _wait_status(c, client, "lk", 0, "successful")
-            _run(c, tmp_path, "v1", _job("lk", "echo v1; exec sleep 600", update, count=3))
+            run_job_file(c, tmp_path, "v1", _job("lk", "echo v1; exec sleep 600", update, count=3))
 
             def first_batch_healthy() -> structs_pb2.Deployment | None:
-                d = _deployment_of_version(client, "lk", 1)
+                d = deployment_of_version(client, "lk", 1)
                 return d if d is not None and d.task_groups["g"].healthy_allocs >= 1 else None
 
             midway = wait_for(first_batch_healthy, ROLLOUT_TIMEOUT, 0.25, lambda: c.logs_tail())
@@ -211,7 +178,7 @@ def test_deployment__leader_killed_mid_rollout__new_leader_finishes_it(tmp_path:
 
             def succeeded() -> structs_pb2.Deployment | None:
                 try:
-                    d = _deployment_of_version(client, "lk", 1)
+                    d = deployment_of_version(client, "lk", 1)
                 except DroverError:
                     return None  # no leader yet
                 return d if d is not None and d.status == "successful" else None
