@@ -37,8 +37,9 @@ Shared, private:
 - ``_connect``: the SDK client from the flags; finding a record by ID prefix.
 - ``_errors``: :class:`CLIError` and the one boundary that turns failures into one line.
 - ``_monitor``: following an evaluation after a write, then the deployment it starts.
-- ``_jobs``: reading a job file; finding a job by ID prefix.
-- ``_deployments``, ``_jobdiff``: how deployments and version diffs read (pure).
+- ``_jobs``: reading a job file and converting it for the wire; finding a job by ID prefix.
+- ``_deployments``, ``_jobdiff``, ``_placement``: how deployments, version diffs and
+  placement metrics read (pure).
 - ``_format``: tables, key = value lists, JSON, times, durations; nothing there talks to
   a server.
 
