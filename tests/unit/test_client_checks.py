@@ -14,18 +14,31 @@ from pathlib import Path
 
 import pytest
 
+from deploy.cluster import pick_free_ports
 from drover.client.checks import CheckSpec, check_specs, run_check
 from drover.v1 import structs_pb2
 
 S = 1_000_000_000
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    """Joins its handler threads on close; ``released`` ends a ``/slow`` request."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.released = threading.Event()
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """``/status/<code>`` answers with that code; ``/slow`` answers after 2 s."""
+    """``/status/<code>`` answers with that code; ``/slow`` never answers: it hangs up once
+    the test is over, so a check can only end it by its timeout."""
+
+    server: _Server
 
     def do_GET(self) -> None:
         if self.path == "/slow":
-            time.sleep(2)
+            self.server.released.wait(_SLOW_CAP_S)
+            return
         code = int(self.path.rsplit("/", 1)[1]) if self.path.startswith("/status/") else 200
         self.send_response(code)
         if 300 <= code < 400:
@@ -39,24 +52,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+# Only a test that never ends its server could wait this long.
+_SLOW_CAP_S = 30.0
+
+
 @pytest.fixture
 def http_port() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    server = _Server()
+    # A short poll: shutdown() waits for serve_forever to look at its flag.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server.server_address[1]
     finally:
+        server.released.set()
         server.shutdown()
-        server.server_close()
+        server.server_close()  # joins the handler threads (not daemon threads)
+        thread.join()
 
 
 def free_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    (port,) = pick_free_ports(1)
+    return port
 
 
 def http_spec(port: int, path: str = "/", **changes: object) -> CheckSpec:
@@ -99,6 +117,7 @@ def test_http_check__slower_than_its_timeout__fails(http_port: int) -> None:
     started = time.monotonic()
     outcome = run_check(http_spec(http_port, "/slow", timeout_ns=S // 5))
     assert not outcome.passed
+    assert "timed out" in outcome.output
     assert time.monotonic() - started < 1.5
 
 
