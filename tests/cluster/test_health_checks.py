@@ -10,32 +10,20 @@ becomes healthy; one whose task runs but serves nothing becomes unhealthy once i
 ``healthy_deadline`` passes. Ports are static, picked free on loopback by the test: a task
 cannot learn a dynamic port from its environment in drover yet.
 
-Whatever happens, the jobs are stopped and every process still running inside the test's
-directory (the raw_exec tasks) is killed.
+Whatever happens, the jobs are stopped, and the cluster fixture, once its agents are
+down, kills every raw_exec task still running in their data dirs (``LocalCluster.stop_all``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-import pytest
-
-from deploy.cluster import LocalCluster, wait_for
+from deploy.cluster import LocalCluster, pick_free_ports, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from tests.cluster.cli import run_cli
+from tests.cluster.cli import run_cli, run_job_file
 from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _job(job_id: str, port: int, command: str, args: list[str], healthy_deadline: str) -> str:
@@ -74,13 +62,6 @@ def _job(job_id: str, port: int, command: str, args: list[str], healthy_deadline
     )
 
 
-def _run(cluster: LocalCluster, tmp_path: Path, job_id: str, text: str) -> None:
-    path = tmp_path / f"{job_id}.hcl"
-    path.write_text(text)
-    result = run_cli(cluster, "job", "run", "-detach", str(path))
-    assert result.returncode == 0, result.stderr
-
-
 def _health(client: DroverClient, job_id: str) -> tuple[str, structs_pb2.Allocation] | None:
     """The first verdict on one of the job's allocs, with that alloc (None: none yet)."""
     for listed in client.list_allocs(job_id=job_id).allocs:
@@ -90,41 +71,21 @@ def _health(client: DroverClient, job_id: str) -> tuple[str, structs_pb2.Allocat
     return None
 
 
-@pytest.fixture
-def tasks_cleaned(tmp_path: Path) -> Iterator[None]:
-    """After the test: every process whose working directory is inside it (the tasks)."""
-    try:
-        yield
-    finally:
-        victims = []
-        for proc in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.Error):
-                cwd = Path(proc.cwd())
-                if tmp_path == cwd or tmp_path in cwd.parents:
-                    victims.append(proc)
-        for proc in victims:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(victims, timeout=10)
-
-
 def test_http_check__serving_task_healthy__silent_task_unhealthy(
-    two_clients: LocalCluster, tmp_path: Path, tasks_cleaned: None
+    two_ready_clients: LocalCluster, tmp_path: Path
 ) -> None:
-    cluster = two_clients
-    serving_port, silent_port = _free_port(), _free_port()
+    cluster = two_ready_clients
+    serving_port, silent_port = pick_free_ports(2)
     with DroverClient(cluster.grpc_addresses, retry_deadline=30) as client:
-        wait_for(
-            lambda: len([n for n in client.list_nodes().nodes if n.status == "ready"]) >= 2,
-            60,
-            0.2,
-            lambda: "2 ready nodes\n" + cluster.logs_tail(),
-        )
         serving = ["-m", "http.server", str(serving_port), "--bind", "127.0.0.1"]
-        _run(cluster, tmp_path, "serving", _job("serving", serving_port, sys.executable, serving, "60s"))
         silent = ["-c", "import time; time.sleep(600)"]
-        _run(cluster, tmp_path, "silent", _job("silent", silent_port, sys.executable, silent, "8s"))
         try:
+            run_job_file(
+                cluster, tmp_path, "serving", _job("serving", serving_port, sys.executable, serving, "60s")
+            )
+            run_job_file(
+                cluster, tmp_path, "silent", _job("silent", silent_port, sys.executable, silent, "8s")
+            )
             healthy = wait_for(
                 lambda: _health(client, "serving"),
                 90,
