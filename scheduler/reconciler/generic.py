@@ -458,6 +458,9 @@ REMOVAL_ORDER: Final[tuple[tuple[str, str], ...]] = (
     (_DONE, "Finished batch work is progress: giving it up would re-run it on scale-up."),
 )
 _REMOVAL_RANK: Final[Mapping[str, int]] = {kind: i for i, (kind, _) in enumerate(REMOVAL_ORDER)}
+# Holders that giving up their slot stops; the others (lost: stopped already; failed or
+# finished: nothing runs) are left as they are.
+_STOPPED_ON_REMOVAL: Final = frozenset({_MOVE_MIGRATE, _MOVE_DISCONNECT, _STAY, _STAY_UNKNOWN})
 
 
 @dataclass(slots=True)
@@ -861,8 +864,10 @@ def _give_up_excess_slots(p: _GroupPass, holders: list[_Holder]) -> list[_Holder
         holders,
         key=lambda h: (
             # An old alloc whose slot a promoted canary of the new version now holds goes
-            # first: the canary took its place.
-            h.alloc.job_version >= newest[h.alloc.index],
+            # first: the canary took its place. Only one that removal stops: a holder left
+            # as it is (finished, failed) would hold the slot again on the next pass if
+            # the newer one goes too, and that pass would choose differently.
+            h.kind not in _STOPPED_ON_REMOVAL or h.alloc.job_version >= newest[h.alloc.index],
             _REMOVAL_RANK[h.kind],
             -h.alloc.index,
             h.alloc.job_version,
@@ -873,7 +878,7 @@ def _give_up_excess_slots(p: _GroupPass, holders: list[_Holder]) -> list[_Holder
     removed = ranked[:excess]
     removed_ids = {h.alloc.id for h in removed}
     for h in removed:
-        if h.kind in (_MOVE_MIGRATE, _MOVE_DISCONNECT, _STAY, _STAY_UNKNOWN):
+        if h.kind in _STOPPED_ON_REMOVAL:
             p.buckets.stop.append(Stop(h.alloc, DESC_NOT_NEEDED))
             p.stopped_ids.add(h.alloc.id)
         elif h.kind != _MOVE_LOST:  # a lost one is already stopped as lost

@@ -731,6 +731,27 @@ def test_reconcile__lost_node__scale_down_drops_lost_first() -> None:
     assert all(stopped[i].client_status == structs.ALLOC_CLIENT_LOST for i in (7, 8, 9))
 
 
+def test_reconcile__scale_down__finished_old_alloc_beside_a_removed_new_one__fixed_point() -> None:
+    """A batch job scaled down to 1 beside an update: slot 1 holds a finished old-version
+    alloc and a live new-version one, which the scale-down stops. The finished one keeps its place in
+    the order (a slot's newer holder puts an older one first only when removing the older
+    one stops it): ranking it first for a holder that goes in the same pass made the next
+    pass, without that holder, stop the alloc this one kept (found by the scheduler's
+    fixed-point property)."""
+    v0, node = mock.batch_job(), mock.node()
+    v1, versions = bumped(v0, count=1, meta={"v": "2"})
+    slot0 = mock.alloc(v0, node, 0, client_status=structs.ALLOC_CLIENT_RUNNING)
+    slot1_new = mock.alloc(v1, node, 1, client_status=structs.ALLOC_CLIENT_RUNNING)
+    slot1_done = mock.alloc(v0, node, 1, client_status=structs.ALLOC_CLIENT_COMPLETE)
+    allocs = [slot0, slot1_new, slot1_done]
+    group = v1.groups[0]
+    first = reconcile_group(v1, group, allocs, {}, NOW, eval_id="e1", job_versions=versions)
+    assert {s.alloc.id for s in first.stop} <= {slot0.id, slot1_new.id}
+    after = apply_result(v1, allocs, first, NOW)
+    second = reconcile_group(v1, group, after, {}, NOW, eval_id="e2", job_versions=versions)
+    assert second.is_no_op(), second.log_fields()
+
+
 def test_reconcile__reconnect__tie_stops_the_replacement() -> None:
     scenario = s_reconnect_tie_keeps_original()
     result = scenario.run()
