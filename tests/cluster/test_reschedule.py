@@ -19,7 +19,8 @@ from pathlib import Path
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from tests.cluster.cli import run_cli
+from tests.cluster.cli import run_cli, run_job_file
+from tests.cluster.conftest import wait_ready_nodes
 from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
 
 SECOND = 1_000_000_000
@@ -27,12 +28,6 @@ SECOND = 1_000_000_000
 WINDOW_NS = SECOND
 # Failure report, evaluation, plan and placement: generous on a loaded 2-core machine.
 LATENCY_NS = 12 * SECOND
-
-
-def _job_file(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / f"{name}.hcl"
-    path.write_text(text)
-    return path
 
 
 def _service(job_id: str, script: str, reschedule: str, *, job_type: str = "service") -> str:
@@ -56,18 +51,8 @@ def _cli(cluster: LocalCluster, *args: str) -> str:
     return result.stdout
 
 
-def _run(cluster: LocalCluster, path: Path) -> None:
-    _cli(cluster, "job", "run", "-detach", str(path))
-
-
-def _ready_nodes(client: DroverClient, n: int) -> list[structs_pb2.Node] | None:
-    nodes = [node for node in client.list_nodes().nodes if node.status == "ready"]
-    return nodes if len(nodes) >= n else None
-
-
 def _run_job(
     cluster: LocalCluster,
-    client: DroverClient,
     tmp_path: Path,
     job_id: str,
     script: str,
@@ -77,10 +62,8 @@ def _run_job(
     job_type: str = "service",
 ) -> None:
     """Once ``nodes`` clients are ready, ``drover job run`` the job whose one task runs ``script``."""
-    wait_for(
-        lambda: _ready_nodes(client, nodes), 60, 0.2, lambda: f"{nodes} ready nodes\n" + cluster.logs_tail()
-    )
-    _run(cluster, _job_file(tmp_path, job_id, _service(job_id, script, reschedule, job_type=job_type)))
+    wait_ready_nodes(cluster, nodes)
+    run_job_file(cluster, tmp_path, job_id, _service(job_id, script, reschedule, job_type=job_type))
 
 
 def _allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:
@@ -141,7 +124,7 @@ def test_reschedule__attempts_within_interval_then_left_failed(
     cluster = two_clients
     policy = _constant_delay(2, interval="10m", delay="2s")
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        _run_job(cluster, client, tmp_path, "crash", "exit 1", policy)
+        _run_job(cluster, tmp_path, "crash", "exit 1", policy)
         allocs = _wait_failed(cluster, client, "crash", 3, 90, "3 failed allocs")
         wait_for(lambda: _settled(client, "crash"), 60, 0.3, "the job's evaluations to settle")
         allocs = _allocs(client, "crash")
@@ -170,7 +153,7 @@ def test_reschedule__unlimited_goes_on_with_growing_delays(two_clients: LocalClu
       max_delay      = "1m"
     }"""
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        _run_job(cluster, client, tmp_path, "flappy", "exit 3", policy)
+        _run_job(cluster, tmp_path, "flappy", "exit 3", policy)
         allocs = _wait_failed(cluster, client, "flappy", 4, 120, "4 failed allocs")
         chain = [a for a in allocs if a.client_status == "failed"][:4]
         _check_chain(chain)
@@ -193,7 +176,7 @@ def test_reschedule__fails_on_one_node_runs_on_the_other(two_clients: LocalClust
     )
     policy = _constant_delay(1, interval="1h", delay="1s")
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        _run_job(cluster, client, tmp_path, "picky", script, policy)
+        _run_job(cluster, tmp_path, "picky", script, policy)
 
         def moved_and_running() -> list[structs_pb2.Allocation] | None:
             allocs = _allocs(client, "picky")
@@ -213,7 +196,7 @@ def test_reschedule__batch_job_uses_the_batch_defaults(two_clients: LocalCluster
     """No reschedule block on a batch job: one more attempt within 24 h, after 5 s."""
     cluster = two_clients
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        _run_job(cluster, client, tmp_path, "report", "exit 2", "", job_type="batch")
+        _run_job(cluster, tmp_path, "report", "exit 2", "", job_type="batch")
         allocs = _wait_failed(cluster, client, "report", 2, 90, "2 failed allocs")
         wait_for(lambda: _settled(client, "report"), 60, 0.3, "the job's evaluations to settle")
         allocs = _allocs(client, "report")
@@ -232,7 +215,7 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
     with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
         cluster.wait_for_leader(60)
         with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-            _run_job(cluster, client, tmp_path, "phoenix", "exit 1", policy, nodes=1)
+            _run_job(cluster, tmp_path, "phoenix", "exit 1", policy, nodes=1)
 
             def delayed_eval() -> structs_pb2.Evaluation | None:
                 evals = client.list_evals(job_id="phoenix").evals
@@ -274,7 +257,7 @@ def test_reschedule__zero_attempts_never_reschedules(two_clients: LocalCluster, 
       unlimited = false
     }"""
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
-        _run_job(cluster, client, tmp_path, "once", "exit 1", policy)
+        _run_job(cluster, tmp_path, "once", "exit 1", policy)
         _wait_failed(cluster, client, "once", 1, 60, "the failure")
 
         # Nothing can replace the alloc, so the leader's watcher fails its deployment.
