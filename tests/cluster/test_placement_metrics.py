@@ -21,7 +21,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.cli import run_cli
-from tests.cluster.conftest import wait_settled
+from tests.cluster.conftest import wait_ready_nodes, wait_settled
 
 
 def _job(job_id: str, driver: str, config: str) -> str:
@@ -50,13 +50,7 @@ def one_client(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three real servers and one real client agent, always stopped afterwards."""
     with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
         wait_settled(cluster)
-        with DroverClient(cluster.grpc_addresses, retry_deadline=30) as client:
-            wait_for(
-                lambda: [n for n in client.list_nodes().nodes if n.status == "ready"],
-                60,
-                0.2,
-                lambda: "the client's node ready\n" + cluster.logs_tail(),
-            )
+        wait_ready_nodes(cluster, 1)
         yield cluster
 
 
