@@ -92,15 +92,18 @@ def running_description(states: Mapping[str, DeploymentState]) -> str:
     return DEPLOYMENT_DESC_NEEDS_PROMOTION
 
 
-def _group_state(job: Job, group: TaskGroup, result: GroupResult) -> DeploymentState:
+def _group_state(
+    job: Job, group: TaskGroup, *, desired_total: int, desired_canaries: int = 0
+) -> DeploymentState:
+    """A rolling group's state in a new deployment: its update block's settings, its wants."""
     strategy = update_strategy(job, group)
     assert strategy is not None  # rolling_groups only
     return DeploymentState(
         auto_revert=strategy.auto_revert,
         auto_promote=strategy.auto_promote,
         progress_deadline_ns=strategy.progress_deadline_ns,
-        desired_canaries=result.desired_canaries,
-        desired_total=group.count,
+        desired_canaries=desired_canaries,
+        desired_total=desired_total,
     )
 
 
@@ -150,7 +153,12 @@ def wanted_deployment(
             for g in rolling
         ):
             return None
-        states = {g.name: _group_state(job, g, results[g.name]) for g in rolling}
+        states = {
+            g.name: _group_state(
+                job, g, desired_total=g.count, desired_canaries=results[g.name].desired_canaries
+            )
+            for g in rolling
+        }
         return _new_deployment(job, states, new_id, now_ns)
     if not current.active():
         return None
@@ -158,7 +166,7 @@ def wanted_deployment(
     changed = False
     for g in rolling:
         have = groups_now.get(g.name)
-        want = _group_state(job, g, results[g.name])
+        want = _group_state(job, g, desired_total=g.count, desired_canaries=results[g.name].desired_canaries)
         if have is None:
             groups_now[g.name] = want
             changed = True
@@ -247,15 +255,7 @@ def wanted_system_deployment(
     changing = {t.group for t in (*diff.update_destructive, *diff.update_inplace, *diff.deferred)}
     if not any(g.name in changing or g.name not in has_version for g in rolling):
         return None
-    states: dict[str, DeploymentState] = {}
-    for g in rolling:
-        strategy = update_strategy(job, g)
-        assert strategy is not None
-        states[g.name] = DeploymentState(
-            auto_revert=strategy.auto_revert,
-            progress_deadline_ns=strategy.progress_deadline_ns,
-            desired_total=desired_totals[g.name],
-        )
+    states = {g.name: _group_state(job, g, desired_total=desired_totals[g.name]) for g in rolling}
     return _new_deployment(job, states, new_id, now_ns)
 
 
