@@ -16,7 +16,8 @@ Bucket -> plan (scheduler/README.md has the flow diagram):
 * disconnecting          -> a status-only node_update entry: desired status stays *run*,
                             client status "unknown" (``PlanBuilder.update_status``)
 * reconnecting, ignore   -> nothing
-* deferred               -> nothing now; one follow-up eval (rolling-update) at now + stagger
+* deferred               -> nothing now; one follow-up eval (rolling-update) at now + stagger,
+                            none while the deployment blocks (its unblocking writes one)
 
 A placement that does not fit is counted in ``queued_allocations`` and yields one blocked
 eval for the job. The result is a fixed point: committed as planned, a second pass over the
@@ -152,6 +153,7 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
     deployment, deployment_updates = deployments.current_deployment(
         target, state.latest_deployment(ev.namespace, ev.job_id)
     )
+    rollout = deployments.system_rollout(target, deployment, inputs.allocs)
     diff = diff_system_allocs(
         job,
         inputs.nodes_ready.values(),
@@ -161,7 +163,7 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         infeasible=inputs.infeasible,
         drain_pending=inputs.drain_pending,
         job_versions=inputs.job_versions,
-        rollout=deployments.system_rollout(target, deployment, inputs.allocs),
+        rollout=rollout,
     )
     wanted = _new_deployment(target, diff, inputs, deployment, ctx)
     governing = wanted or (deployment if deployment is not None and deployment.active() else None)
@@ -190,8 +192,13 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         )
         created.append(blocked)
         blocked_id = blocked.id
-    if diff.deferred and job is not None:
-        wait = min(stagger_ns(job, g) for g in job.groups if any(t.group == g.name for t in diff.deferred))
+    # Held back by the stagger or for health: look again after the stagger. Held back by a
+    # blocked rollout (paused, failed, or an unhealthy alloc the watcher fails it for):
+    # nothing changes until a resume, a failure or a new version, each of which writes its
+    # own eval (a timer would only write the next timer).
+    timed = {t.group for t in diff.deferred if t.group not in rollout or not rollout[t.group].blocked}
+    if timed and job is not None:
+        wait = min(stagger_ns(job, g) for g in job.groups if g.name in timed)
         rolling = follow_up_eval(
             ev, ctx.new_id(), TRIGGER_ROLLING_UPDATE, ctx.now_ns, job=job, wait_until_ns=ctx.now_ns + wait
         )

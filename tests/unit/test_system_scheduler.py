@@ -27,6 +27,7 @@ from drover.scheduler.structs import (
     AllocatedPort,
     AllocatedResources,
     Allocation,
+    DeploymentStatusUpdate,
     Job,
     NetworkResource,
     Node,
@@ -35,6 +36,7 @@ from drover.scheduler.structs import (
     UpdateStrategy,
 )
 from drover.scheduler.system import compute_sysbatch, compute_system
+from drover.server import deployments as server_deployments
 from tests.fixtures import mock
 from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import NOW, SECOND
@@ -320,6 +322,30 @@ def test_system__stagger__follow_up_eval_for_the_rest() -> None:
         for a in h.snapshot().allocs_by_job(v1.namespace, v1.id)
         if not a.terminal()
     )
+
+
+@pytest.mark.parametrize("status", [structs.DEPLOYMENT_STATUS_PAUSED, structs.DEPLOYMENT_STATUS_FAILED])
+def test_system__stagger__no_timer_while_the_deployment_blocks(status: str) -> None:
+    """A paused or failed deployment rolls nothing: a stagger eval would only find the same
+    nodes held back and write another, one per stagger for as long as it stays so. What
+    unblocks it (a resume, a new version) writes its own eval."""
+    h, nodes = cluster(3)
+    v0 = h.add_job(replace(mock.system_job(), update=UpdateStrategy(max_parallel=1, stagger_ns=45 * SECOND)))
+    for n in nodes:
+        h.add_alloc(running(v0, n))
+    v1 = h.add_job(bump(v0, destructive=True))
+    first = run(h, v1)
+    assert [e.triggered_by for e in first.created_evals] == [structs.TRIGGER_ROLLING_UPDATE]
+    h.commit(first)
+    deployment = h.snapshot().latest_deployment(v1.namespace, v1.id)
+    assert deployment is not None
+    update = DeploymentStatusUpdate(deployment.id, status, "by the operator")
+    h._write(lambda txn: server_deployments.set_status(txn, update, txn.index, h.now_ns))
+    [follow] = first.created_evals
+    blocked = h.run(compute_system, follow)
+    assert blocked.plan is None or not blocked.plan.node_allocation
+    assert blocked.created_evals == ()
+    assert blocked.eval_update.next_eval == follow.next_eval
 
 
 # ---------------------------------------------------------------------------------------
