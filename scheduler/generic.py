@@ -13,8 +13,9 @@ the evals to write; the worker submits, retries and writes them. The flow::
         │           node_update entries
         ├─ phase 2: placements: feasible_nodes + select_node, seeded from ctx.seed;
         │           a reschedule's failed alloc is stopped only if its replacement placed
-        └─ phase 3: evals: one blocked eval per job for what did not fit, one rolling
-                    eval for held-back destructive updates, batched reschedule follow-ups
+        └─ phase 3: evals: one blocked eval per job for what did not fit and batched
+                    reschedule follow-ups (held-back destructive updates need none: the
+                    health verdict that opens room writes the eval that places them)
 
 Contract: on the state after its plan commits, running ``compute_generic`` again (a new
 eval, same time) yields no plan unless something was blocked or delayed (a created eval
@@ -55,7 +56,6 @@ from drover.scheduler.structs import (
     JOB_TYPE_SERVICE,
     TRIGGER_QUEUED_ALLOCS,
     TRIGGER_RETRY_FAILED_ALLOC,
-    TRIGGER_ROLLING_UPDATE,
     Allocation,
     AllocMetric,
     Evaluation,
@@ -341,15 +341,6 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         )
         blocked_id = blocked.id
         created.append(blocked)
-    next_eval = ""
-    rolling = [r.rolling_followup_ns for r in results.values() if r.rolling_followup_ns]
-    if rolling:
-        nxt = follow_up_eval(
-            ev, ctx.new_id(), TRIGGER_ROLLING_UPDATE, ctx.now_ns, job=target, wait_until_ns=min(rolling)
-        )
-        next_eval = nxt.id
-        created.append(nxt)
-
     plan = builder.build()
     if wanted is not None and deployment is None and (plan is None or not plan.node_allocation):
         # Nothing placed: the eval that places the first alloc (the blocked one) makes it.
@@ -364,7 +355,7 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         status=EVAL_STATUS_COMPLETE,
         status_description="",
         blocked_eval=blocked_id,
-        next_eval=next_eval,
+        next_eval="",
         queued_allocations=queued,
         failed_tg_allocs=failed_tg,
         failed_tg_metrics=failed_metrics,

@@ -238,8 +238,6 @@ class GroupResult:
     reschedule_later: tuple[DelayedReschedule, ...] = ()
     disconnecting: tuple[Allocation, ...] = ()
     reconnecting: tuple[Allocation, ...] = ()
-    # When the next batch of a rolling update may go (a follow-up eval's wait_until); 0: none.
-    rolling_followup_ns: int = 0
     # The deployment's view: canaries the group wants now, and whether any rollout work is
     # left (placements, updates held back or not, moves, reschedules, canaries to place).
     desired_canaries: int = 0
@@ -248,14 +246,8 @@ class GroupResult:
     held_back: bool = False
 
     def counts(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in GROUP_BUCKETS}
-
-    def log_fields(self) -> dict[str, int]:
         """Every bucket's size, zeros included (annotations, `drover job plan`, logs)."""
-        out = self.counts()
-        if self.rolling_followup_ns:
-            out["rolling_followup_ns"] = self.rolling_followup_ns
-        return out
+        return {name: len(getattr(self, name)) for name in GROUP_BUCKETS}
 
     def is_no_op(self) -> bool:
         return not (
@@ -265,7 +257,6 @@ class GroupResult:
             or self.update_destructive
             or self.reschedule_later
             or self.disconnecting
-            or self.rolling_followup_ns
         )
 
 
@@ -486,9 +477,7 @@ class _Buckets:
     disconnecting: list[Allocation] = field(default_factory=list)
     reconnecting: list[Allocation] = field(default_factory=list)
 
-    def result(
-        self, group: str, rolling_followup_ns: int = 0, *, desired_canaries: int = 0, deferred: bool = False
-    ) -> GroupResult:
+    def result(self, group: str, *, desired_canaries: int = 0, deferred: bool = False) -> GroupResult:
         work_left = deferred or bool(
             self.place
             or self.update_inplace
@@ -510,7 +499,6 @@ class _Buckets:
             reschedule_later=tuple(self.reschedule_later),
             disconnecting=tuple(self.disconnecting),
             reconnecting=tuple(self.reconnecting),
-            rolling_followup_ns=rolling_followup_ns,
             desired_canaries=desired_canaries,
             work_left=work_left,
             held_back=deferred,
@@ -706,13 +694,11 @@ def reconcile_group(
     update_candidates = _move_holders(p, holders, reported)
     if not p.paused:
         _fill_free_slots(p, holders)
-    rolling_followup_ns, desired_canaries, deferred = _update_holders(p, update_candidates, reported)
+    desired_canaries, deferred = _update_holders(p, update_candidates, reported)
     p.buckets.place.sort(
         key=lambda pl: (pl.index, pl.reason, pl.previous.id if pl.previous is not None else "")
     )
-    return p.buckets.result(
-        group.name, rolling_followup_ns, desired_canaries=desired_canaries, deferred=deferred
-    )
+    return p.buckets.result(group.name, desired_canaries=desired_canaries, deferred=deferred)
 
 
 def _set_canaries_aside(
@@ -950,11 +936,10 @@ def _fill_free_slots(p: _GroupPass, holders: list[_Holder]) -> None:
         p.buckets.place.append(Placement(alloc_name(p.job.id, p.group.name, index), index, PLACE_NEW))
 
 
-def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]) -> tuple[int, int, bool]:
+def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]) -> tuple[int, bool]:
     """Step 6: holders on an older version, in place or destructively within the rollout's
     budget (``reconciler.rollout``), canaries first when the group asks for them. Returns
-    (when held-back updates should be looked at again, 0: when health says so; the canaries
-    the group wants; whether destructive updates were held back)."""
+    (the canaries the group wants, whether destructive updates were held back)."""
     job, group, now_ns, buckets = p.job, p.group, p.now_ns, p.buckets
     destructive: list[_Holder] = []
     for h in candidates:
@@ -995,7 +980,7 @@ def _update_holders(p: _GroupPass, candidates: list[_Holder], reported: set[str]
         _hold(buckets, h, now_ns, reported)
     # No timer: the next batch goes when a health verdict (or promotion, or resume) writes
     # the eval that looks again.
-    return 0, desired_canaries, bool(deferred)
+    return desired_canaries, bool(deferred)
 
 
 def _place_canaries(p: _GroupPass, destructive: list[_Holder]) -> None:

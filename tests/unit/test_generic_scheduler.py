@@ -252,6 +252,7 @@ def test_generic__rolling_update__max_parallel_2_over_count_10() -> None:
             h.update_alloc(a.id, client_status=structs.ALLOC_CLIENT_RUNNING)
         during = h.run(compute_generic, mock.eval_for(job, triggered_by=structs.TRIGGER_NODE_UPDATE))
         assert during.plan is None
+        assert during.created_evals == ()  # no timer either: the health verdict looks again
         for a in fresh:
             h.set_health(a.id, structs.HEALTH_HEALTHY)
         ev = mock.eval_for(job, triggered_by=structs.TRIGGER_DEPLOYMENT_WATCHER)
