@@ -825,9 +825,6 @@ class Deployment:
     def active(self) -> bool:
         return self.status in DEPLOYMENT_ACTIVE
 
-    def has_canaries(self) -> bool:
-        return any(s.desired_canaries > 0 for s in self.task_groups.values())
-
     def requires_promotion(self) -> bool:
         return any(s.desired_canaries > 0 and not s.promoted for s in self.task_groups.values())
 
