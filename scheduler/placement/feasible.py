@@ -474,12 +474,10 @@ class Feasibility:
     """The node-only checks for one (job, group), compiled."""
 
     datacenter_ok: Callable[[str], bool]
-    # (human-readable constraint, predicate), job's first, then group's, then tasks'.
-    constraints: tuple[tuple[str, Predicate], ...]
     # Every check in the order Nomad's feasibility chain runs them (job constraints, the
     # group's drivers, then group and task constraints), each with the reason a node
     # failing it is filtered for: ``constraint <text>`` or "missing drivers".
-    checks: tuple[tuple[str, Predicate], ...] = ()
+    checks: tuple[tuple[str, Predicate], ...]
 
     def constraints_ok(self, node: Node) -> bool:
         """Constraints and drivers: everything but readiness and datacenters."""
@@ -523,7 +521,6 @@ def compile_feasibility(job: Job, group: TaskGroup) -> Feasibility:
     ordered += [(f"constraint {text}", p) for c, text, p in described if c not in job_level]
     return Feasibility(
         datacenter_ok=compile_datacenters(job.datacenters),
-        constraints=tuple((text, p) for _, text, p in described),
         checks=tuple(ordered),
     )
 
