@@ -35,6 +35,7 @@ from drover.scheduler.structs import (
     TRIGGER_NODE_DRAIN,
     TRIGGER_NODE_UPDATE,
     TRIGGER_RETRY_FAILED_ALLOC,
+    Allocation,
     AllocMetric,
     Deployment,
     DrainStrategy,
@@ -549,6 +550,8 @@ class Endpoints:
             # Nomad #15068: a node back from a partition heartbeats (re-registers) first.
             raise ConflictError(f"node {node_id!r} is {node.status}: heartbeat before reporting allocs")
         entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=self._clock.now_ns(), node_id=node_id)
+        # alloc ID -> the stored alloc each reported one updates, read once for the evals too
+        stored: dict[str, Allocation] = {}
         for i, alloc in enumerate(allocs):
             existing = snap.alloc(alloc.id)
             if existing is None:
@@ -557,6 +560,7 @@ class Endpoints:
                 raise PermissionDeniedError(
                     f"Permission denied: allocs[{i}]: alloc {alloc.id!r} is not on node {node_id!r}"
                 )
+            stored[alloc.id] = existing
             slim = entry.allocs.add(
                 id=alloc.id, client_status=alloc.client_status, client_description=alloc.client_description
             )
@@ -572,15 +576,20 @@ class Endpoints:
                 slim.deployment_id = alloc.deployment_id
                 slim.deployment_status.health = alloc.deployment_status.health
                 slim.deployment_status.timestamp_ns = alloc.deployment_status.timestamp_ns
-        failure_evals = self._failure_evals(snap, entry)
+        failure_evals = self._failure_evals(snap, entry, stored)
         for ev in failure_evals:
             to_proto(ev, entry.evals.add())
-        for ev in self._deployment_evals(snap, entry, {(e.namespace, e.job_id) for e in failure_evals}):
+        covered = {(e.namespace, e.job_id) for e in failure_evals}
+        for ev in self._deployment_evals(snap, entry, stored, covered):
             to_proto(ev, entry.evals.add())
         return self._propose(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry)
 
     def _deployment_evals(
-        self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry, covered: set[tuple[str, str]]
+        self,
+        snap: Snapshot,
+        entry: raft_pb2.AllocClientUpdateEntry,
+        stored: Mapping[str, Allocation],
+        covered: set[tuple[str, str]],
     ) -> list[Evaluation]:
         """One ``deployment-watcher`` eval per job whose active deployment just learned an
         alloc's health, in the same entry as the verdict: a healthy alloc opens room for the
@@ -591,8 +600,8 @@ class Endpoints:
         for msg in entry.allocs:
             if not msg.deployment_status.health:
                 continue
-            existing = snap.alloc(msg.id)
-            if existing is None or not existing.deployment_id or msg.deployment_id != existing.deployment_id:
+            existing = stored[msg.id]
+            if not existing.deployment_id or msg.deployment_id != existing.deployment_id:
                 continue
             before = existing.deployment_status.health if existing.deployment_status is not None else ""
             key = (existing.namespace, existing.job_id)
@@ -605,7 +614,9 @@ class Endpoints:
             evals[key] = deployment_eval(self._ids.new(), job, deployment, now)
         return list(evals.values())
 
-    def _failure_evals(self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry) -> list[Evaluation]:
+    def _failure_evals(
+        self, snap: Snapshot, entry: raft_pb2.AllocClientUpdateEntry, stored: Mapping[str, Allocation]
+    ) -> list[Evaluation]:
         """One ``alloc-failure`` eval per job with a newly failed alloc its policy may
         reschedule, written in the same entry as the failure: without it a crashed service
         stays dead until something else happens to evaluate its job.
@@ -619,10 +630,9 @@ class Endpoints:
         for msg in entry.allocs:
             if msg.client_status != ALLOC_CLIENT_FAILED:
                 continue
-            existing = snap.alloc(msg.id)
+            existing = stored[msg.id]
             if (
-                existing is None
-                or existing.client_status == ALLOC_CLIENT_FAILED
+                existing.client_status == ALLOC_CLIENT_FAILED
                 or existing.desired_status != ALLOC_DESIRED_RUN
                 or existing.followup_eval_id
             ):
