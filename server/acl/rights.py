@@ -25,14 +25,25 @@ Deployments.Promote/Pause/Fail    submit-job, or promote-/pause-/fail-deployment
 Deployments.SetAllocHealth  the same with set-alloc-health-deployment
 Evals.List, Allocs.List     read-job; results filtered per namespace
 Evals.Get, Allocs.Get       read-job on the object's own namespace (CVE-2019-16742)
+Allocs.Stop/Restart/Signal  alloc-lifecycle on the alloc's namespace (checked by the
+                            servicer once found, as for deployments)
+Allocs.Logs                 read-logs on the alloc's namespace (likewise)
+Events.Stream               read-job for Job/Allocation/Evaluation/Deployment events (each
+                            event kept only if its namespace allows it), node read for Node
 Nodes.List, Nodes.Get       node read
 Nodes.UpdateDrain           node write
 Nodes.UpdateEligibility     node write
+Nodes.MetaRead              node read
+Nodes.MetaApply             node write
 Nodes.Register ...          no token: the node's secret (see NODE_SECRET below)
 Operator.RaftPeers          operator read
 Operator.StateDigest        operator read
 Operator.Invariants         operator read
 Operator.Metrics            agent read (this server's own metrics)
+Operator.AgentInfo          agent read
+Operator.ServerMembers      operator read
+Operator.SchedulerGetConfig operator read
+Operator.SchedulerSetConfig operator write
 Operator.ReconcileSummaries operator write
 Operator.SnapshotSave       operator write, or the operator capability snapshot-save
 Operator.SnapshotRestore    management: a restore replaces the ACL tables too, so any
@@ -125,6 +136,12 @@ def _deployment_write(*caps: str) -> Need:
     return Need(Scope.NAMESPACE, caps, why="the deployment's namespace is checked once it is found")
 
 
+def _alloc_op(*caps: str) -> Need:
+    """An RPC naming an alloc, not a namespace: the gate asks for ``caps`` in some
+    namespace, server/api/evals_allocs.py then on the alloc's own."""
+    return Need(Scope.NAMESPACE, caps, why="the alloc's namespace is checked once it is found")
+
+
 def _level(scope: Scope, level: str, alternative: str = "") -> Need:
     return Need(scope, (level,), alternative=alternative)
 
@@ -140,6 +157,7 @@ NODE_SECRET_RPCS: Final = frozenset(
         "Nodes.GetClientAllocs",
         "Nodes.WatchClientAllocs",
         "Nodes.UpdateAllocs",
+        "Nodes.Connect",
     }
 )
 _NODE_SECRET: Final = Need(Scope.OPEN, why="a client agent's call, authenticated by the node's secret")
@@ -173,15 +191,28 @@ RIGHTS: Final[Mapping[str, Need]] = {
     "Evals.Get": _read("read-job", results=("eval",)),
     "Allocs.List": _read("read-job", results=("allocs",)),
     "Allocs.Get": _read("read-job", results=("alloc",)),
+    "Allocs.Stop": _alloc_op("alloc-lifecycle"),
+    "Allocs.Restart": _alloc_op("alloc-lifecycle"),
+    "Allocs.Signal": _alloc_op("alloc-lifecycle"),
+    "Allocs.Logs": _alloc_op("read-logs"),
+    "Events.Stream": Need(
+        Scope.TOKEN, why="server/events/ keeps each event only if the token may read its topic and namespace"
+    ),
     "Nodes.List": _level(Scope.NODE, POLICY_READ),
     "Nodes.Get": _level(Scope.NODE, POLICY_READ),
     "Nodes.UpdateDrain": _level(Scope.NODE, POLICY_WRITE),
     "Nodes.UpdateEligibility": _level(Scope.NODE, POLICY_WRITE),
+    "Nodes.MetaRead": _level(Scope.NODE, POLICY_READ),
+    "Nodes.MetaApply": _level(Scope.NODE, POLICY_WRITE),
     **dict.fromkeys(sorted(NODE_SECRET_RPCS), _NODE_SECRET),
     "Operator.RaftPeers": _level(Scope.OPERATOR, POLICY_READ),
     "Operator.StateDigest": _level(Scope.OPERATOR, POLICY_READ),
     "Operator.Invariants": _level(Scope.OPERATOR, POLICY_READ),
     "Operator.Metrics": _level(Scope.AGENT, POLICY_READ),
+    "Operator.AgentInfo": _level(Scope.AGENT, POLICY_READ),
+    "Operator.ServerMembers": _level(Scope.OPERATOR, POLICY_READ),
+    "Operator.SchedulerGetConfig": _level(Scope.OPERATOR, POLICY_READ),
+    "Operator.SchedulerSetConfig": _level(Scope.OPERATOR, POLICY_WRITE),
     "Operator.ReconcileSummaries": _level(Scope.OPERATOR, POLICY_WRITE),
     "Operator.SnapshotSave": _level(Scope.OPERATOR, POLICY_WRITE, alternative="snapshot-save"),
     "Operator.SnapshotRestore": Need(Scope.MANAGEMENT, why="a restore replaces the ACL tables"),

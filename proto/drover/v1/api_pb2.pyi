@@ -1307,6 +1307,260 @@ class AllocUpdateResponse(_message.Message):
 Global___AllocUpdateResponse: _TypeAlias = AllocUpdateResponse  # noqa: Y015
 
 @_typing.final
+class NodeMetaReadRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeMetaReadRequest: _TypeAlias = NodeMetaReadRequest  # noqa: Y015
+
+@_typing.final
+class NodeMetaApplyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetaEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    META_FIELD_NUMBER: _builtins.int
+    UNSET_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    @_builtins.property
+    def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Keys to set (a key in both `meta` and `unset` is INVALID_ARGUMENT)."""
+
+    @_builtins.property
+    def unset(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        unset: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "node_id", b"node_id", "unset", b"unset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeMetaApplyRequest: _TypeAlias = NodeMetaApplyRequest  # noqa: Y015
+
+@_typing.final
+class NodeMetaResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetaEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class StaticEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DynamicEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    META_FIELD_NUMBER: _builtins.int
+    STATIC_FIELD_NUMBER: _builtins.int
+    DYNAMIC_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Static and dynamic merged, dynamic winning: what the node registers with."""
+
+    @_builtins.property
+    def static(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def dynamic(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        static: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        dynamic: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dynamic", b"dynamic", "meta", b"meta", "static", b"static"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeMetaResponse: _TypeAlias = NodeMetaResponse  # noqa: Y015
+
+@_typing.final
+class ClientTunnelUp(_message.Message):
+    """Client -> server on Nodes.Connect. The first message is the hello (node_id, secret_id,
+    request_id 0); every later one answers the request with the same request_id: zero or
+    more `data` chunks, then one with `done` (and `error_code`/`error` if it failed).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SECRET_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    META_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    secret_id: _builtins.str
+    request_id: _builtins.int
+    data: _builtins.bytes
+    done: _builtins.bool
+    error_code: _builtins.str
+    """A grpc.StatusCode value name ("NOT_FOUND", "INVALID_ARGUMENT"); empty on success."""
+    error: _builtins.str
+    @_builtins.property
+    def meta(self) -> Global___NodeMetaResponse:
+        """The answer to a meta request."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        secret_id: _builtins.str = ...,
+        request_id: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        done: _builtins.bool = ...,
+        error_code: _builtins.str = ...,
+        error: _builtins.str = ...,
+        meta: Global___NodeMetaResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "done", b"done", "error", b"error", "error_code", b"error_code", "meta", b"meta", "node_id", b"node_id", "request_id", b"request_id", "secret_id", b"secret_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientTunnelUp: _TypeAlias = ClientTunnelUp  # noqa: Y015
+
+@_typing.final
+class ClientTunnelDown(_message.Message):
+    """Server -> client on Nodes.Connect: one request, or the cancellation of one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LOGS_FIELD_NUMBER: _builtins.int
+    RESTART_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    META_READ_FIELD_NUMBER: _builtins.int
+    META_APPLY_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    cancel: _builtins.bool
+    """The caller went away: stop answering request_id (a followed log)."""
+    @_builtins.property
+    def logs(self) -> Global___AllocLogsRequest: ...
+    @_builtins.property
+    def restart(self) -> Global___AllocRestartRequest: ...
+    @_builtins.property
+    def signal(self) -> Global___AllocSignalRequest: ...
+    @_builtins.property
+    def meta_read(self) -> Global___NodeMetaReadRequest: ...
+    @_builtins.property
+    def meta_apply(self) -> Global___NodeMetaApplyRequest: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        logs: Global___AllocLogsRequest | None = ...,
+        restart: Global___AllocRestartRequest | None = ...,
+        signal: Global___AllocSignalRequest | None = ...,
+        meta_read: Global___NodeMetaReadRequest | None = ...,
+        meta_apply: Global___NodeMetaApplyRequest | None = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "logs", b"logs", "meta_apply", b"meta_apply", "meta_read", b"meta_read", "op", b"op", "restart", b"restart", "signal", b"signal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "logs", b"logs", "meta_apply", b"meta_apply", "meta_read", b"meta_read", "op", b"op", "request_id", b"request_id", "restart", b"restart", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["logs", "restart", "signal", "meta_read", "meta_apply", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
+
+Global___ClientTunnelDown: _TypeAlias = ClientTunnelDown  # noqa: Y015
+
+@_typing.final
 class DeploymentListRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1628,6 +1882,169 @@ class EvalGetResponse(_message.Message):
 Global___EvalGetResponse: _TypeAlias = EvalGetResponse  # noqa: Y015
 
 @_typing.final
+class AllocStopRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    alloc_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        alloc_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocStopRequest: _TypeAlias = AllocStopRequest  # noqa: Y015
+
+@_typing.final
+class AllocStopResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    EVAL_ID_FIELD_NUMBER: _builtins.int
+    eval_id: _builtins.str
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        eval_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eval_id", b"eval_id", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocStopResponse: _TypeAlias = AllocStopResponse  # noqa: Y015
+
+@_typing.final
+class AllocRestartRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    alloc_id: _builtins.str
+    task: _builtins.str
+    """Empty: every running task (all_tasks is implied)."""
+    def __init__(
+        self,
+        *,
+        alloc_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocRestartRequest: _TypeAlias = AllocRestartRequest  # noqa: Y015
+
+@_typing.final
+class AllocSignalRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    alloc_id: _builtins.str
+    task: _builtins.str
+    """Empty: every running task."""
+    signal: _builtins.str
+    """A signal name as kill(1) takes it, "SIGHUP" or "HUP"; empty means SIGKILL, as Nomad."""
+    def __init__(
+        self,
+        *,
+        alloc_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+        signal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "signal", b"signal", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocSignalRequest: _TypeAlias = AllocSignalRequest  # noqa: Y015
+
+@_typing.final
+class AllocControlResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocControlResponse: _TypeAlias = AllocControlResponse  # noqa: Y015
+
+@_typing.final
+class AllocLogsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    STDERR_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    TAIL_LINES_FIELD_NUMBER: _builtins.int
+    TAIL_BYTES_FIELD_NUMBER: _builtins.int
+    alloc_id: _builtins.str
+    task: _builtins.str
+    """Empty: the alloc's only task (INVALID_ARGUMENT naming `task` if it has several)."""
+    stderr: _builtins.bool
+    follow: _builtins.bool
+    tail_lines: _builtins.int
+    """Start this many lines before the end (tail); 0 with tail_bytes 0 starts at the beginning."""
+    tail_bytes: _builtins.int
+    """Start this many bytes before the end (Nomad's -c); at most one of tail_lines/tail_bytes."""
+    def __init__(
+        self,
+        *,
+        alloc_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+        stderr: _builtins.bool = ...,
+        follow: _builtins.bool = ...,
+        tail_lines: _builtins.int = ...,
+        tail_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "follow", b"follow", "stderr", b"stderr", "tail_bytes", b"tail_bytes", "tail_lines", b"tail_lines", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocLogsRequest: _TypeAlias = AllocLogsRequest  # noqa: Y015
+
+@_typing.final
+class AllocLogsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocLogsResponse: _TypeAlias = AllocLogsResponse  # noqa: Y015
+
+@_typing.final
 class AllocListRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1727,6 +2144,264 @@ class AllocGetResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocGetResponse: _TypeAlias = AllocGetResponse  # noqa: Y015
+
+@_typing.final
+class ServerMembersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerMembersRequest: _TypeAlias = ServerMembersRequest  # noqa: Y015
+
+@_typing.final
+class ServerMemberStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GRPC_ADDRESS_FIELD_NUMBER: _builtins.int
+    RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    RAFT_APPLIED_INDEX_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    grpc_address: _builtins.str
+    raft_address: _builtins.str
+    status: _builtins.str
+    """"alive", "failed" or "left"."""
+    leader: _builtins.bool
+    raft_applied_index: _builtins.int
+    """The member's applied raft index as it last reported it (0 if it did not answer)."""
+    version: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        grpc_address: _builtins.str = ...,
+        raft_address: _builtins.str = ...,
+        status: _builtins.str = ...,
+        leader: _builtins.bool = ...,
+        raft_applied_index: _builtins.int = ...,
+        version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "leader", b"leader", "name", b"name", "raft_address", b"raft_address", "raft_applied_index", b"raft_applied_index", "status", b"status", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerMemberStatus: _TypeAlias = ServerMemberStatus  # noqa: Y015
+
+@_typing.final
+class ServerMembersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    SERVED_BY_FIELD_NUMBER: _builtins.int
+    served_by: _builtins.str
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerMemberStatus]: ...
+    def __init__(
+        self,
+        *,
+        members: _abc.Iterable[Global___ServerMemberStatus] | None = ...,
+        served_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "served_by", b"served_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerMembersResponse: _TypeAlias = ServerMembersResponse  # noqa: Y015
+
+@_typing.final
+class AgentInfoRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentInfoRequest: _TypeAlias = AgentInfoRequest  # noqa: Y015
+
+@_typing.final
+class AgentInfoSection(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        values: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentInfoSection: _TypeAlias = AgentInfoSection  # noqa: Y015
+
+@_typing.final
+class AgentInfoResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    version: _builtins.str
+    @_builtins.property
+    def sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentInfoSection]:
+        """"server" (servers never run clients here except -dev, which reports both sections)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.str = ...,
+        sections: _abc.Iterable[Global___AgentInfoSection] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "sections", b"sections", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentInfoResponse: _TypeAlias = AgentInfoResponse  # noqa: Y015
+
+@_typing.final
+class SchedulerGetConfigRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulerGetConfigRequest: _TypeAlias = SchedulerGetConfigRequest  # noqa: Y015
+
+@_typing.final
+class SchedulerConfigResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def config(self) -> _structs_pb2.SchedulerConfig: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        config: _structs_pb2.SchedulerConfig | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulerConfigResponse: _TypeAlias = SchedulerConfigResponse  # noqa: Y015
+
+@_typing.final
+class SchedulerSetConfigRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    CAS_INDEX_FIELD_NUMBER: _builtins.int
+    USE_CAS_FIELD_NUMBER: _builtins.int
+    cas_index: _builtins.int
+    """Compare-and-set: apply only if the stored config's modify_index equals this."""
+    use_cas: _builtins.bool
+    @_builtins.property
+    def config(self) -> _structs_pb2.SchedulerConfig: ...
+    def __init__(
+        self,
+        *,
+        config: _structs_pb2.SchedulerConfig | None = ...,
+        cas_index: _builtins.int = ...,
+        use_cas: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cas_index", b"cas_index", "config", b"config", "use_cas", b"use_cas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulerSetConfigRequest: _TypeAlias = SchedulerSetConfigRequest  # noqa: Y015
+
+@_typing.final
+class SchedulerSetConfigResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    updated: _builtins.bool
+    """False when use_cas was set and the index had moved on (nothing was written)."""
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        updated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "updated", b"updated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulerSetConfigResponse: _TypeAlias = SchedulerSetConfigResponse  # noqa: Y015
 
 @_typing.final
 class ReconcileSummariesRequest(_message.Message):
@@ -2590,3 +3265,141 @@ class ACLTokenSelfResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ACLTokenSelfResponse: _TypeAlias = ACLTokenSelfResponse  # noqa: Y015
+
+@_typing.final
+class EventTopicFilter(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """"Job", "Allocation", "Node", "Evaluation", "Deployment" or "*"."""
+    key: _builtins.str
+    """The object's ID (a job's ID, an alloc's...); empty or "*": every key."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EventTopicFilter: _TypeAlias = EventTopicFilter  # noqa: Y015
+
+@_typing.final
+class EventStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Send events with index >= this; 0: only events from now on. An index older than the
+    server's buffer is OUT_OF_RANGE naming the oldest index it still holds.
+    """
+    namespace: _builtins.str
+    """Empty: "default"; "*": every namespace the token may read."""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___EventTopicFilter]:
+        """Empty: every topic."""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___EventTopicFilter] | None = ...,
+        index: _builtins.int = ...,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "namespace", b"namespace", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EventStreamRequest: _TypeAlias = EventStreamRequest  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    ALLOC_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    EVAL_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    topic: _builtins.str
+    type: _builtins.str
+    """e.g. JobRegistered, JobDeregistered, AllocationUpdated, NodeRegistration, EvaluationUpdated."""
+    key: _builtins.str
+    namespace: _builtins.str
+    @_builtins.property
+    def job(self) -> _structs_pb2.Job: ...
+    @_builtins.property
+    def alloc(self) -> _structs_pb2.Allocation: ...
+    @_builtins.property
+    def node(self) -> _structs_pb2.Node: ...
+    @_builtins.property
+    def eval(self) -> _structs_pb2.Evaluation: ...
+    @_builtins.property
+    def deployment(self) -> _structs_pb2.Deployment: ...
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        topic: _builtins.str = ...,
+        type: _builtins.str = ...,
+        key: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        job: _structs_pb2.Job | None = ...,
+        alloc: _structs_pb2.Allocation | None = ...,
+        node: _structs_pb2.Node | None = ...,
+        eval: _structs_pb2.Evaluation | None = ...,
+        deployment: _structs_pb2.Deployment | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["alloc", b"alloc", "deployment", b"deployment", "eval", b"eval", "job", b"job", "node", b"node", "payload", b"payload"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc", b"alloc", "deployment", b"deployment", "eval", b"eval", "index", b"index", "job", b"job", "key", b"key", "namespace", b"namespace", "node", b"node", "payload", b"payload", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["job", "alloc", "node", "eval", "deployment"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
+class EventStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The newest index the server has applied when it sent this."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___Event]:
+        """The events of one or more raft entries, in index order; empty: a heartbeat, sent when
+        nothing happened for a while so the caller knows the stream is alive.
+        """
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___Event] | None = ...,
+        index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "index", b"index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EventStreamResponse: _TypeAlias = EventStreamResponse  # noqa: Y015

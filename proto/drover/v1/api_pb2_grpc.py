@@ -631,6 +631,21 @@ class NodesStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.AllocUpdateRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.AllocUpdateResponse.FromString,
                 _registered_method=True)
+        self.Connect = channel.stream_stream(
+                '/drover.v1.Nodes/Connect',
+                request_serializer=drover_dot_v1_dot_api__pb2.ClientTunnelUp.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ClientTunnelDown.FromString,
+                _registered_method=True)
+        self.MetaRead = channel.unary_unary(
+                '/drover.v1.Nodes/MetaRead',
+                request_serializer=drover_dot_v1_dot_api__pb2.NodeMetaReadRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.NodeMetaResponse.FromString,
+                _registered_method=True)
+        self.MetaApply = channel.unary_unary(
+                '/drover.v1.Nodes/MetaApply',
+                request_serializer=drover_dot_v1_dot_api__pb2.NodeMetaApplyRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.NodeMetaResponse.FromString,
+                _registered_method=True)
 
 
 class NodesServicer:
@@ -693,6 +708,32 @@ class NodesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Connect(self, request_iterator, context):
+        """The client's control tunnel: a client agent opens it to the server it talks to (its
+        first message names the node and carries its secret) and keeps it open; servers send
+        down it what only the node can answer (alloc logs, restart, signal, node meta) and the
+        client answers each by request_id. Clients never listen on a port of their own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MetaRead(self, request, context):
+        """The node's metadata as its client holds it: static (agent config) and dynamic (set by
+        MetaApply, kept by the client across restarts). Served through the node's tunnel.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MetaApply(self, request, context):
+        """Set or unset dynamic metadata on a node; the client stores it and re-registers, so
+        the scheduler sees it. Served through the node's tunnel.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -740,6 +781,21 @@ def add_NodesServicer_to_server(servicer, server):
                     servicer.UpdateAllocs,
                     request_deserializer=drover_dot_v1_dot_api__pb2.AllocUpdateRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.AllocUpdateResponse.SerializeToString,
+            ),
+            'Connect': grpc.stream_stream_rpc_method_handler(
+                    servicer.Connect,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ClientTunnelUp.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ClientTunnelDown.SerializeToString,
+            ),
+            'MetaRead': grpc.unary_unary_rpc_method_handler(
+                    servicer.MetaRead,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.NodeMetaReadRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.NodeMetaResponse.SerializeToString,
+            ),
+            'MetaApply': grpc.unary_unary_rpc_method_handler(
+                    servicer.MetaApply,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.NodeMetaApplyRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.NodeMetaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -985,6 +1041,87 @@ class Nodes:
             '/drover.v1.Nodes/UpdateAllocs',
             drover_dot_v1_dot_api__pb2.AllocUpdateRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.AllocUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Connect(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/drover.v1.Nodes/Connect',
+            drover_dot_v1_dot_api__pb2.ClientTunnelUp.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ClientTunnelDown.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MetaRead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Nodes/MetaRead',
+            drover_dot_v1_dot_api__pb2.NodeMetaReadRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.NodeMetaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MetaApply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Nodes/MetaApply',
+            drover_dot_v1_dot_api__pb2.NodeMetaApplyRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.NodeMetaResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1462,6 +1599,26 @@ class AllocsStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.AllocGetRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.AllocGetResponse.FromString,
                 _registered_method=True)
+        self.Stop = channel.unary_unary(
+                '/drover.v1.Allocs/Stop',
+                request_serializer=drover_dot_v1_dot_api__pb2.AllocStopRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.AllocStopResponse.FromString,
+                _registered_method=True)
+        self.Restart = channel.unary_unary(
+                '/drover.v1.Allocs/Restart',
+                request_serializer=drover_dot_v1_dot_api__pb2.AllocRestartRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.AllocControlResponse.FromString,
+                _registered_method=True)
+        self.Signal = channel.unary_unary(
+                '/drover.v1.Allocs/Signal',
+                request_serializer=drover_dot_v1_dot_api__pb2.AllocSignalRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.AllocControlResponse.FromString,
+                _registered_method=True)
+        self.Logs = channel.unary_stream(
+                '/drover.v1.Allocs/Logs',
+                request_serializer=drover_dot_v1_dot_api__pb2.AllocLogsRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.AllocLogsResponse.FromString,
+                _registered_method=True)
 
 
 class AllocsServicer:
@@ -1479,6 +1636,38 @@ class AllocsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stop(self, request, context):
+        """Stop one alloc and let the scheduler replace it (Nomad's `alloc stop`): a raft write of
+        the alloc's desired transition plus an evaluation of its job, in one entry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Restart(self, request, context):
+        """Restart one task, or every running task, in place (the restart policy's count is not
+        used up). Served by the alloc's client through its tunnel.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Signal(self, request, context):
+        """Send a signal to one task, or to every running task. Through the client's tunnel.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Logs(self, request, context):
+        """A task's stdout or stderr, read by the alloc's client and relayed: the bytes asked
+        for, then (with `follow`) new bytes as the task writes them, until the caller cancels
+        or the task's alloc is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1491,6 +1680,26 @@ def add_AllocsServicer_to_server(servicer, server):
                     servicer.Get,
                     request_deserializer=drover_dot_v1_dot_api__pb2.AllocGetRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.AllocGetResponse.SerializeToString,
+            ),
+            'Stop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stop,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.AllocStopRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.AllocStopResponse.SerializeToString,
+            ),
+            'Restart': grpc.unary_unary_rpc_method_handler(
+                    servicer.Restart,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.AllocRestartRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.AllocControlResponse.SerializeToString,
+            ),
+            'Signal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Signal,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.AllocSignalRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.AllocControlResponse.SerializeToString,
+            ),
+            'Logs': grpc.unary_stream_rpc_method_handler(
+                    servicer.Logs,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.AllocLogsRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.AllocLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1557,6 +1766,114 @@ class Allocs:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Stop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Allocs/Stop',
+            drover_dot_v1_dot_api__pb2.AllocStopRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.AllocStopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Allocs/Restart',
+            drover_dot_v1_dot_api__pb2.AllocRestartRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.AllocControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Signal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Allocs/Signal',
+            drover_dot_v1_dot_api__pb2.AllocSignalRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.AllocControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Logs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/drover.v1.Allocs/Logs',
+            drover_dot_v1_dot_api__pb2.AllocLogsRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.AllocLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class OperatorStub:
     """Missing associated documentation comment in .proto file."""
@@ -1601,6 +1918,26 @@ class OperatorStub:
                 '/drover.v1.Operator/Invariants',
                 request_serializer=drover_dot_v1_dot_api__pb2.InvariantsRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.InvariantsResponse.FromString,
+                _registered_method=True)
+        self.ServerMembers = channel.unary_unary(
+                '/drover.v1.Operator/ServerMembers',
+                request_serializer=drover_dot_v1_dot_api__pb2.ServerMembersRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ServerMembersResponse.FromString,
+                _registered_method=True)
+        self.AgentInfo = channel.unary_unary(
+                '/drover.v1.Operator/AgentInfo',
+                request_serializer=drover_dot_v1_dot_api__pb2.AgentInfoRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.AgentInfoResponse.FromString,
+                _registered_method=True)
+        self.SchedulerGetConfig = channel.unary_unary(
+                '/drover.v1.Operator/SchedulerGetConfig',
+                request_serializer=drover_dot_v1_dot_api__pb2.SchedulerGetConfigRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.SchedulerConfigResponse.FromString,
+                _registered_method=True)
+        self.SchedulerSetConfig = channel.unary_unary(
+                '/drover.v1.Operator/SchedulerSetConfig',
+                request_serializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigResponse.FromString,
                 _registered_method=True)
 
 
@@ -1657,6 +1994,35 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ServerMembers(self, request, context):
+        """Every server in the state's servers table, as the answering server sees it: alive if
+        it answered a status probe, failed if not, with the leader marked.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AgentInfo(self, request, context):
+        """The answering agent's own facts (never forwarded): version, role, raft, runtime.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SchedulerGetConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SchedulerSetConfig(self, request, context):
+        """Replace the scheduler configuration (a raft write); with cas_index set, only if the
+        stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1694,6 +2060,26 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.Invariants,
                     request_deserializer=drover_dot_v1_dot_api__pb2.InvariantsRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.InvariantsResponse.SerializeToString,
+            ),
+            'ServerMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServerMembers,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ServerMembersRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ServerMembersResponse.SerializeToString,
+            ),
+            'AgentInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.AgentInfo,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.AgentInfoRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.AgentInfoResponse.SerializeToString,
+            ),
+            'SchedulerGetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SchedulerGetConfig,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.SchedulerGetConfigRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.SchedulerConfigResponse.SerializeToString,
+            ),
+            'SchedulerSetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SchedulerSetConfig,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1885,6 +2271,114 @@ class Operator:
             '/drover.v1.Operator/Invariants',
             drover_dot_v1_dot_api__pb2.InvariantsRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.InvariantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServerMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/ServerMembers',
+            drover_dot_v1_dot_api__pb2.ServerMembersRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ServerMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AgentInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/AgentInfo',
+            drover_dot_v1_dot_api__pb2.AgentInfoRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.AgentInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SchedulerGetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/SchedulerGetConfig',
+            drover_dot_v1_dot_api__pb2.SchedulerGetConfigRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.SchedulerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SchedulerSetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/SchedulerSetConfig',
+            drover_dot_v1_dot_api__pb2.SchedulerSetConfigRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.SchedulerSetConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -2360,6 +2854,90 @@ class ACL:
             '/drover.v1.ACL/TokenSelf',
             drover_dot_v1_dot_api__pb2.ACLTokenSelfRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.ACLTokenSelfResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class EventsStub:
+    """The cluster's change feed: every Job, Allocation, Node, Evaluation and Deployment change
+    that a raft entry made, each with that entry's index. Every server derives the same
+    events from the same log, so a stream resumed from an index on any server neither skips
+    nor repeats one (server/events/).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Stream = channel.unary_stream(
+                '/drover.v1.Events/Stream',
+                request_serializer=drover_dot_v1_dot_api__pb2.EventStreamRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.EventStreamResponse.FromString,
+                _registered_method=True)
+
+
+class EventsServicer:
+    """The cluster's change feed: every Job, Allocation, Node, Evaluation and Deployment change
+    that a raft entry made, each with that entry's index. Every server derives the same
+    events from the same log, so a stream resumed from an index on any server neither skips
+    nor repeats one (server/events/).
+    """
+
+    def Stream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EventsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Stream': grpc.unary_stream_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.EventStreamRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.EventStreamResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'drover.v1.Events', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('drover.v1.Events', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Events:
+    """The cluster's change feed: every Job, Allocation, Node, Evaluation and Deployment change
+    that a raft entry made, each with that entry's index. Every server derives the same
+    events from the same log, so a stream resumed from an index on any server neither skips
+    nor repeats one (server/events/).
+    """
+
+    @staticmethod
+    def Stream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/drover.v1.Events/Stream',
+            drover_dot_v1_dot_api__pb2.EventStreamRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.EventStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

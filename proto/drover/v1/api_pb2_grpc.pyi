@@ -193,6 +193,20 @@ class NodesStub:
     WatchClientAllocs: _grpc.UnaryStreamMultiCallable[_api_pb2.ClientAllocsRequest, _api_pb2.ClientAllocsResponse]
     """The same as a server stream: a new message each time the node's allocs change."""
     UpdateAllocs: _grpc.UnaryUnaryMultiCallable[_api_pb2.AllocUpdateRequest, _api_pb2.AllocUpdateResponse]
+    Connect: _grpc.StreamStreamMultiCallable[_api_pb2.ClientTunnelUp, _api_pb2.ClientTunnelDown]
+    """The client's control tunnel: a client agent opens it to the server it talks to (its
+    first message names the node and carries its secret) and keeps it open; servers send
+    down it what only the node can answer (alloc logs, restart, signal, node meta) and the
+    client answers each by request_id. Clients never listen on a port of their own.
+    """
+    MetaRead: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeMetaReadRequest, _api_pb2.NodeMetaResponse]
+    """The node's metadata as its client holds it: static (agent config) and dynamic (set by
+    MetaApply, kept by the client across restarts). Served through the node's tunnel.
+    """
+    MetaApply: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeMetaApplyRequest, _api_pb2.NodeMetaResponse]
+    """Set or unset dynamic metadata on a node; the client stores it and re-registers, so
+    the scheduler sees it. Served through the node's tunnel.
+    """
 
 @_typing.type_check_only
 class NodesAsyncStub(NodesStub):
@@ -210,6 +224,20 @@ class NodesAsyncStub(NodesStub):
     WatchClientAllocs: _aio.UnaryStreamMultiCallable[_api_pb2.ClientAllocsRequest, _api_pb2.ClientAllocsResponse]  # type: ignore[assignment]
     """The same as a server stream: a new message each time the node's allocs change."""
     UpdateAllocs: _aio.UnaryUnaryMultiCallable[_api_pb2.AllocUpdateRequest, _api_pb2.AllocUpdateResponse]  # type: ignore[assignment]
+    Connect: _aio.StreamStreamMultiCallable[_api_pb2.ClientTunnelUp, _api_pb2.ClientTunnelDown]  # type: ignore[assignment]
+    """The client's control tunnel: a client agent opens it to the server it talks to (its
+    first message names the node and carries its secret) and keeps it open; servers send
+    down it what only the node can answer (alloc logs, restart, signal, node meta) and the
+    client answers each by request_id. Clients never listen on a port of their own.
+    """
+    MetaRead: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeMetaReadRequest, _api_pb2.NodeMetaResponse]  # type: ignore[assignment]
+    """The node's metadata as its client holds it: static (agent config) and dynamic (set by
+    MetaApply, kept by the client across restarts). Served through the node's tunnel.
+    """
+    MetaApply: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeMetaApplyRequest, _api_pb2.NodeMetaResponse]  # type: ignore[assignment]
+    """Set or unset dynamic metadata on a node; the client stores it and re-registers, so
+    the scheduler sees it. Served through the node's tunnel.
+    """
 
 class NodesServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -278,6 +306,38 @@ class NodesServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.AllocUpdateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.AllocUpdateResponse, _abc.Awaitable[_api_pb2.AllocUpdateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Connect(
+        self,
+        request_iterator: _MaybeAsyncIterator[_api_pb2.ClientTunnelUp],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_api_pb2.ClientTunnelDown], _abc.AsyncIterator[_api_pb2.ClientTunnelDown]]:
+        """The client's control tunnel: a client agent opens it to the server it talks to (its
+        first message names the node and carries its secret) and keeps it open; servers send
+        down it what only the node can answer (alloc logs, restart, signal, node meta) and the
+        client answers each by request_id. Clients never listen on a port of their own.
+        """
+
+    @_abc_1.abstractmethod
+    def MetaRead(
+        self,
+        request: _api_pb2.NodeMetaReadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.NodeMetaResponse, _abc.Awaitable[_api_pb2.NodeMetaResponse]]:
+        """The node's metadata as its client holds it: static (agent config) and dynamic (set by
+        MetaApply, kept by the client across restarts). Served through the node's tunnel.
+        """
+
+    @_abc_1.abstractmethod
+    def MetaApply(
+        self,
+        request: _api_pb2.NodeMetaApplyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.NodeMetaResponse, _abc.Awaitable[_api_pb2.NodeMetaResponse]]:
+        """Set or unset dynamic metadata on a node; the client stores it and re-registers, so
+        the scheduler sees it. Served through the node's tunnel.
+        """
 
 def add_NodesServicer_to_server(servicer: NodesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -401,12 +461,42 @@ class AllocsStub:
     def __new__(cls, channel: _aio.Channel) -> AllocsAsyncStub: ...
     List: _grpc.UnaryUnaryMultiCallable[_api_pb2.AllocListRequest, _api_pb2.AllocListResponse]
     Get: _grpc.UnaryUnaryMultiCallable[_api_pb2.AllocGetRequest, _api_pb2.AllocGetResponse]
+    Stop: _grpc.UnaryUnaryMultiCallable[_api_pb2.AllocStopRequest, _api_pb2.AllocStopResponse]
+    """Stop one alloc and let the scheduler replace it (Nomad's `alloc stop`): a raft write of
+    the alloc's desired transition plus an evaluation of its job, in one entry.
+    """
+    Restart: _grpc.UnaryUnaryMultiCallable[_api_pb2.AllocRestartRequest, _api_pb2.AllocControlResponse]
+    """Restart one task, or every running task, in place (the restart policy's count is not
+    used up). Served by the alloc's client through its tunnel.
+    """
+    Signal: _grpc.UnaryUnaryMultiCallable[_api_pb2.AllocSignalRequest, _api_pb2.AllocControlResponse]
+    """Send a signal to one task, or to every running task. Through the client's tunnel."""
+    Logs: _grpc.UnaryStreamMultiCallable[_api_pb2.AllocLogsRequest, _api_pb2.AllocLogsResponse]
+    """A task's stdout or stderr, read by the alloc's client and relayed: the bytes asked
+    for, then (with `follow`) new bytes as the task writes them, until the caller cancels
+    or the task's alloc is gone.
+    """
 
 @_typing.type_check_only
 class AllocsAsyncStub(AllocsStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     List: _aio.UnaryUnaryMultiCallable[_api_pb2.AllocListRequest, _api_pb2.AllocListResponse]  # type: ignore[assignment]
     Get: _aio.UnaryUnaryMultiCallable[_api_pb2.AllocGetRequest, _api_pb2.AllocGetResponse]  # type: ignore[assignment]
+    Stop: _aio.UnaryUnaryMultiCallable[_api_pb2.AllocStopRequest, _api_pb2.AllocStopResponse]  # type: ignore[assignment]
+    """Stop one alloc and let the scheduler replace it (Nomad's `alloc stop`): a raft write of
+    the alloc's desired transition plus an evaluation of its job, in one entry.
+    """
+    Restart: _aio.UnaryUnaryMultiCallable[_api_pb2.AllocRestartRequest, _api_pb2.AllocControlResponse]  # type: ignore[assignment]
+    """Restart one task, or every running task, in place (the restart policy's count is not
+    used up). Served by the alloc's client through its tunnel.
+    """
+    Signal: _aio.UnaryUnaryMultiCallable[_api_pb2.AllocSignalRequest, _api_pb2.AllocControlResponse]  # type: ignore[assignment]
+    """Send a signal to one task, or to every running task. Through the client's tunnel."""
+    Logs: _aio.UnaryStreamMultiCallable[_api_pb2.AllocLogsRequest, _api_pb2.AllocLogsResponse]  # type: ignore[assignment]
+    """A task's stdout or stderr, read by the alloc's client and relayed: the bytes asked
+    for, then (with `follow`) new bytes as the task writes them, until the caller cancels
+    or the task's alloc is gone.
+    """
 
 class AllocsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -422,6 +512,45 @@ class AllocsServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.AllocGetRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.AllocGetResponse, _abc.Awaitable[_api_pb2.AllocGetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Stop(
+        self,
+        request: _api_pb2.AllocStopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.AllocStopResponse, _abc.Awaitable[_api_pb2.AllocStopResponse]]:
+        """Stop one alloc and let the scheduler replace it (Nomad's `alloc stop`): a raft write of
+        the alloc's desired transition plus an evaluation of its job, in one entry.
+        """
+
+    @_abc_1.abstractmethod
+    def Restart(
+        self,
+        request: _api_pb2.AllocRestartRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.AllocControlResponse, _abc.Awaitable[_api_pb2.AllocControlResponse]]:
+        """Restart one task, or every running task, in place (the restart policy's count is not
+        used up). Served by the alloc's client through its tunnel.
+        """
+
+    @_abc_1.abstractmethod
+    def Signal(
+        self,
+        request: _api_pb2.AllocSignalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.AllocControlResponse, _abc.Awaitable[_api_pb2.AllocControlResponse]]:
+        """Send a signal to one task, or to every running task. Through the client's tunnel."""
+
+    @_abc_1.abstractmethod
+    def Logs(
+        self,
+        request: _api_pb2.AllocLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_api_pb2.AllocLogsResponse], _abc.AsyncIterator[_api_pb2.AllocLogsResponse]]:
+        """A task's stdout or stderr, read by the alloc's client and relayed: the bytes asked
+        for, then (with `follow`) new bytes as the task writes them, until the caller cancels
+        or the task's alloc is gone.
+        """
 
 def add_AllocsServicer_to_server(servicer: AllocsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -447,6 +576,17 @@ class OperatorStub:
     (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
     list means no violation (server/invariants.py).
     """
+    ServerMembers: _grpc.UnaryUnaryMultiCallable[_api_pb2.ServerMembersRequest, _api_pb2.ServerMembersResponse]
+    """Every server in the state's servers table, as the answering server sees it: alive if
+    it answered a status probe, failed if not, with the leader marked.
+    """
+    AgentInfo: _grpc.UnaryUnaryMultiCallable[_api_pb2.AgentInfoRequest, _api_pb2.AgentInfoResponse]
+    """The answering agent's own facts (never forwarded): version, role, raft, runtime."""
+    SchedulerGetConfig: _grpc.UnaryUnaryMultiCallable[_api_pb2.SchedulerGetConfigRequest, _api_pb2.SchedulerConfigResponse]
+    SchedulerSetConfig: _grpc.UnaryUnaryMultiCallable[_api_pb2.SchedulerSetConfigRequest, _api_pb2.SchedulerSetConfigResponse]
+    """Replace the scheduler configuration (a raft write); with cas_index set, only if the
+    stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
+    """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -467,6 +607,17 @@ class OperatorAsyncStub(OperatorStub):
     sysbatch job, group and node, and every job summary equal to a recount, none negative
     (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
     list means no violation (server/invariants.py).
+    """
+    ServerMembers: _aio.UnaryUnaryMultiCallable[_api_pb2.ServerMembersRequest, _api_pb2.ServerMembersResponse]  # type: ignore[assignment]
+    """Every server in the state's servers table, as the answering server sees it: alive if
+    it answered a status probe, failed if not, with the leader marked.
+    """
+    AgentInfo: _aio.UnaryUnaryMultiCallable[_api_pb2.AgentInfoRequest, _api_pb2.AgentInfoResponse]  # type: ignore[assignment]
+    """The answering agent's own facts (never forwarded): version, role, raft, runtime."""
+    SchedulerGetConfig: _aio.UnaryUnaryMultiCallable[_api_pb2.SchedulerGetConfigRequest, _api_pb2.SchedulerConfigResponse]  # type: ignore[assignment]
+    SchedulerSetConfig: _aio.UnaryUnaryMultiCallable[_api_pb2.SchedulerSetConfigRequest, _api_pb2.SchedulerSetConfigResponse]  # type: ignore[assignment]
+    """Replace the scheduler configuration (a raft write); with cas_index set, only if the
+    stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -527,6 +678,41 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         sysbatch job, group and node, and every job summary equal to a recount, none negative
         (docs/design.md#invariant-1, #invariant-2). Never forwarded: ask each server. An empty
         list means no violation (server/invariants.py).
+        """
+
+    @_abc_1.abstractmethod
+    def ServerMembers(
+        self,
+        request: _api_pb2.ServerMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ServerMembersResponse, _abc.Awaitable[_api_pb2.ServerMembersResponse]]:
+        """Every server in the state's servers table, as the answering server sees it: alive if
+        it answered a status probe, failed if not, with the leader marked.
+        """
+
+    @_abc_1.abstractmethod
+    def AgentInfo(
+        self,
+        request: _api_pb2.AgentInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.AgentInfoResponse, _abc.Awaitable[_api_pb2.AgentInfoResponse]]:
+        """The answering agent's own facts (never forwarded): version, role, raft, runtime."""
+
+    @_abc_1.abstractmethod
+    def SchedulerGetConfig(
+        self,
+        request: _api_pb2.SchedulerGetConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.SchedulerConfigResponse, _abc.Awaitable[_api_pb2.SchedulerConfigResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SchedulerSetConfig(
+        self,
+        request: _api_pb2.SchedulerSetConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.SchedulerSetConfigResponse, _abc.Awaitable[_api_pb2.SchedulerSetConfigResponse]]:
+        """Replace the scheduler configuration (a raft write); with cas_index set, only if the
+        stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
@@ -663,3 +849,43 @@ class ACLServicer(metaclass=_abc_1.ABCMeta):
         """The token this call carries (any valid token may ask)."""
 
 def add_ACLServicer_to_server(servicer: ACLServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class EventsStub:
+    """The cluster's change feed: every Job, Allocation, Node, Evaluation and Deployment change
+    that a raft entry made, each with that entry's index. Every server derives the same
+    events from the same log, so a stream resumed from an index on any server neither skips
+    nor repeats one (server/events/).
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> EventsAsyncStub: ...
+    Stream: _grpc.UnaryStreamMultiCallable[_api_pb2.EventStreamRequest, _api_pb2.EventStreamResponse]
+
+@_typing.type_check_only
+class EventsAsyncStub(EventsStub):
+    """The cluster's change feed: every Job, Allocation, Node, Evaluation and Deployment change
+    that a raft entry made, each with that entry's index. Every server derives the same
+    events from the same log, so a stream resumed from an index on any server neither skips
+    nor repeats one (server/events/).
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Stream: _aio.UnaryStreamMultiCallable[_api_pb2.EventStreamRequest, _api_pb2.EventStreamResponse]  # type: ignore[assignment]
+
+class EventsServicer(metaclass=_abc_1.ABCMeta):
+    """The cluster's change feed: every Job, Allocation, Node, Evaluation and Deployment change
+    that a raft entry made, each with that entry's index. Every server derives the same
+    events from the same log, so a stream resumed from an index on any server neither skips
+    nor repeats one (server/events/).
+    """
+
+    @_abc_1.abstractmethod
+    def Stream(
+        self,
+        request: _api_pb2.EventStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_api_pb2.EventStreamResponse], _abc.AsyncIterator[_api_pb2.EventStreamResponse]]: ...
+
+def add_EventsServicer_to_server(servicer: EventsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
