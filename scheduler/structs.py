@@ -74,6 +74,7 @@ TRIGGER_QUEUED_ALLOCS: Final = "queued-allocs"
 TRIGGER_FAILED_FOLLOW_UP: Final = "failed-eval-follow-up"
 TRIGGER_DEPLOYMENT_WATCHER: Final = "deployment-watcher"
 TRIGGER_JOB_SCALING: Final = "job-scaling"
+TRIGGER_ALLOC_STOP: Final = "alloc-stop"
 
 # How a client decides an alloc of a deployment is healthy (UpdateStrategy.health_check).
 HEALTH_CHECK_TASK_STATES: Final = "task_states"  # every task running for min_healthy_time
@@ -519,6 +520,15 @@ class TaskState:
 
 
 @dataclass(frozen=True, slots=True)
+class DesiredTransition:
+    """What an operator asked to happen to an alloc next; the scheduler acts on it at its
+    next evaluation of the job (Nomad's DesiredTransition)."""
+
+    # Stop it and place a replacement (``drover alloc stop``): the migrate bucket, as a drain.
+    migrate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class AllocStateChange:
     field: str = ""
     value: str = ""
@@ -612,6 +622,11 @@ class Allocation:
     deployment_id: str = ""
     deployment_status: AllocDeploymentStatus | None = None
     metrics: AllocMetric | None = None
+    desired_transition: DesiredTransition | None = None
+
+    def should_migrate(self) -> bool:
+        """An operator asked for this alloc to be stopped and replaced."""
+        return self.desired_transition is not None and self.desired_transition.migrate
 
     def terminal(self) -> bool:
         """No longer holds resources: told to stop, or finished on its own."""

@@ -354,6 +354,12 @@ CLASSIFICATION_RULES: Final[tuple[Rule[GroupAllocFacts], ...]] = (
         "The operator drains its node: stop it and place it elsewhere.",
     ),
     Rule(
+        MIGRATE,
+        lambda f: f.alloc.should_migrate(),
+        "The operator stopped it (`drover alloc stop`, its desired transition): stop it and "
+        "place a replacement, on any node, as Nomad does.",
+    ),
+    Rule(
         RECONNECTING,
         lambda f: f.status == ALLOC_CLIENT_UNKNOWN,
         "Unknown, but its node is healthy again: keep it, never restart it.",

@@ -53,6 +53,7 @@ from drover.scheduler.reconciler.vocabulary import (
     DESC_EXPIRED,
     DESC_JOB_STOPPED,
     DESC_LOST,
+    DESC_MIGRATING,
     DESC_NODE_NOT_ELIGIBLE,
     DESC_NODE_TAINTED,
     DESC_NOT_NEEDED,
@@ -259,6 +260,13 @@ CLASSIFICATION_RULES: Final[tuple[Rule[SystemAllocFacts], ...]] = (
         lambda f: f.where == AT_ELSEWHERE,
         "The node left the job's datacenters or no longer passes the group's constraints.",
         reason=DESC_NODE_NOT_ELIGIBLE,
+    ),
+    Rule(
+        UPDATE_DESTRUCTIVE,
+        lambda f: f.where == AT_READY and f.alloc.should_migrate(),
+        "The operator stopped it (`drover alloc stop`): a system alloc belongs to its node, "
+        "so it is stopped and placed again there (rate-limited as any destructive update).",
+        reason=DESC_MIGRATING,
     ),
     Rule(
         UPDATE_DESTRUCTIVE,

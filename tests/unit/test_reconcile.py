@@ -310,6 +310,24 @@ def s_draining_node() -> Scenario:
     return Scenario(job, allocs, {drained.id: draining(drained)})
 
 
+def s_alloc_stop_requested() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[3] = replace(allocs[3], desired_transition=structs.DesiredTransition(migrate=True))
+    return Scenario(job, allocs)
+
+
+def s_alloc_stop_requested_already_stopped() -> Scenario:
+    job, node = mock.job(), mock.node()
+    allocs = running(job, node, range(10))
+    allocs[3] = replace(
+        allocs[3],
+        desired_transition=structs.DesiredTransition(migrate=True),
+        desired_status=structs.ALLOC_DESIRED_STOP,
+    )
+    return Scenario(job, allocs)
+
+
 def s_disconnected_node() -> Scenario:
     job, good, away = mock.job(), mock.node(), mock.node()
     allocs = running(job, good, range(8)) + running(job, away, range(8, 10))
@@ -499,6 +517,12 @@ CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
     ("lost_node__scale_down", s_lost_node_scale_down, Expect(lost=3, stop=5, ignore=5)),
     ("lost_node__stopping_alloc_marked_lost", s_lost_node_stopping_alloc, Expect(lost=1, stop=1, ignore=10)),
     ("draining_node__migrate", s_draining_node, Expect(migrate=2, stop=2, place=2, ignore=8)),
+    ("alloc_stop__migrated", s_alloc_stop_requested, Expect(migrate=1, stop=1, place=1, ignore=9)),
+    (
+        "alloc_stop__already_stopped__placed_once",
+        s_alloc_stop_requested_already_stopped,
+        Expect(place=1, ignore=9),
+    ),
     (
         "disconnected_node__unknown_and_replaced",
         s_disconnected_node,

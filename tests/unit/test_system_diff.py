@@ -184,6 +184,14 @@ def s_destructive() -> Scenario:
     return Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0])
 
 
+def s_alloc_stop_requested() -> Scenario:
+    job = mock.system_job()
+    nodes = ready_nodes(3)
+    allocs = [running(job, n) for n in nodes]
+    allocs[1] = replace(allocs[1], desired_transition=structs.DesiredTransition(migrate=True))
+    return Scenario(job, nodes, allocs)
+
+
 def s_unknown_old_version() -> Scenario:
     # The old version was garbage-collected from the version table: restart to be safe.
     v0 = mock.system_job()
@@ -396,6 +404,7 @@ CASES: list[tuple[str, Callable[[], Scenario], Expect]] = [
     ("group-removed", s_group_removed, Expect(stop=2, place=2)),
     ("inplace-update", s_inplace, Expect(update_inplace=3)),
     ("destructive-update", s_destructive, Expect(update_destructive=3)),
+    ("alloc-stop__replaced-on-its-node", s_alloc_stop_requested, Expect(update_destructive=1, ignore=2)),
     ("old-version-unknown-is-destructive", s_unknown_old_version, Expect(update_destructive=2)),
     ("node-down-lost", s_node_down, Expect(lost=1, ignore=2)),
     ("node-deregistered-lost", s_node_deregistered, Expect(lost=1, ignore=1)),

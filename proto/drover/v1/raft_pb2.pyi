@@ -64,6 +64,8 @@ class _EntryTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType.V
     """
     ENTRY_TYPE_DEPLOYMENT_PROMOTE: _EntryType.ValueType  # 23
     ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: _EntryType.ValueType  # 24
+    ENTRY_TYPE_ALLOC_DESIRED_TRANSITION: _EntryType.ValueType  # 25
+    """Desired transitions of allocs (`drover alloc stop`), with the evals that act on them."""
     ENTRY_TYPE_IGNORABLE_FLOAT: _EntryType.ValueType  # 1000
     """Entry types at or above this value may be skipped by an older server (logged, not
     applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -103,6 +105,8 @@ auto-revert job and its eval in the same entry), a promotion, manual alloc healt
 """
 ENTRY_TYPE_DEPLOYMENT_PROMOTE: EntryType.ValueType  # 23
 ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: EntryType.ValueType  # 24
+ENTRY_TYPE_ALLOC_DESIRED_TRANSITION: EntryType.ValueType  # 25
+"""Desired transitions of allocs (`drover alloc stop`), with the evals that act on them."""
 ENTRY_TYPE_IGNORABLE_FLOAT: EntryType.ValueType  # 1000
 """Entry types at or above this value may be skipped by an older server (logged, not
 applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -665,20 +669,78 @@ class SchedulerConfigEntry(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONFIG_FIELD_NUMBER: _builtins.int
+    USE_CAS_FIELD_NUMBER: _builtins.int
+    CAS_INDEX_FIELD_NUMBER: _builtins.int
+    use_cas: _builtins.bool
+    """Compare-and-set, decided here so two racing writers cannot both win: applied only if
+    the stored config's modify_index equals cas_index.
+    """
+    cas_index: _builtins.int
     @_builtins.property
     def config(self) -> _structs_pb2.SchedulerConfig: ...
     def __init__(
         self,
         *,
         config: _structs_pb2.SchedulerConfig | None = ...,
+        use_cas: _builtins.bool = ...,
+        cas_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cas_index", b"cas_index", "config", b"config", "use_cas", b"use_cas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SchedulerConfigEntry: _TypeAlias = SchedulerConfigEntry  # noqa: Y015
+
+@_typing.final
+class AllocDesiredTransitionEntry(_message.Message):
+    """Nomad's AllocUpdateDesiredTransitionRequest: transitions by alloc ID, and the evals
+    (created by the leader) that make the scheduler act on them, in one entry.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AllocsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _structs_pb2.DesiredTransition: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _structs_pb2.DesiredTransition | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ALLOCS_FIELD_NUMBER: _builtins.int
+    EVALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def allocs(self) -> _containers.MessageMap[_builtins.str, _structs_pb2.DesiredTransition]: ...
+    @_builtins.property
+    def evals(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Evaluation]: ...
+    def __init__(
+        self,
+        *,
+        allocs: _abc.Mapping[_builtins.str, _structs_pb2.DesiredTransition] | None = ...,
+        evals: _abc.Iterable[_structs_pb2.Evaluation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "evals", b"evals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocDesiredTransitionEntry: _TypeAlias = AllocDesiredTransitionEntry  # noqa: Y015
 
 @_typing.final
 class PeriodicLaunchEntry(_message.Message):

@@ -1484,6 +1484,7 @@ class Allocation(_message.Message):
     DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
     DEPLOYMENT_STATUS_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    DESIRED_TRANSITION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     namespace: _builtins.str
     eval_id: _builtins.str
@@ -1519,6 +1520,12 @@ class Allocation(_message.Message):
     def deployment_status(self) -> Global___AllocDeploymentStatus: ...
     @_builtins.property
     def metrics(self) -> Global___AllocMetric: ...
+    @_builtins.property
+    def desired_transition(self) -> Global___DesiredTransition:
+        """What the operator asked to happen to this alloc next (Nomad's DesiredTransition):
+        the scheduler acts on it at its next evaluation of the job.
+        """
+
     def __init__(
         self,
         *,
@@ -1551,14 +1558,35 @@ class Allocation(_message.Message):
         deployment_id: _builtins.str = ...,
         deployment_status: Global___AllocDeploymentStatus | None = ...,
         metrics: Global___AllocMetric | None = ...,
+        desired_transition: Global___DesiredTransition | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deployment_status", b"deployment_status", "metrics", b"metrics", "resources", b"resources"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deployment_status", b"deployment_status", "desired_transition", b"desired_transition", "metrics", b"metrics", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_modify_index", b"alloc_modify_index", "client_description", b"client_description", "client_status", b"client_status", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "deployment_id", b"deployment_id", "deployment_status", b"deployment_status", "desired_description", b"desired_description", "desired_status", b"desired_status", "eval_id", b"eval_id", "followup_eval_id", b"followup_eval_id", "id", b"id", "index", b"index", "job_id", b"job_id", "job_version", b"job_version", "metrics", b"metrics", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "name", b"name", "namespace", b"namespace", "next_allocation", b"next_allocation", "node_id", b"node_id", "node_name", b"node_name", "previous_allocation", b"previous_allocation", "reschedule_events", b"reschedule_events", "resources", b"resources", "state_history", b"state_history", "task_group", b"task_group", "task_states", b"task_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_modify_index", b"alloc_modify_index", "client_description", b"client_description", "client_status", b"client_status", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "deployment_id", b"deployment_id", "deployment_status", b"deployment_status", "desired_description", b"desired_description", "desired_status", b"desired_status", "desired_transition", b"desired_transition", "eval_id", b"eval_id", "followup_eval_id", b"followup_eval_id", "id", b"id", "index", b"index", "job_id", b"job_id", "job_version", b"job_version", "metrics", b"metrics", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "name", b"name", "namespace", b"namespace", "next_allocation", b"next_allocation", "node_id", b"node_id", "node_name", b"node_name", "previous_allocation", b"previous_allocation", "reschedule_events", b"reschedule_events", "resources", b"resources", "state_history", b"state_history", "task_group", b"task_group", "task_states", b"task_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Allocation: _TypeAlias = Allocation  # noqa: Y015
+
+@_typing.final
+class DesiredTransition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIGRATE_FIELD_NUMBER: _builtins.int
+    migrate: _builtins.bool
+    """Stop this alloc and place a replacement (`drover alloc stop`)."""
+    def __init__(
+        self,
+        *,
+        migrate: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["migrate", b"migrate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DesiredTransition: _TypeAlias = DesiredTransition  # noqa: Y015
 
 @_typing.final
 class Evaluation(_message.Message):
