@@ -727,7 +727,10 @@ class LocalCluster:
     def _bootstrap_acl(self, timeout: float = 60.0) -> None:
         """ACL.Bootstrap with ``management_token`` as the secret, once a leader answers."""
         tls = self.tls.cli_files if self.tls is not None else None
-        with DroverClient(self.grpc_addresses, retry_deadline=timeout, tls=tls) as client:
+        # The servers were only just spawned: wait for them to listen, not just 2 s.
+        with DroverClient(
+            self.grpc_addresses, retry_deadline=timeout, connect_timeout=timeout, tls=tls
+        ) as client:
             try:
                 client.acl_bootstrap(bootstrap_secret=self.management_token or "")
             except DroverError as exc:

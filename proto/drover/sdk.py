@@ -4,19 +4,27 @@ One method per RPC; each takes plain values or protobuf messages and returns the
 message. Errors come out as one type, :class:`DroverError`, carrying the gRPC status code
 and the server's message (``job.groups[0].count: must be >= 0``).
 
-Retries: ``UNAVAILABLE`` (no leader elected yet, server down, connection refused) is retried
-with exponential backoff and jitter until ``retry_deadline``, moving to the next address
-after each failure. Every other status is raised at once. ``DEADLINE_EXCEEDED`` is retried
-for reads only: a write that timed out may still have been applied, and registering a job
-twice would create a second evaluation. ``RESOURCE_EXHAUSTED`` ending "retry later" (a
-server's per-caller rate or parking limit, refused before any work) is retried too, reads
-and writes alike. A failed TLS handshake (a server that does not
-speak TLS, or whose certificate does not verify) is raised at once: waiting does not fix it.
+Reaching a server: until one of its addresses has answered, a client waits at most
+``connect_timeout`` (2 s) for one to: an address that refuses connections, whose name does
+not resolve or that never completes a connection is most likely a wrong address, and
+waiting the whole ``retry_deadline`` for it would only make a typo look like an outage. It
+then fails with one ``UNAVAILABLE`` naming every address and what went wrong at each
+(``no drover server at 127.0.0.1:1: connection refused``).
 
-TLS: ``DroverClient(addresses, tls=TLSFiles(ca_file=..., cert_file=..., key_file=...))``
+Retries: once a server has answered, ``UNAVAILABLE`` (no leader elected yet, a leader
+change, a server restarting or down) is retried with exponential backoff and jitter until
+``retry_deadline``, moving to the next address after each failure: that is an election or
+a restart, which waiting fixes. Every other status is raised at once. ``DEADLINE_EXCEEDED``
+is retried for reads only: a write that timed out may still have been applied, and
+registering a job twice would create a second evaluation. ``RESOURCE_EXHAUSTED`` ending
+"retry later" (a server's per-caller rate or parking limit, refused before any work) is
+retried too, reads and writes alike. A failed TLS handshake (a server that does not speak
+TLS, or whose certificate does not verify) is raised at once: waiting does not fix it.
+
+TLS: ``Client(addresses, tls=TLSFiles(ca_file=..., cert_file=..., key_file=...))``
 (``drover.common.tls``); the same ``host:port`` addresses, every channel over TLS.
 
-ACLs: ``DroverClient(addresses, token=SECRET)`` sends the token with every call; a call the
+ACLs: ``Client(addresses, token=SECRET)`` sends the token with every call; a call the
 token does not allow fails with ``PERMISSION_DENIED`` (never retried).
 """
 
@@ -38,7 +46,7 @@ from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import TLSFiles, TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
-__all__ = ["DroverClient", "DroverError", "TLSFiles"]
+__all__ = ["Client", "DroverClient", "DroverError", "TLSFiles"]
 
 # The gRPC metadata key of the ACL token (server/acl/resolve.py reads the same key).
 TOKEN_METADATA_KEY: Final = "x-drover-token"
@@ -47,6 +55,8 @@ DEFAULT_BLOCKING_WAIT_S: Final = 300.0
 MAX_BLOCKING_WAIT_S: Final = 600.0
 BACKOFF_BASE_S: Final = 0.05
 BACKOFF_MAX_S: Final = 2.0
+# How long a client that has never reached any of its addresses waits for one to answer.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
 
 _RETRY_WRITE: Final = frozenset({grpc.StatusCode.UNAVAILABLE})
 _RETRY_READ: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -98,6 +108,97 @@ class _Stubs:
         )
 
 
+class _Reach:
+    """Whether any of a client's addresses has answered yet and, until one has, how each
+    address's connection is doing: gRPC reports every change of a channel's state to a
+    subscription, so a client can wait for the first address to connect without sending
+    a call that would hang on one that never does.
+
+    An address is worth calling while none has answered when its channel is ``READY``, or
+    when it has just failed to connect (``TRANSIENT_FAILURE``): a call then fails at once,
+    nothing sent, with the transport's reason, which is what the error reports.
+    """
+
+    def __init__(self, stubs: Sequence[_Stubs], closed_hint: str) -> None:
+        self._stubs = stubs
+        self._closed_hint = closed_hint
+        self.changed = threading.Condition()
+        self.answered = False
+        self._watching = False
+        self._states: dict[str, grpc.ChannelConnectivity] = {}
+        # Addresses called since their channel last entered TRANSIENT_FAILURE, and the
+        # transport's last word on each.
+        self._probed: set[str] = set()
+        self._reasons: dict[str, str] = {}
+        self._callbacks: list[tuple[grpc.Channel, Callable[[grpc.ChannelConnectivity], None]]] = []
+
+    def watch(self) -> None:
+        """Subscribe to every address's state (once), which also starts connecting."""
+        with self.changed:
+            if self._watching or self.answered:
+                return
+            self._watching = True
+        for stubs in self._stubs:
+            callback = self._on_change(stubs.address)
+            self._callbacks.append((stubs.channel, callback))
+            stubs.channel.subscribe(callback, try_to_connect=True)
+
+    def stop_watching(self) -> None:
+        """Drop the subscriptions (each holds a gRPC polling thread): after a first answer
+        the retry loop needs no connection states."""
+        with self.changed:
+            callbacks, self._callbacks = self._callbacks, []
+        for channel, callback in callbacks:
+            channel.unsubscribe(callback)
+
+    def _on_change(self, address: str) -> Callable[[grpc.ChannelConnectivity], None]:
+        def record(state: grpc.ChannelConnectivity) -> None:
+            with self.changed:
+                self._states[address] = state
+                if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                    self._probed.discard(address)
+                self.changed.notify_all()
+
+        return record
+
+    def callable_now(self, first: int) -> _Stubs | None:
+        """An address to call now (see the class docstring), starting at index ``first``;
+        None while every address is still connecting. Call with ``changed`` held."""
+        order = [*self._stubs[first:], *self._stubs[:first]]
+        for stubs in order:
+            if self._states.get(stubs.address) is grpc.ChannelConnectivity.READY:
+                return stubs
+        for stubs in order:
+            failed = self._states.get(stubs.address) is grpc.ChannelConnectivity.TRANSIENT_FAILURE
+            if failed and stubs.address not in self._probed:
+                self._probed.add(stubs.address)
+                return stubs
+        return None
+
+    def is_transport_failure(self, stubs: _Stubs, err: DroverError) -> bool:
+        """Whether ``err`` came from failing to connect to ``stubs`` (recorded as its reason)
+        rather than from a server: a server's own UNAVAILABLE ("no cluster leader yet", or
+        a follower passing on its failure to reach the leader) arrives over a connection
+        that was READY."""
+        with self.changed:
+            connected = self._states.get(stubs.address) is grpc.ChannelConnectivity.READY
+            if err.code != grpc.StatusCode.UNAVAILABLE or connected or not _looks_like_transport(err):
+                return False
+            self._reasons[stubs.address] = _transport_reason(err.message, self._closed_hint)
+            return True
+
+    def nobody_answered(self, waited_s: float) -> DroverError:
+        """The one error for a client none of whose addresses answered: each address with
+        what went wrong there, addresses with the same reason together."""
+        by_reason: dict[str, list[str]] = {}
+        with self.changed:
+            for stubs in self._stubs:
+                reason = self._reasons.get(stubs.address, f"no answer in {waited_s:g}s")
+                by_reason.setdefault(reason, []).append(stubs.address)
+        parts = [f"{', '.join(addresses)}: {reason}" for reason, addresses in by_reason.items()]
+        return DroverError(grpc.StatusCode.UNAVAILABLE, f"no drover server at {'; '.join(parts)}")
+
+
 def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
     """``"a:1,b:2"`` or ``["a:1", "b:2"]`` -> ``("a:1", "b:2")``; empty parts dropped."""
     parts = addresses.split(",") if isinstance(addresses, str) else list(addresses)
@@ -107,11 +208,13 @@ def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-class DroverClient:
+class Client:
     """Calls drover servers at ``addresses`` ("host:port", a list or a comma-separated string).
 
     ``timeout`` bounds one attempt (a blocking query gets its wait on top); ``retry_deadline``
-    bounds the whole call including retries. ``tls``: TLS to every address (see the module
+    bounds the whole call including retries; ``connect_timeout`` bounds the wait for a first
+    answer from any address (see the module docstring: raise it for a program that starts
+    before its servers do). ``tls``: TLS to every address (see the module
     docstring). ``token``: the ACL token secret sent with every call (metadata
     ``x-drover-token``), for servers with ACLs on. Safe to share between threads.
     """
@@ -122,17 +225,20 @@ class DroverClient:
         *,
         timeout: float = 10.0,
         retry_deadline: float = 30.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         tls: TLSFiles | None = None,
         token: str | None = None,
     ) -> None:
         self.addresses = parse_addresses(addresses)
         self.timeout = timeout
         self.retry_deadline = retry_deadline
+        self.connect_timeout = connect_timeout
         self._metadata: tuple[tuple[str, str], ...] = ((TOKEN_METADATA_KEY, token),) if token else ()
         # Read once, here: a missing or mismatched file is a TLSError (a ValueError) now.
         tls_material = tls.load() if tls is not None else None
         self._stubs = [_Stubs.open(addr, tls_material) for addr in self.addresses]
         self._closed_hint = _CLOSED_HINT_TLS if tls is not None else _CLOSED_HINT_PLAINTEXT
+        self._reach = _Reach(self._stubs, self._closed_hint)
         self._lock = threading.Lock()
         self._current = 0
         self._rng = random.Random()
@@ -145,10 +251,13 @@ class DroverClient:
             if self._closed:
                 return
             self._closed = True
+        self._reach.stop_watching()
+        with self._reach.changed:
+            self._reach.changed.notify_all()  # a call waiting for a first answer gives up
         for stubs in self._stubs:
             stubs.channel.close()
 
-    def __enter__(self) -> DroverClient:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(
@@ -552,6 +661,31 @@ class DroverClient:
                 raise DroverError(grpc.StatusCode.CANCELLED, "client is closed")
             return self._stubs[self._current]
 
+    def _first_contact(self, give_up_at: float) -> _Stubs:
+        """While no address has answered: the address to call next, waiting (until
+        ``give_up_at``) for one to connect or to fail; then the error naming them all."""
+        reach = self._reach
+        reach.watch()
+        with reach.changed:
+            while True:
+                if self._closed:
+                    raise DroverError(grpc.StatusCode.CANCELLED, "client is closed")
+                pick = reach.callable_now(self._current)
+                if pick is not None:
+                    break
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    raise reach.nobody_answered(min(self.connect_timeout, self.retry_deadline))
+                reach.changed.wait(remaining)
+        with self._lock:
+            self._current = self._stubs.index(pick)
+        return pick
+
+    def _answered(self) -> None:
+        if not self._reach.answered:
+            self._reach.answered = True
+            self._reach.stop_watching()
+
     def _hint(self, err: DroverError) -> str:
         return self._closed_hint if "socket closed" in err.message.lower() else ""
 
@@ -571,14 +705,22 @@ class DroverClient:
     ) -> Resp:
         retryable = _RETRY_WRITE if write else _RETRY_READ
         attempt_timeout = self.timeout + _blocking_wait_s(options)
-        deadline = time.monotonic() + self.retry_deadline
+        started = time.monotonic()
+        deadline = started + self.retry_deadline
+        give_up_at = started + min(self.connect_timeout, self.retry_deadline)
         attempt = 0
         while True:
-            stubs = self._pick()
+            stubs = self._pick() if self._reach.answered else self._first_contact(give_up_at)
             try:
-                return method(stubs)(request, timeout=attempt_timeout, metadata=self._metadata)
+                response = method(stubs)(request, timeout=attempt_timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
                 err = _translate(exc)
+                if not self._reach.answered:
+                    if _is_tls_failure(err):
+                        raise err from exc
+                    if self._reach.is_transport_failure(stubs, err):
+                        continue
+                self._answered()
                 if (err.code not in retryable and not _is_backoff(err)) or _is_tls_failure(err):
                     raise err from exc
                 self._rotate(stubs)
@@ -591,6 +733,13 @@ class DroverClient:
                         f"({', '.join(self.addresses)}): {err.message}{self._hint(err)}",
                     ) from exc
                 time.sleep(delay)
+            else:
+                self._answered()
+                return response
+
+
+# The client's first name: everything written before it was called Client still works.
+DroverClient = Client
 
 
 def _options(stale: bool, min_index: int, wait_ns: int) -> api_pb2.QueryOptions:
@@ -620,6 +769,38 @@ _TLS_FAILURE_MARKERS: Final = ("handshake failed", "verification check failed")
 # What a closed socket most likely means, with TLS and without.
 _CLOSED_HINT_PLAINTEXT: Final = " (is it serving TLS? a server with TLS closes plaintext connections)"
 _CLOSED_HINT_TLS: Final = " (does it verify clients? it closes connections without a certificate from its CA)"
+
+
+# gRPC's words for failing to connect at all (refused, unresolvable, closed before HTTP/2
+# started, a failed handshake); a server's own UNAVAILABLE says something else.
+_TRANSPORT_MARKERS: Final = (
+    "failed to connect",
+    "connection refused",
+    "errors resolving",
+    "dns resolution failed",
+    "socket closed",
+    "connection reset",
+    "no route to host",
+    "network is unreachable",
+    *_TLS_FAILURE_MARKERS,
+)
+
+
+def _looks_like_transport(err: DroverError) -> bool:
+    text = err.message.lower()
+    return any(marker in text for marker in _TRANSPORT_MARKERS)
+
+
+def _transport_reason(message: str, closed_hint: str) -> str:
+    """The transport's last word ("...: Failed to connect to remote host: Connection
+    refused" -> "connection refused"), with what a closed socket most likely means."""
+    last = message.rsplit(": ", 1)[-1].strip(" []") or message
+    reason = last[:1].lower() + last[1:]
+    if "resolving" in message.lower() or "dns resolution" in message.lower():
+        reason = f"cannot resolve the host name ({reason})"
+    if "socket closed" in message.lower():
+        reason += closed_hint
+    return reason
 
 
 def _is_backoff(err: DroverError) -> bool:

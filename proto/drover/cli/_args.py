@@ -15,6 +15,7 @@ from typing import Any, Final, TypeAlias
 from drover.cli._errors import CLIError, Handler
 from drover.cli._format import short_id
 from drover.common.tls import CA_ENV, CERT_ENV, KEY_ENV, TLSFiles, files_from_env
+from drover.sdk import DEFAULT_CONNECT_TIMEOUT_S
 
 __all__ = [
     "ADDRESS_ENV",
@@ -84,7 +85,15 @@ def conn_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="keep retrying while no server or leader is available for this long",
+        help="keep retrying while the servers have no leader (an election, a restart) for this long",
+    )
+    flag(
+        p,
+        "connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="give up after this long when no server at the address(es) answers at all",
     )
     flag(p, "token", metavar="SECRET", help=f"ACL token secret, for servers with ACLs on (env {TOKEN_ENV})")
     # A CA means TLS to the same addresses; the cert and key when the servers verify clients.

@@ -25,7 +25,9 @@ T = TypeVar("T")
 
 
 def connect(args: argparse.Namespace) -> DroverClient:
-    """A client for ``-address`` (or the environment's), retrying for ``-retry-deadline``."""
+    """A client for ``-address`` (or the environment's): it gives up after
+    ``-connect-timeout`` when nothing there answers, and retries an answering cluster
+    without a leader for ``-retry-deadline``."""
     return connect_to(args, address(args))
 
 
@@ -34,7 +36,11 @@ def connect_to(args: argparse.Namespace, addresses: str) -> DroverClient:
     the one place the CLI builds a client, so no command can forget one."""
     try:
         return DroverClient(
-            addresses, retry_deadline=args.retry_deadline, tls=client_tls(args), token=acl_token(args)
+            addresses,
+            retry_deadline=args.retry_deadline,
+            connect_timeout=args.connect_timeout,
+            tls=client_tls(args),
+            token=acl_token(args),
         )
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
