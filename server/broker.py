@@ -15,6 +15,10 @@ a worker acks them. Rules:
   it failed and creates a delayed follow-up eval.
 * Evals with ``wait_until`` in the future sit in a delay queue until then.
 
+* Paused (the scheduler config's ``pause_eval_broker``), it keeps taking evals in but
+  hands none to workers; what was handed out before may still be acked or nacked. Evals
+  stay pending in the state meanwhile, and go out in order once it is unpaused.
+
 Time comes in as ``now`` arguments (from an injected clock), so tests drive it directly.
 Disabled (on a follower) the broker holds nothing: ``set_enabled(False)`` flushes it, and a
 new leader rebuilds it from state.
@@ -83,6 +87,7 @@ class EvalBroker:
         self.subsequent_nack_delay_ns = subsequent_nack_delay_ns
         self._cond = threading.Condition()
         self._enabled = False
+        self._paused = False
         self._seq = itertools.count()
         self._tokens = itertools.count(1)
         self._reset()
@@ -113,6 +118,17 @@ class EvalBroker:
     @property
     def enabled(self) -> bool:
         return self._enabled
+
+    def set_paused(self, paused: bool) -> None:
+        """Hold every ready eval back from workers (True) or let them go again (False);
+        kept across enable/disable, as it follows the replicated scheduler config."""
+        with self._cond:
+            self._paused = paused
+            self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     # -- intake ------------------------------------------------------------------------
     def enqueue(self, ev: Evaluation, now_ns: int) -> bool:
@@ -146,11 +162,11 @@ class EvalBroker:
     def dequeue(self, now_ns: int, timeout: float) -> tuple[Evaluation, str] | None:
         """The next ready eval and its token, waiting up to ``timeout`` seconds."""
         with self._cond:
-            if not self._ready:
+            if not self._ready or self._paused:
                 self._cond.wait(timeout)
             if not self._enabled:
                 raise BrokerDisabledError("eval broker disabled")
-            if not self._ready:
+            if not self._ready or self._paused:
                 return None
             ev = heapq.heappop(self._ready).ev
             token = f"{next(self._tokens)}"

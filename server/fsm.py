@@ -35,6 +35,7 @@ from drover.scheduler.structs import (
     AllocStateChange,
     Deployment,
     DeploymentStatusUpdate,
+    DesiredTransition,
     DrainStrategy,
     Evaluation,
     Job,
@@ -503,8 +504,28 @@ def apply_plan_results(txn: Txn, entry: raft_pb2.ApplyPlanResultsEntry, index: i
 
 def apply_scheduler_config(txn: Txn, entry: raft_pb2.SchedulerConfigEntry, index: int) -> Any:
     old = txn.scheduler_config()
+    if entry.use_cas and entry.cas_index != old.modify_index:
+        # Decided here, not by the leader before proposing: two writers that read the same
+        # index both pass a leader-side check, only one of them passes this one.
+        raise EntryRejected(
+            f"scheduler config not updated: check index {entry.cas_index} does not match"
+            f" the current modify index {old.modify_index}"
+        )
     config = from_proto(entry.config, SchedulerConfig)
     txn.set_scheduler_config(replace(config, create_index=old.create_index or index, modify_index=index))
+    return None
+
+
+def apply_alloc_desired_transition(txn: Txn, entry: raft_pb2.AllocDesiredTransitionEntry, index: int) -> Any:
+    """Nomad's UpdateAllocsDesiredTransitions: each named alloc's transition, and the evals
+    that make the scheduler act on it, at once (an alloc gone meanwhile is skipped)."""
+    for alloc_id in sorted(entry.allocs):
+        existing = txn.alloc(alloc_id)
+        if existing is None:
+            continue
+        transition = from_proto(entry.allocs[alloc_id], DesiredTransition)
+        txn.put_alloc(replace(existing, desired_transition=transition, modify_index=index))
+    _put_evals(txn, entry.evals)
     return None
 
 
@@ -622,6 +643,10 @@ APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
     ET.ENTRY_TYPE_EVAL_DELETE: (raft_pb2.EvalDeleteEntry, apply_eval_delete),
     ET.ENTRY_TYPE_APPLY_PLAN_RESULTS: (raft_pb2.ApplyPlanResultsEntry, apply_plan_results),
     ET.ENTRY_TYPE_SCHEDULER_CONFIG: (raft_pb2.SchedulerConfigEntry, apply_scheduler_config),
+    ET.ENTRY_TYPE_ALLOC_DESIRED_TRANSITION: (
+        raft_pb2.AllocDesiredTransitionEntry,
+        apply_alloc_desired_transition,
+    ),
     ET.ENTRY_TYPE_PERIODIC_LAUNCH: (raft_pb2.PeriodicLaunchEntry, apply_periodic_launch),
     ET.ENTRY_TYPE_SERVER_MEMBER: (raft_pb2.ServerMemberEntry, apply_server_member),
     ET.ENTRY_TYPE_RECONCILE_SUMMARIES: (raft_pb2.ReconcileSummariesEntry, apply_reconcile_summaries),

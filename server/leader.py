@@ -160,6 +160,7 @@ class LeaderServices:
         self._term = raft.term()
         self._stop_services.clear()
         self.broker.set_enabled(True)
+        self._follow_scheduler_config()
         self.blocked.set_enabled(True)
         self.plan_queue.set_enabled(True)
         heartbeats = self.core.heartbeats
@@ -256,6 +257,17 @@ class LeaderServices:
                 ],
             )
 
+    def _follow_scheduler_config(self) -> None:
+        """The broker hands out evals only while the replicated scheduler config does not
+        pause it (``operator scheduler set-config -pause-eval-broker``); checked at each
+        state change, so it takes effect at the entry that sets it."""
+        paused = self.core.store.snapshot().scheduler_config().pause_eval_broker
+        if paused != self.broker.paused:
+            self.broker.set_paused(paused)
+            log.info(
+                "leader.eval_broker_paused" if paused else "leader.eval_broker_resumed", server=self.core.name
+            )
+
     def _watch_evals(self) -> None:
         store = self.core.store
         seen = store.index
@@ -270,6 +282,7 @@ class LeaderServices:
                 continue
             changes, newest = store.changes_since(seen)
             seen = newest
+            self._follow_scheduler_config()
             try:
                 if any(c.rescan for c in changes):
                     self._track(None)
