@@ -58,6 +58,9 @@ class ServerConfig:
     tls_key_file: str = ""
     # Refuse callers without a certificate from tls_ca_file (mTLS).
     tls_verify_https_client: bool = False
+    # Events the event stream keeps for resuming streams (server/events/buffer.py),
+    # Nomad's event_buffer_size (drover counts events, not batches).
+    event_buffer_size: int = 4096
 
     @property
     def tls(self) -> TLSFiles | None:

@@ -27,6 +27,7 @@ from drover.server.codec import to_proto
 from drover.server.config import ServerConfig
 from drover.server.datadir import DataDirBusyError, DataDirLock
 from drover.server.endpoints import Endpoints
+from drover.server.events import EventBuffer
 from drover.server.fsm import FSM, encode_entry
 from drover.server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from drover.server.leader import LeaderServices
@@ -146,7 +147,11 @@ class ServerCore:
         except DataDirBusyError as exc:
             raise StartupError(str(exc)) from exc
         self.store = StateStore()
-        self.fsm = FSM(self.store)
+        if cfg.event_buffer_size < 1:
+            raise StartupError("event_buffer_size: must be >= 1")
+        # Before the raft node: it replays the log into the FSM, and so into the buffer.
+        self.events = EventBuffer(cfg.event_buffer_size)
+        self.fsm = FSM(self.store, events=self.events)
         self.raft_address = f"{cfg.bind}:{cfg.raft_port}"
         self.grpc_address = f"{cfg.bind}:{cfg.grpc_port}"
         os.makedirs(cfg.data_dir, exist_ok=True)
@@ -197,6 +202,7 @@ class ServerCore:
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
         self.store.close()
+        self.events.close()
         self.leader.shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace).wait(grace + 1)

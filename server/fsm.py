@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 from google.protobuf.message import DecodeError, Message
@@ -57,6 +57,9 @@ from drover.server.deployments.apply import (
 from drover.server.snapshot import from_snapshot
 from drover.server.state_store import TABLES, Changes, StateStore, Tables, Txn
 from drover.v1 import raft_pb2
+
+if TYPE_CHECKING:
+    from drover.server.events import EventBuffer
 
 log = structlog.get_logger("drover.fsm")
 
@@ -673,10 +676,16 @@ def encode_entry(entry_type: int, payload: Message) -> bytes:
 
 
 class FSM:
-    """Applies raft entries to a ``StateStore``; called only from raft's apply thread."""
+    """Applies raft entries to a ``StateStore``; called only from raft's apply thread.
 
-    def __init__(self, store: StateStore) -> None:
+    ``events``, when given, hears of every committed entry (what its transaction wrote) and
+    of every wholesale state replacement, after the store has the new state: the event
+    stream (server/events/) is derived there, off the state, so apply stays deterministic.
+    """
+
+    def __init__(self, store: StateStore, events: EventBuffer | None = None) -> None:
         self.store = store
+        self.events = events
 
     def apply(self, data: bytes, index: int) -> ApplyResult:
         base = self.store.snapshot().tables
@@ -705,7 +714,10 @@ class FSM:
         except Exception as exc:  # a bug: keep raft alive, keep servers identical
             log.exception("fsm.apply_failed", index=index, type=raft_pb2.EntryType.Name(entry.type))
             return ApplyResult(index=index, error=f"apply failed: {exc}")
-        self.store.commit(txn.commit(), txn.changes)
+        tables = txn.commit()
+        self.store.commit(tables, txn.changes)
+        if self.events is not None:
+            self.events.entry_applied(entry.type, index, base, tables, txn.written)
         return ApplyResult(index=index, value=value)
 
     def _restore(self, payload: bytes, index: int) -> ApplyResult:
@@ -720,9 +732,13 @@ class FSM:
         self.store.commit(
             replace(tables, index=index, table_index=tables.table_index.update(touched)), Changes(rescan=True)
         )
+        if self.events is not None:
+            self.events.state_replaced(index)
         log.warning("fsm.snapshot_restored", index=index, snapshot_index=snap.index)
         return ApplyResult(index=index)
 
     def restore_tables(self, tables: Tables) -> None:
         """Replace the state wholesale (raft snapshot install on start or catch-up)."""
         self.store.commit(tables)
+        if self.events is not None:
+            self.events.state_replaced(tables.index)

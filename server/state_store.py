@@ -405,6 +405,10 @@ class Txn:
         self._touched_tables: set[str] = set()
         self._status_dirty: set[JobKey] = set()
         self.changes = Changes()
+        # The keys this transaction wrote in the tables events are made of, in write order
+        # (server/events/ derives the entry's events from them). Dicts, not sets: the order
+        # must be the same on every server, and str hashes differ between processes.
+        self.written: dict[str, dict[Any, None]] = {}
 
     # -- low level ---------------------------------------------------------------------
     def _m(self, name: str) -> Any:
@@ -417,6 +421,12 @@ class Txn:
 
     def _touch(self, *tables: str) -> None:
         self._touched_tables.update(tables)
+
+    def _wrote(self, table: str, key: Any) -> None:
+        keys = self.written.get(table)
+        if keys is None:
+            keys = self.written[table] = {}
+        keys[key] = None
 
     def _index_add(self, name: str, key: Any, member: Any) -> None:
         m = self._m(name)
@@ -483,12 +493,14 @@ class Txn:
         if node.ready_for_placement() and (old is None or not old.ready_for_placement()):
             self.changes.capacity = True
         self._m("nodes")[node.id] = node
+        self._wrote("nodes", node.id)
         self._touch("nodes")
 
     def delete_node(self, node_id: str) -> None:
         nodes = self._m("nodes")
         if node_id in nodes:
             del nodes[node_id]
+            self._wrote("nodes", node_id)
             self._touch("nodes")
 
     # -- jobs --------------------------------------------------------------------------
@@ -500,6 +512,7 @@ class Txn:
         if old is not None and old.type != job.type:
             self._index_remove("jobs_by_type", old.type, key)
         self._m("jobs")[key] = job
+        self._wrote("jobs", key)
         self._index_add("jobs_by_type", job.type, key)
         periodic = self._m("periodic_jobs")
         if job.periodic is not None:
@@ -542,6 +555,7 @@ class Txn:
         if job is None:
             return
         del self._m("jobs")[key]
+        self._wrote("jobs", key)
         self.changes.capacity = True
         self._index_remove("jobs_by_type", job.type, key)
         periodic = self._m("periodic_jobs")
@@ -634,6 +648,7 @@ class Txn:
             ev = replace(ev, create_index=self.index)
         ev = replace(ev, modify_index=self.index)
         self._m("evals")[ev.id] = ev
+        self._wrote("evals", ev.id)
         self.changes.evals.add(ev.id)
         if old is not None and old.job_id and (old.namespace, old.job_id) != key:
             self._index_remove("evals_by_job", (old.namespace, old.job_id), ev.id)
@@ -650,6 +665,7 @@ class Txn:
         if ev is None:
             return
         del self._m("evals")[eval_id]
+        self._wrote("evals", eval_id)
         key = (ev.namespace, ev.job_id)
         self._index_remove("evals_by_job", key, eval_id)
         self._status_dirty.add(key)
@@ -678,6 +694,7 @@ class Txn:
         else:
             old_for_account = old
         self._m("allocs")[alloc.id] = alloc
+        self._wrote("allocs", alloc.id)
         if old is None or old_for_account is None:
             self._index_add("allocs_by_job", key, alloc.id)
         if old is None:
@@ -697,6 +714,7 @@ class Txn:
         if old is None:
             return
         del self._m("allocs")[alloc_id]
+        self._wrote("allocs", alloc_id)
         if not old.terminal():
             self.changes.capacity = True
         self._index_remove("allocs_by_job", (old.namespace, old.job_id), alloc_id)
@@ -853,6 +871,7 @@ class Txn:
     # -- deployments -------------------------------------------------------------------
     def put_deployment(self, deployment: Deployment) -> None:
         self._m("deployments")[deployment.id] = deployment
+        self._wrote("deployments", deployment.id)
         self._index_add("deployments_by_job", (deployment.namespace, deployment.job_id), deployment.id)
         self._touch("deployments")
 
@@ -861,6 +880,7 @@ class Txn:
         if old is None:
             return
         del self._m("deployments")[deployment_id]
+        self._wrote("deployments", deployment_id)
         self._index_remove("deployments_by_job", (old.namespace, old.job_id), deployment_id)
         self._touch("deployments")
 
@@ -895,6 +915,7 @@ class Txn:
             status = self._job_status(key, job)
             if status != job.status:
                 self._m("jobs")[key] = replace(job, status=status, modify_index=self.index)
+                self._wrote("jobs", key)
                 self._touch("jobs")
                 if job.parent_id:
                     self._children_delta(

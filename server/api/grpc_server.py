@@ -15,6 +15,7 @@ from drover.server.api._decode import DecodeGuard
 from drover.server.api.acl import ACLServicer
 from drover.server.api.deployments import DeploymentsServicer
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
+from drover.server.api.events import EventsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
@@ -41,6 +42,7 @@ def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     api_pb2_grpc.add_OperatorServicer_to_server(OperatorServicer(core), server)
     api_pb2_grpc.add_ACLServicer_to_server(ACLServicer(core), server)
     api_pb2_grpc.add_DeploymentsServicer_to_server(DeploymentsServicer(core), server)
+    api_pb2_grpc.add_EventsServicer_to_server(EventsServicer(core), server)
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

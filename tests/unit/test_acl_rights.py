@@ -10,6 +10,7 @@ from drover.server.acl.rights import NODE_SECRET_RPCS, RIGHTS, Scope, check_requ
 from drover.server.api.acl import ACLServicer
 from drover.server.api.deployments import DeploymentsServicer
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
+from drover.server.api.events import EventsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
@@ -24,6 +25,7 @@ SERVICERS = {
     "Operator": OperatorServicer,
     "ACL": ACLServicer,
     "Deployments": DeploymentsServicer,
+    "Events": EventsServicer,
 }
 PROTO_RPCS = sorted(
     f"{service.name}.{method.name}"
@@ -239,6 +241,8 @@ CHECKS = [
     ),
     ("token-create-with-write", "ACL.CreateToken", WRITE_DEFAULT, api_pb2.ACLTokenCreateRequest(), False),
     ("self-with-any-token", "ACL.TokenSelf", NODE_READ, api_pb2.ACLTokenSelfRequest(), True),
+    # Any token may open a stream; each event is then kept only if the token may read it.
+    ("events-with-any-token", "Events.Stream", NODE_READ, api_pb2.EventStreamRequest(), True),
 ]
 
 

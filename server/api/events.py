@@ -1,0 +1,137 @@
+"""Events service: the stream of what each raft entry changed, from this server's buffer.
+
+Never forwarded: every server derives the same events from the same log
+(server/events/), so any server answers from its own buffer, a follower as well as the
+leader, and a stream resumed on another server after a failure neither skips nor repeats.
+
+A stream is a loop over the buffer: whole batches (every event of one index) go out in
+one response, filtered by the request's topics, keys and namespace and, with ACLs on, by
+what the token may read (``readable``: read-job on the event's namespace, node read for
+Node events). The token is resolved again whenever the ACL tables change, so a deleted
+token ends its streams (PERMISSION_DENIED) and a changed policy applies to the next event.
+A response's ``index`` is the stream's position: every event up to it that the stream
+wants has been sent, so a resume from ``index + 1`` is exact. When nothing is sent for
+``HEARTBEAT_S`` an empty response (a heartbeat) says the stream is alive.
+
+An open stream holds a gRPC thread, so it counts against its caller's parked queries
+(server/api/_limits.py) for as long as it is open, like ``Nodes.WatchClientAllocs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Final
+
+import grpc
+
+from drover.scheduler.structs import Allocation, Deployment, Evaluation, Job, Node
+from drover.server.acl.acl import ACL, MANAGEMENT
+from drover.server.acl.resolve import resolve
+from drover.server.api._base import call_token, rpc
+from drover.server.api._limits import CALLER_CHECK_S, caller_limits
+from drover.server.codec import to_proto
+from drover.server.errors import DroverError
+from drover.server.events import Batch, Event, Subscription, readable, subscription_from
+from drover.server.events._model import Payload
+from drover.v1 import api_pb2, api_pb2_grpc
+
+if TYPE_CHECKING:
+    from drover.server.core import ServerCore
+
+__all__ = ["HEARTBEAT_S", "EventsServicer", "event_to_proto"]
+
+S = "Events"
+HEARTBEAT_S: Final = 10.0
+# Events in one response, unless one index alone has more (an index is never split).
+MAX_EVENTS_PER_RESPONSE: Final = 1024
+_ACL_TABLES: Final = ("acl_tokens", "acl_policies")
+
+# The Event.payload field each kind of object goes in.
+_PAYLOAD_FIELD: Final[dict[type, str]] = {
+    Job: "job",
+    Allocation: "alloc",
+    Node: "node",
+    Evaluation: "eval",
+    Deployment: "deployment",
+}
+
+
+def event_to_proto(event: Event, msg: api_pb2.Event) -> api_pb2.Event:
+    """``event`` on the wire; a node's secret (and its hash) never leaves the server."""
+    msg.index = event.index
+    msg.topic = event.topic
+    msg.type = event.type
+    msg.key = event.key
+    msg.namespace = event.namespace
+    payload: Payload = event.payload
+    field = _PAYLOAD_FIELD[type(payload)]
+    to_proto(payload, getattr(msg, field))
+    if field == "node":
+        msg.node.ClearField("secret_id")
+        msg.node.ClearField("secret_hash")
+    return msg
+
+
+class EventsServicer(api_pb2_grpc.EventsServicer):
+    # How long a stream may stay silent before a heartbeat (tests shorten it).
+    heartbeat_s: float = HEARTBEAT_S
+
+    def __init__(self, core: ServerCore) -> None:
+        self.core = core
+
+    @rpc(S, "local")
+    def Stream(
+        self, request: api_pb2.EventStreamRequest, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.EventStreamResponse]:
+        # Checked now, before the stream opens, so a bad filter or a forgotten index is
+        # the call's status (INVALID_ARGUMENT, OUT_OF_RANGE) through the rpc wrapper.
+        subscription = subscription_from(((t.topic, t.key) for t in request.topics), request.namespace)
+        start = self.core.events.start_index(request.index)
+        return self._stream(subscription, start, context)
+
+    def _stream(
+        self, subscription: Subscription, start: int, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.EventStreamResponse]:
+        core = self.core
+        limits = caller_limits(core)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(limits.parked(limits.caller(core, context)))
+                acl, acl_index = self._acl(context)
+            except DroverError as exc:
+                context.abort(exc.code, str(exc))
+            next_index = start
+            last_sent = time.monotonic()
+            while context.is_active() and not core.store.closed and not core.events.closed:
+                wait = max(0.0, min(CALLER_CHECK_S, last_sent + self.heartbeat_s - time.monotonic()))
+                try:
+                    batches, covered = core.events.read(next_index, wait, max_events=MAX_EVENTS_PER_RESPONSE)
+                    if core.cfg.acl_enabled and core.store.snapshot().table_index(*_ACL_TABLES) != acl_index:
+                        acl, acl_index = self._acl(context)
+                except DroverError as exc:
+                    context.abort(exc.code, str(exc))
+                next_index = covered + 1
+                response = _response(batches, covered, subscription, acl)
+                if response.events or time.monotonic() - last_sent >= self.heartbeat_s:
+                    yield response
+                    last_sent = time.monotonic()
+
+    def _acl(self, context: grpc.ServicerContext) -> tuple[ACL, int]:
+        """The token's ACL now, and the index of the ACL tables it was read at."""
+        if not self.core.cfg.acl_enabled:
+            return MANAGEMENT, 0
+        snap = self.core.store.snapshot()
+        return resolve(snap, call_token(context)).acl, snap.table_index(*_ACL_TABLES)
+
+
+def _response(
+    batches: list[Batch], covered: int, subscription: Subscription, acl: ACL
+) -> api_pb2.EventStreamResponse:
+    response = api_pb2.EventStreamResponse(index=covered)
+    for _index, events in batches:
+        for event in events:
+            if subscription.matches(event) and readable(acl, event):
+                event_to_proto(event, response.events.add())
+    return response
