@@ -50,7 +50,7 @@ def test_tls__server_refuses_plaintext_and_serves_the_cli_with_ca_cert(tmp_path:
 
         assert _plaintext_health(address) == grpc.StatusCode.UNAVAILABLE
         refused = drover_cli("operator", "raft", "list-peers", "-address", address, "-retry-deadline", "1")
-        assert "Socket closed" in one_error_line(refused)
+        assert one_error_line(refused).startswith(f"Error: no drover server at {address}: socket closed")
 
         served = drover_cli(
             "operator", "raft", "list-peers", "-address", address, "-ca-cert", str(cluster.tls.ca_file)
