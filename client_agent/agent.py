@@ -52,6 +52,7 @@ from drover.client.errors import (
     StateError,
 )
 from drover.client.fingerprint import HostFacts, build_node, fingerprint, probe_host
+from drover.client.metrics import open_client_endpoint
 from drover.client.rpc import NodesRpc, ServerPool
 from drover.client.runner import AllocRunner, job_key
 from drover.client.state import NodeIdentity, StateDB
@@ -592,14 +593,24 @@ def run_client(cfg: ProcessSettings) -> int:
         pass  # not the main thread: the caller owns signals
     agent = ClientAgent(cfg, tls=tls_material)
     try:
+        http = open_client_endpoint(agent, cfg)
+    except OSError as exc:
+        message = f"can not bind HTTP to {cfg.bind}:{cfg.http_port}: {exc.strerror or exc} (see -http-port)"
+        log.error("client.start_failed", error=message)
+        print(f"Error: {message}", flush=True)
+        return 1
+    try:
         agent.start()
     except (StateError, OSError) as exc:
+        http.stop()
         log.error("client.start_failed", error=str(exc))
         print(f"Error: {exc}", flush=True)
         return 1
+    http.start()
     try:
         while not stop.wait(1.0):
             pass
     finally:
+        http.stop()
         agent.stop(leave_tasks_running=True)
     return 0

@@ -32,7 +32,8 @@ class ClientSettings(NodeSettings, Protocol):
 
 
 class ProcessSettings(ClientSettings, Protocol):
-    """What the ``drover agent -client`` process reads on top: how it reaches the servers."""
+    """What the ``drover agent -client`` process reads on top: how it reaches the servers,
+    and where its HTTP port (metrics, health) listens."""
 
     @property
     def tls(self) -> TLSFiles | None: ...

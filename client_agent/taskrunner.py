@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Final
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec
 from drover.client.errors import DriverConfigError, TaskStartError
+from drover.client.metrics import DRIVER_START_SECONDS, TASK_RESTARTS
 from drover.client.restarts import RestartPolicy, RestartWindow, decide_restart
 from drover.client.state import TaskRecord
 from drover.client.taskstate import (
@@ -211,6 +213,7 @@ class TaskRunner:
         if self._driver is None:
             self._fail_now(f"driver {self.spec.driver!r} is not available on this node")
             return None
+        started = time.perf_counter()
         try:
             handle = self._driver.start(self.spec, self._task_dir)
         except DriverConfigError as exc:
@@ -222,6 +225,8 @@ class TaskRunner:
             self._log.warning("task.start_failed", error=str(exc))
             self._set(lambda s: s.with_event(event), handle=None)
             return _Exit(ExitResult(None, message=f"failed to start: {exc}"), ran=False)
+        finally:
+            DRIVER_START_SECONDS.labels(self.spec.driver).observe(time.perf_counter() - started)
         now = self._now()
         self._log.info("task.started", pid=handle.pid)
         self._set(lambda s: s.started(now, handle.pid), handle=handle.state())
@@ -297,6 +302,7 @@ class TaskRunner:
 
         self._set(record_exit, handle=None, window=window)
         if decision.restart:
+            TASK_RESTARTS.labels(self.spec.driver).inc()
             # A kill or detach wakes this early; the loop then sees which one it was.
             self._wake.wait(decision.delay_ns / 1e9)
         return decision.restart

@@ -160,6 +160,8 @@ class ServerSpec:
     grpc_port: int
     raft_port: int
     host: str = LOOPBACK
+    # Metrics and health (-http-port); 0: the agent picks a free one.
+    http_port: int = 0
 
     @property
     def grpc_address(self) -> str:
@@ -169,10 +171,17 @@ class ServerSpec:
     def raft_address(self) -> str:
         return f"{self.host}:{self.raft_port}"
 
+    @property
+    def http_address(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
 
 def make_server_specs(count: int, host: str = LOOPBACK) -> tuple[ServerSpec, ...]:
-    ports = pick_free_ports(2 * count, host)
-    return tuple(ServerSpec(f"s{i + 1}", ports[2 * i], ports[2 * i + 1], host) for i in range(count))
+    ports = pick_free_ports(3 * count, host)
+    return tuple(
+        ServerSpec(f"s{i + 1}", ports[3 * i], ports[3 * i + 1], host, http_port=ports[3 * i + 2])
+        for i in range(count)
+    )
 
 
 def peer_addresses(specs: Sequence[ServerSpec], index: int) -> list[str]:
@@ -205,6 +214,8 @@ def server_argv(
         str(spec.grpc_port),
         "-raft-port",
         str(spec.raft_port),
+        "-http-port",
+        str(spec.http_port),
     ]
     if peers:
         argv += ["-peers", ",".join(peers)]
@@ -236,7 +247,10 @@ def client_argv(
     servers: Sequence[str],
     extra_args: Sequence[str] = (),
     module: str = AGENT_MODULE,
+    *,
+    http_port: int = 0,
 ) -> list[str]:
+    """``http_port`` 0: the agent picks a free one (several clients share one host)."""
     return [
         sys.executable,
         "-m",
@@ -244,6 +258,8 @@ def client_argv(
         *agent_args("client", name, data_dir),
         "-servers",
         ",".join(servers),
+        "-http-port",
+        str(http_port),
         # The test and example jobs run raw_exec tasks; a client offers it only when asked.
         "-enable-raw-exec",
         *extra_args,
@@ -584,6 +600,8 @@ class _Member:
     data_dir: Path
     log_path: Path
     spec: ServerSpec | None = None
+    # The agent's -http-port (metrics, health).
+    http_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     # Set when we signal it: a member that exits without having been signalled crashed,
     # and waits fail at once with its log instead of running out their timeout.
@@ -709,12 +727,25 @@ class LocalCluster:
                 self._agent_module,
                 raft_key_file=self._raft_key_file,
             )
-            self._servers.append(_Member(spec.name, argv, data_dir, self.base_dir / f"{spec.name}.log", spec))
+            self._servers.append(
+                _Member(spec.name, argv, data_dir, self.base_dir / f"{spec.name}.log", spec, spec.http_port)
+            )
+        client_http_ports = pick_free_ports(self._n_clients)
         for j in range(self._n_clients):
             name = f"c{j + 1}"
             data_dir = self.base_dir / name
-            argv = client_argv(name, data_dir, grpc_addresses, self._client_extra_args, self._agent_module)
-            self._clients.append(_Member(name, argv, data_dir, self.base_dir / f"{name}.log"))
+            http_port = client_http_ports[j]
+            argv = client_argv(
+                name,
+                data_dir,
+                grpc_addresses,
+                self._client_extra_args,
+                self._agent_module,
+                http_port=http_port,
+            )
+            self._clients.append(
+                _Member(name, argv, data_dir, self.base_dir / f"{name}.log", http_port=http_port)
+            )
         try:
             for member in self._members():
                 self._spawn(member)
@@ -819,8 +850,11 @@ class LocalCluster:
         if name in self.server_names or name in self.client_names:
             raise ClusterError(f"an agent named {name!r} already exists")
         data_dir = self.base_dir / name
-        argv = client_argv(name, data_dir, servers, [*self._client_extra_args, *extra_args])
-        member = _Member(name, argv, data_dir, self.base_dir / f"{name}.log")
+        (http_port,) = pick_free_ports(1)
+        argv = client_argv(
+            name, data_dir, servers, [*self._client_extra_args, *extra_args], http_port=http_port
+        )
+        member = _Member(name, argv, data_dir, self.base_dir / f"{name}.log", http_port=http_port)
         self._clients.append(member)
         self._spawn(member)
         return len(self._clients) - 1
@@ -845,6 +879,14 @@ class LocalCluster:
     @property
     def raft_addresses(self) -> list[str]:
         return [self._spec(i).raft_address for i in range(len(self._servers))]
+
+    def http_address(self, i: int) -> str:
+        """Server ``i``'s HTTP port (metrics, leader, health), ``host:port``."""
+        return self._spec(i).http_address
+
+    def client_http_address(self, j: int) -> str:
+        """Client ``j``'s HTTP port (metrics, health), ``host:port``."""
+        return f"{LOOPBACK}:{self._client(j).http_port}"
 
     @property
     def raft_key_file(self) -> Path | None:

@@ -12,10 +12,13 @@ from types import FrameType
 
 import structlog
 
+from drover.client.metrics import ClientCollector, MonitoredClient
+from drover.common.http_endpoint import HttpEndpoint
 from drover.common.logs import configure_logging
 from drover.server.config import DevConfig, ServerConfig
 from drover.server.core import ServerCore, StartupError
 from drover.server.datadir import PRIVATE_UMASK
+from drover.server.telemetry.http import open_server_endpoint
 
 log = structlog.get_logger("drover.agent")
 
@@ -45,11 +48,29 @@ def run_server(cfg: ServerConfig) -> int:
         log.error("agent.start_failed", error=str(exc))
         print(f"Error: {exc}", flush=True)
         return 1
+    http = _start_http(core)
+    if http is None:
+        core.stop()
+        return 1
     try:
         _wait_for_signal()
     finally:
+        http.stop()
         core.stop()
     return 0
+
+
+def _start_http(core: ServerCore, client: MonitoredClient | None = None) -> HttpEndpoint | None:
+    """The server's HTTP port, serving; None (said on stdout) when it can not bind."""
+    try:
+        http = open_server_endpoint(core, client=client)
+    except OSError as exc:
+        message = f"can not bind HTTP to {core.cfg.bind}:{core.cfg.http_port}: {exc.strerror or exc} (see -http-port)"
+        log.error("agent.start_failed", error=message)
+        print(f"Error: {message}", flush=True)
+        return None
+    http.start()
+    return http
 
 
 def _free_port(host: str) -> int:
@@ -72,6 +93,7 @@ def run_dev(cfg: DevConfig) -> int:
         bind="127.0.0.1",
         grpc_port=cfg.grpc_port,
         raft_port=_free_port("127.0.0.1"),
+        http_port=cfg.http_port,
         log_json=cfg.log_json,
         log_level=cfg.log_level,
     )
@@ -85,10 +107,25 @@ def run_dev(cfg: DevConfig) -> int:
     from drover.client.agent import start_embedded_client
 
     client = start_embedded_client([core.grpc_address], os.path.join(data_dir, "client"), "dev-client")
-    log.info("agent.dev_ready", grpc=core.grpc_address, data_dir=data_dir)
+    core.agent_info_sections["client"] = lambda: {
+        "node_id": client.node_id,
+        "node_name": "dev-client",
+        "registered": str(client.registered).lower(),
+        "known_allocs": str(len(client.alloc_ids())),
+    }
+    core.metrics.register(ClientCollector(client))
+    http = _start_http(core, client)
+    if http is None:
+        client.stop()
+        core.stop()
+        if not cfg.data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        return 1
+    log.info("agent.dev_ready", grpc=core.grpc_address, http=http.address, data_dir=data_dir)
     try:
         _wait_for_signal()
     finally:
+        http.stop()
         client.stop()
         core.stop()
         if not cfg.data_dir:

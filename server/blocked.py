@@ -10,6 +10,7 @@ which is simpler and bounded (one eval per job) at the cost of some extra schedu
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 from drover.scheduler.structs import JOB_TYPE_SYSBATCH, JOB_TYPE_SYSTEM, Evaluation
 
@@ -68,6 +69,12 @@ class BlockedEvals:
             released = list(self._blocked.values())
             self._blocked.clear()
             return released
+
+    def counts_by_type(self) -> dict[tuple[str, str], int]:
+        """Blocked evals by ("blocked", scheduler type), as ``EvalBroker.counts_by_type``."""
+        with self._lock:
+            counts = Counter(("blocked", ev.type) for ev in self._blocked.values())
+        return dict(counts)
 
     def __len__(self) -> int:
         with self._lock:

@@ -29,10 +29,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
 from drover.scheduler.structs import Evaluation
+from drover.server.telemetry.metrics import BROKER_EVALS_FAILED
 
 JobKey = tuple[str, str]
 
@@ -231,6 +233,7 @@ class EvalBroker:
             self._deliveries.pop(ev.id, None)
             self._known.discard(ev.id)
             self._failed.append(ev)
+            BROKER_EVALS_FAILED.labels(ev.type).inc()
             self._cancelable.extend(self._release_job(ev))
             self._cond.notify_all()
             return
@@ -301,6 +304,17 @@ class EvalBroker:
                 delayed=len(self._delayed),
                 failed=len(self._failed),
             )
+
+    def counts_by_type(self) -> dict[tuple[str, str], int]:
+        """Evals held, by (state, scheduler type): the metrics' breakdown of ``stats``."""
+        counts: Counter[tuple[str, str]] = Counter()
+        with self._cond:
+            counts.update(("ready", r.ev.type) for r in self._ready)
+            counts.update(("unacked", u.ev.type) for u in self._unacked.values())
+            counts.update(("waiting", ev.type) for evs in self._waiting.values() for ev in evs)
+            counts.update(("delayed", ev.type) for _, _, ev in self._delayed)
+            counts.update(("failed", ev.type) for ev in self._failed)
+        return dict(counts)
 
     def deliveries(self, eval_id: str) -> int:
         with self._cond:

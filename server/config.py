@@ -21,6 +21,8 @@ from drover.common.tls import TLSError, TLSFiles, tls_files
 
 DEFAULT_GRPC_PORT = 4646
 DEFAULT_RAFT_PORT = 4647
+# Metrics, leader and health over HTTP (drover/common/http_endpoint.py); 0 picks a free port.
+DEFAULT_HTTP_PORT = 4649
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class ServerConfig:
     bind: str = "127.0.0.1"
     grpc_port: int = DEFAULT_GRPC_PORT
     raft_port: int = DEFAULT_RAFT_PORT
+    http_port: int = DEFAULT_HTTP_PORT
     # The other servers' raft addresses, "host:port".
     peers: tuple[str, ...] = ()
     # The cluster key, the same file on every server: required with peers (the agent says
@@ -73,6 +76,10 @@ class ClientConfig:
     data_dir: str
     # Servers' gRPC addresses, "host:port".
     servers: tuple[str, ...] = ()
+    # Where the client's HTTP port (metrics, health) listens; it checks no token, so
+    # loopback unless told otherwise (docs/SECURITY.md).
+    bind: str = "127.0.0.1"
+    http_port: int = DEFAULT_HTTP_PORT
     datacenter: str = "dc1"
     node_class: str = ""
     meta: dict[str, str] = field(default_factory=dict)
@@ -94,6 +101,7 @@ class ClientConfig:
 @dataclass(frozen=True, slots=True)
 class DevConfig:
     grpc_port: int = DEFAULT_GRPC_PORT
+    http_port: int = DEFAULT_HTTP_PORT
     # Empty: a fresh temporary directory, removed on exit.
     data_dir: str = ""
     log_json: bool = False
@@ -210,7 +218,19 @@ def _check_tls(config: ServerConfig | ClientConfig) -> None:
 
 # Config-file blocks whose keys are fields named "<block>_<key>": ``acl { enabled = true }``
 # is ``acl_enabled``, as Nomad's agent config nests them. A flag sets the field directly.
-_BLOCKS: Final = ("acl", "tls")
+# ``ports`` names them the other way round, as Nomad's ``ports { http = 4646 }``:
+# ``ports { http = 4649 }`` is ``http_port`` (flag -http-port).
+_BLOCKS: Final = ("acl", "tls", "ports")
+
+
+def _block_field(block: str, inner: str) -> str:
+    return f"{inner}_port" if block == "ports" else f"{block}_{inner}"
+
+
+def _block_keys(block: str, names: list[str]) -> list[str]:
+    if block == "ports":
+        return [n.removesuffix("_port") for n in names if n.endswith("_port")]
+    return [n.removeprefix(f"{block}_") for n in names if n.startswith(f"{block}_")]
 
 
 def _flatten_blocks(values: Mapping[str, object], origin: str, names: list[str]) -> dict[str, object]:
@@ -226,9 +246,9 @@ def _flatten_blocks(values: Mapping[str, object], origin: str, names: list[str])
                 f"{origin}: key {key!r}: expected one {key} {{ ... }} block, got {_describe(raw)}"
             )
         for inner, value in bodies[0].items():
-            field_name = f"{key}_{inner}"
+            field_name = _block_field(key, str(inner))
             if field_name not in names:
-                known = [n.removeprefix(f"{key}_") for n in names if n.startswith(f"{key}_")]
+                known = _block_keys(key, names)
                 raise ConfigError(f"{origin}: unknown key '{key}.{inner}'{_suggest(str(inner), known)}")
             if field_name in values or field_name in out:
                 raise ConfigError(f"{origin}: key {key}.{inner} is given twice")

@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import grpc
@@ -19,6 +20,7 @@ import structlog
 
 from drover.common.duration import parse_duration
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.prometheus import agent_registry
 from drover.common.tls import TLSError, TLSMaterial, open_channel
 from drover.scheduler.structs import ServerMember
 from drover.scheduler.validate import Limits
@@ -33,6 +35,7 @@ from drover.server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from drover.server.leader import LeaderServices
 from drover.server.raft import RaftNode, RaftTuning
 from drover.server.state_store import StateStore
+from drover.server.telemetry.metrics import ServerCollector
 from drover.v1 import raft_pb2
 
 log = structlog.get_logger("drover.server")
@@ -169,6 +172,12 @@ class ServerCore:
             self.raft, self.store, self.clock, self.ids, self.heartbeats, limits=job_limits(cfg)
         )
         self.leader = LeaderServices(self, cfg.num_workers)
+        # What Operator.Metrics and the HTTP port serve: this process's families and this
+        # server's gauges (server/telemetry/); a dev agent adds its client's collector.
+        self.metrics = agent_registry(ServerCollector(self))
+        # Sections other parts of this agent add to Operator.AgentInfo, read at each call
+        # (the -dev agent's embedded client adds "client").
+        self.agent_info_sections: dict[str, Callable[[], Mapping[str, str]]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._grpc: grpc.Server | None = None

@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Final
 
+from drover.server.telemetry.metrics import HEARTBEAT_INVALIDATIONS, HEARTBEAT_TTL_SECONDS
+
 SECOND: Final = 1_000_000_000
 
 
@@ -55,7 +57,8 @@ class HeartbeatTimers:
             ttl = base + int(self._rng.random() * base)
             if self._enabled:
                 self._deadlines[node_id] = now_ns + ttl + self.config.grace_ns
-            return ttl
+        HEARTBEAT_TTL_SECONDS.observe(ttl / SECOND)
+        return ttl
 
     def initialize(self, node_ids: list[str], now_ns: int) -> None:
         """On leadership: every live node gets the failover TTL."""
@@ -75,7 +78,9 @@ class HeartbeatTimers:
             gone = sorted(n for n, deadline in self._deadlines.items() if deadline <= now_ns)
             for node_id in gone:
                 del self._deadlines[node_id]
-            return gone
+        if gone:
+            HEARTBEAT_INVALIDATIONS.inc(len(gone))
+        return gone
 
     def tracked(self) -> int:
         with self._lock:

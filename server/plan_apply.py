@@ -110,6 +110,11 @@ class PlanQueue:
             self._cond.notify()
         return future
 
+    def depth(self) -> int:
+        """Plans waiting for the applier (the plan queue depth metric)."""
+        with self._cond:
+            return len(self._heap)
+
     def dequeue(self, timeout: float) -> PendingPlan | None:
         with self._cond:
             if not self._heap:

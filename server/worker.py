@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Final
@@ -34,6 +35,7 @@ from drover.server.codec import to_proto
 from drover.server.fsm import encode_entry
 from drover.server.plan_apply import PlanQueue
 from drover.server.state_store import Snapshot, StateStore
+from drover.server.telemetry.metrics import WORKER_EVALS, WORKER_SCHEDULE_SECONDS
 from drover.v1 import raft_pb2
 
 log = structlog.get_logger("drover.worker")
@@ -145,14 +147,16 @@ class Worker:
             ev, token = item
             bound = log.bind(eval_id=ev.id, job_id=ev.job_id, worker=self.name)
             try:
-                self._process(ev, token, bound)
+                outcome = self._process(ev, token, bound)
             except Exception as exc:
+                WORKER_EVALS.labels(ev.type, "nacked").inc()
                 bound.warning("worker.eval_nacked", error=str(exc))
                 try:
                     self._broker.nack(ev.id, token, self._clock.now_ns())
                 except Exception:
                     pass
                 continue
+            WORKER_EVALS.labels(ev.type, outcome).inc()
             try:
                 cancelled = self._broker.ack(ev.id, token)
             except Exception as exc:
@@ -173,7 +177,9 @@ class Worker:
                     ],
                 )
 
-    def _process(self, ev: Evaluation, token: str, bound: structlog.typing.FilteringBoundLogger) -> None:
+    def _process(self, ev: Evaluation, token: str, bound: structlog.typing.FilteringBoundLogger) -> str:
+        """Schedule ``ev`` and write its outcome; the eval status written (the metric's
+        ``outcome``: complete, blocked, failed...)."""
         if not self._store.wait_for_index(ev.modify_index, WAIT_FOR_INDEX_S):
             raise TimeoutError(f"state did not reach index {ev.modify_index}")
         scheduler = scheduler_for(ev.type)
@@ -186,7 +192,9 @@ class Worker:
             ctx = SchedulerContext(
                 now_ns=self._clock.now_ns(), new_id=self._ids.new, seed=seed, rng=random.Random(seed)
             )
+            started = time.perf_counter()
             result = scheduler(ev, snap, ctx)
+            WORKER_SCHEDULE_SECONDS.labels(ev.type).observe(time.perf_counter() - started)
             if result.plan is None:
                 break
             plan = replace(
@@ -222,8 +230,9 @@ class Worker:
             # it goes straight back to the blocked tracker instead.
             self._reblock(update)
             bound.info("worker.eval_unchanged", status=update.status, attempts=attempts)
-            return
+            return update.status
         write_evals(self._propose, [update, *created])
         bound.info(
             "worker.eval_done", status=update.status, attempts=attempts, created=len(result.created_evals)
         )
+        return update.status

@@ -19,6 +19,7 @@ from drover.server.api.events import EventsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
+from drover.server.telemetry.rpc import RpcMetrics
 from drover.v1 import api_pb2, api_pb2_grpc
 
 if TYPE_CHECKING:
@@ -32,8 +33,10 @@ def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
         options=[*SERVER_MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
-        # Undecodable requests: INVALID_ARGUMENT and a rate-limited WARN (server/api/_decode.py).
-        interceptors=[DecodeGuard()],
+        # Outermost first: every call counted and timed by method and code (drover_rpc_*,
+        # server/telemetry/rpc.py), then undecodable requests refused with INVALID_ARGUMENT
+        # and a rate-limited WARN (server/api/_decode.py).
+        interceptors=[RpcMetrics(), DecodeGuard()],
     )
     api_pb2_grpc.add_JobsServicer_to_server(JobsServicer(core), server)
     api_pb2_grpc.add_NodesServicer_to_server(NodesServicer(core), server)

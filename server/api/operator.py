@@ -1,4 +1,5 @@
-"""Operator service: raft peers, snapshots, and the state digest the tests compare."""
+"""Operator service: raft peers, snapshots, the state digest the tests compare, server
+members, this agent's own facts, and the scheduler configuration."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from typing import TYPE_CHECKING
 import grpc
 from prometheus_client import generate_latest
 
-from drover.server.api._base import meta_for, query, rpc, write_meta
+from drover.scheduler.structs import SchedulerConfig
+from drover.server.api._base import call_token, meta_for, query, rpc, write_meta
+from drover.server.cluster_ops import set_scheduler_config
+from drover.server.codec import from_proto, to_proto
 from drover.server.errors import ValidationError
 from drover.server.invariants import check_invariants
+from drover.server.members import agent_info, server_members
 from drover.server.snapshot import state_digest, to_snapshot
 from drover.v1 import api_pb2, api_pb2_grpc
 
@@ -79,7 +84,10 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
     def Metrics(
         self, request: api_pb2.MetricsRequest, context: grpc.ServicerContext
     ) -> api_pb2.MetricsResponse:
-        return api_pb2.MetricsResponse(text=generate_latest().decode(), server=self.core.name)
+        # The registry the HTTP port serves too (server/telemetry/http.py).
+        return api_pb2.MetricsResponse(
+            text=generate_latest(self.core.metrics).decode(), server=self.core.name
+        )
 
     @rpc("Operator", "local")
     def StateDigest(
@@ -104,3 +112,39 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         return api_pb2.InvariantsResponse(
             violations=[str(v) for v in check_invariants(tables)], index=tables.index, server=self.core.name
         )
+
+    @rpc("Operator", "local")
+    def ServerMembers(
+        self, request: api_pb2.ServerMembersRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ServerMembersResponse:
+        # Answered by the server asked, as Nomad's gossip view is: it must work with no
+        # leader (after the leader died), which is when an operator needs it most.
+        return server_members(self.core, call_token(context))
+
+    @rpc("Operator", "local")
+    def AgentInfo(
+        self, request: api_pb2.AgentInfoRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AgentInfoResponse:
+        return agent_info(self.core)
+
+    @rpc("Operator", "read")
+    def SchedulerGetConfig(
+        self, request: api_pb2.SchedulerGetConfigRequest, context: grpc.ServicerContext
+    ) -> api_pb2.SchedulerConfigResponse:
+        snap, meta = query(self.core, request.options, ("scheduler_config",))
+        response = api_pb2.SchedulerConfigResponse(meta=meta)
+        to_proto(snap.scheduler_config(), response.config)
+        return response
+
+    @rpc("Operator", "write")
+    def SchedulerSetConfig(
+        self, request: api_pb2.SchedulerSetConfigRequest, context: grpc.ServicerContext
+    ) -> api_pb2.SchedulerSetConfigResponse:
+        if not request.HasField("config"):
+            raise ValidationError("config: required")
+        index = set_scheduler_config(
+            self.core.raft,
+            from_proto(request.config, SchedulerConfig),
+            cas_index=request.cas_index if request.use_cas else None,
+        )
+        return api_pb2.SchedulerSetConfigResponse(meta=write_meta(index), updated=True)

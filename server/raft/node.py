@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -33,6 +34,7 @@ from drover.server.raft import patches
 from drover.server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from drover.server.raft.snapshot_writer import SnapshotWriter
 from drover.server.raft.tuning import RaftTuning, tuned_conf
+from drover.server.telemetry.metrics import FSM_APPLY_SECONDS, RAFT_COMMIT_SECONDS, entry_type_label
 
 __all__ = ["RaftNode"]
 
@@ -82,7 +84,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, data: bytes) -> ApplyResult:
         # Entries are contiguous: the one being applied is the one after the last applied.
-        return self._fsm.apply(data, self.raftLastApplied + 1)
+        # Timed here, not in the FSM, which reads no clock.
+        started = time.perf_counter()
+        result = self._fsm.apply(data, self.raftLastApplied + 1)
+        FSM_APPLY_SECONDS.labels(entry_type_label(data)).observe(time.perf_counter() - started)
+        return result
 
     # -- proposing ---------------------------------------------------------------------
     def propose(self, data: bytes, timeout: float) -> ApplyResult:
@@ -97,11 +103,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             box[0], box[1] = result, error
             done.set()
 
+        started = time.perf_counter()
         self.apply_entry(data, callback=on_result)
         if not done.wait(timeout):
             raise CommitTimeoutError(f"not committed within {timeout:.1f}s; the write may still apply")
         result, error = box
         if error == FAIL_REASON.SUCCESS:
+            RAFT_COMMIT_SECONDS.observe(time.perf_counter() - started)
             assert isinstance(result, ApplyResult)
             return result
         if error in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED):
@@ -121,8 +129,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             on_done(None, str(exc))
             return
 
+        started = time.perf_counter()
+
         def on_result(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS:
+                RAFT_COMMIT_SECONDS.observe(time.perf_counter() - started)
                 on_done(result, "")
             else:
                 on_done(None, str(_FAIL_NAMES.get(error, error)))
@@ -172,6 +183,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def log_end_index(self) -> int:
         return patches.log_end_index(self)
+
+    def last_contact(self) -> dict[str, float]:
+        """On the leader: seconds since each follower's last append answer, by raft
+        address; empty on a follower (it hears only the leader)."""
+        if not self._isLeader():
+            return {}
+        now = time.monotonic()
+        return {address: max(0.0, now - at) for address, at in patches.last_response_times(self).items()}
 
     def _state_changed(self, old: int, new: int) -> None:
         if self._on_state_changed is not None:

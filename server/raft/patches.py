@@ -30,6 +30,7 @@ Reads, which change nothing:
 | ``noop_index`` | a leader serves reads only once its no-op of this term is applied | ``_SyncObj__noopIDx`` |
 | ``log_end_index`` | the snapshot writer's guard: never compact past the log's end | ``_SyncObj__getCurrentLogIndex`` |
 | ``tick_thread`` | ``RaftNode.close`` joins the tick thread | ``_SyncObj__thread`` |
+| ``last_response_times`` | the leader's last contact per follower, a metric (server/telemetry/metrics.py) | ``_SyncObj__lastResponseTime`` |
 | pysyncobj's command types (server/raft/journal.py) | the journal and forwarded commands start with a type byte | ``_COMMAND_TYPE`` (from ``pysyncobj.syncobj``) |
 
 ``_isLeader`` and ``_getLeader`` are not listed: they are single-underscore methods with
@@ -123,6 +124,13 @@ def log_end_index(raft: SyncObj) -> int:
 def tick_thread(raft: SyncObj) -> Any:
     """pysyncobj's auto-tick thread (None once destroyed or before it starts)."""
     return raft._SyncObj__thread
+
+
+def last_response_times(raft: SyncObj) -> dict[str, float]:
+    """On the leader: each follower's raft address and the ``time.monotonic()`` of its last
+    answer (pysyncobj refreshes this dict on every append response; empty on a follower)."""
+    times: dict[Any, float] = dict(raft._SyncObj__lastResponseTime)
+    return {str(node.id): float(at) for node, at in times.items()}
 
 
 # ---------------------------------------------------------------------------------------

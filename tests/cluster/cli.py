@@ -59,4 +59,5 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def lone_server_args(data_dir: Path, *extra: str) -> list[str]:
     """``agent -server`` arguments of a one-server cluster named ``s1`` on ``data_dir``:
     the start the agent-startup and TLS tests each vary by ``extra`` flags."""
-    return [*agent_args("server", LONE_SERVER, data_dir), *extra]
+    # -http-port 0: never the default 4649, which another agent on this host may hold.
+    return [*agent_args("server", LONE_SERVER, data_dir), "-http-port", "0", *extra]

@@ -74,7 +74,7 @@ def test_dev_agent__starts_with_no_key_flag_and_listens_on_loopback_only(tmp_pat
     (grpc_port,) = pick_free_ports(1)
     address = f"127.0.0.1:{grpc_port}"
     argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(grpc_port)]
-    argv += ["-data-dir", str(tmp_path / "dev")]
+    argv += ["-http-port", "0", "-data-dir", str(tmp_path / "dev")]
     log_path = tmp_path / "dev.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

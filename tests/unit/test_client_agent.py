@@ -516,6 +516,8 @@ def test_run_client__sigterm__exits_zero_leaving_tasks(tmp_path: Path, server: F
             log_level: str = "info"
             enable_raw_exec: bool = False
             tls: None = None
+            bind: str = "127.0.0.1"
+            http_port: int = 0
 
         raise SystemExit(run_client(Cfg()))
         """

@@ -363,7 +363,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "client_agent"
 # docs/design.md: client_agent (drover.client) imports itself, drover.v1 (generated protobuf) and
 # third-party libraries only.
 # ``drover.common`` is what every drover process shares (it imports none of them).
-ALLOWED_TOP_LEVEL = {"drover", "google", "grpc", "psutil", "structlog"}
+ALLOWED_TOP_LEVEL = {"drover", "google", "grpc", "prometheus_client", "psutil", "structlog"}
 
 
 def _modules() -> list[Path]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "proto" / "drover" / "common"
-THIRD_PARTY = {"structlog", "grpc", "cryptography"}
+THIRD_PARTY = {"structlog", "grpc", "cryptography", "prometheus_client"}
 
 
 def _modules() -> list[Path]:

@@ -159,7 +159,7 @@ p.add_argument("cmd")
 p.add_argument("-server", action="store_true")
 p.add_argument("-client", action="store_true")
 p.add_argument("-enable-raw-exec", action="store_true")
-for flag in ("-node-name", "-data-dir", "-bind", "-grpc-port", "-raft-port", "-peers", "-servers",
+for flag in ("-node-name", "-data-dir", "-bind", "-grpc-port", "-raft-port", "-http-port", "-peers", "-servers",
              "-raft-key-file"):
     p.add_argument(flag)
 args = p.parse_args()

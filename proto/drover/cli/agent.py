@@ -23,6 +23,7 @@ def register(top: Subcommands) -> None:
     flag(p, "bind")
     flag(p, "grpc-port", type=int)
     flag(p, "raft-port", type=int)
+    flag(p, "http-port", type=int, help="metrics, leader and health over HTTP (4649; 0: any free port)")
     flag(p, "peers", help="other servers' raft addresses, comma-separated")
     flag(p, "raft-key-file")
     flag(p, "servers", help="servers' gRPC addresses, comma-separated")
@@ -65,13 +66,14 @@ def register(top: Subcommands) -> None:
 
 
 _AGENT_KEYS: Final = {
-    "dev": ("grpc_port", "data_dir", "log_json", "log_level"),
+    "dev": ("grpc_port", "http_port", "data_dir", "log_json", "log_level"),
     "server": (
         "node_name",
         "data_dir",
         "bind",
         "grpc_port",
         "raft_port",
+        "http_port",
         "peers",
         "raft_key_file",
         "num_workers",
@@ -92,6 +94,8 @@ _AGENT_KEYS: Final = {
         "node_name",
         "data_dir",
         "servers",
+        "bind",
+        "http_port",
         "datacenter",
         "node_class",
         "meta",

@@ -1,0 +1,98 @@
+"""Count and time every gRPC call the server serves, by method and status code.
+
+The outermost interceptor of the server (server/api/grpc_server.py), so a call refused by
+an inner one (an undecodable request) is counted with its code too. Only methods the server
+has are wrapped (an unknown method never reaches a handler), so ``method`` is a bounded
+label: ``Jobs.Register``, ``Health.Check``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from drover.server.telemetry.metrics import RPC_REQUESTS, RPC_SECONDS
+
+__all__ = ["RpcMetrics", "method_label"]
+
+
+def method_label(full_method: str) -> str:
+    """``/drover.v1.Jobs/Register`` -> ``Jobs.Register``."""
+    service, _, method = full_method.lstrip("/").partition("/")
+    return f"{service.rsplit('.', 1)[-1]}.{method}"
+
+
+def _code_of(context: grpc.ServicerContext, failed: bool) -> str:
+    code = context.code()  # type: ignore[attr-defined] # set by abort or set_code; None when untouched
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return "UNKNOWN" if failed else "OK"
+
+
+class RpcMetrics(grpc.ServerInterceptor):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = method_label(str(handler_call_details.method))
+
+        def observe(context: grpc.ServicerContext, started: float, failed: bool) -> None:
+            code = _code_of(context, failed)
+            RPC_REQUESTS.labels(method, code).inc()
+            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
+
+        def unary_response(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+            def timed(request: Any, context: grpc.ServicerContext) -> Any:
+                started = time.perf_counter()
+                failed = True
+                try:
+                    response = behavior(request, context)
+                    failed = False
+                    return response
+                finally:
+                    observe(context, started, failed)
+
+            return timed
+
+        def stream_response(
+            behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]],
+        ) -> Callable[..., Any]:
+            def timed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                started = time.perf_counter()
+                failed = True
+                try:
+                    yield from behavior(request, context)
+                    failed = False
+                except GeneratorExit:
+                    failed = False  # the caller went away: counted with the code grpc set (CANCELLED)
+                    raise
+                finally:
+                    observe(context, started, failed)
+
+            return timed
+
+        deserialize, serialize = handler.request_deserializer, handler.response_serializer
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                unary_response(handler.unary_unary), deserialize, serialize
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                stream_response(handler.unary_stream), deserialize, serialize
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                unary_response(handler.stream_unary), deserialize, serialize
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                stream_response(handler.stream_stream), deserialize, serialize
+            )
+        return handler
