@@ -169,7 +169,7 @@ def test_job_lifecycle__run_history_revert_scale_inspect_validate_plan(
     inspected = _cli(cluster, "job", "inspect", "web")
     assert inspected.returncode == 0, _said(inspected)
     spec = json.loads(inspected.stdout)
-    assert (spec["id"], spec["version"], spec["groups"][0]["count"]) == ("web", "3", 3)
+    assert (spec["id"], spec["version"], spec["groups"][0]["count"]) == ("web", 3, 3)
     assert json.loads(spec["groups"][0]["tasks"][0]["config_json"]) == {"run_for": "1h"}
 
     validated = _cli(cluster, "job", "validate", str(bad))

@@ -666,7 +666,11 @@ def test_job_status__json_is_snake_case(
     state.jobs["web"] = structs_pb2.Job(id="web", submit_time_ns=SUBMIT_NS, job_modify_index=9)
     code, out, _ = run(capsys, "job", "status", "-json", "-address", addr)
     assert code == 0
-    assert json.loads(out) == [{"id": "web", "submit_time_ns": str(SUBMIT_NS), "job_modify_index": "9"}]
+    [job] = json.loads(out)
+    # Every field under its proto (snake_case) name, zero values included, 64-bit ints as numbers.
+    assert list(job) == [f.name for f in structs_pb2.Job.DESCRIPTOR.fields]
+    assert (job["id"], job["submit_time_ns"], job["job_modify_index"]) == ("web", SUBMIT_NS, 9)
+    assert (job["version"], job["stop"], job["datacenters"], job["periodic"]) == (0, False, [], None)
 
 
 def test_job_status__one_job__by_prefix(
@@ -689,7 +693,10 @@ def test_job_status__one_job__json(fake: tuple[FakeDrover, str], capsys: pytest.
     code, out, _ = run(capsys, "job", "status", "-json", "-address", addr, "web")
     assert code == 0
     doc = json.loads(out)
-    assert doc["job"] == {"id": "web", "status_description": "ok"}
+    assert {k: v for k, v in doc["job"].items() if v not in ("", 0, [], {}, None)} == {
+        "id": "web",
+        "status_description": "ok",
+    }
     assert doc["summary"]["job_id"] == "web"
     assert doc["allocations"] == []
 
@@ -906,7 +913,7 @@ def test_job_plan__json(
     code, out, _ = run(capsys, "job", "plan", "-json", "-address", addr, str(path))
     assert code == 1  # the same exit status as without -json: allocations would change
     assert json.loads(out) == {
-        "meta": {"index": "40"},
+        "meta": {"index": 40, "known_leader": False, "served_by": ""},
         "groups": {
             "web": {
                 "buckets": {
@@ -919,9 +926,12 @@ def test_job_plan__json(
             },
             "old": {"buckets": {"stop": 3}},
         },
-        "current_version": "3",
+        "current_version": 3,
         "job_changed": True,
         "queued": {"web": 1, "old": 0},
+        "warnings": [],
+        "new_job": False,
+        "failed_tg_metrics": {},
     }
     assert state.calls("Jobs.Get") == []
 
@@ -1021,7 +1031,7 @@ def test_node_status__last_10_events_and_allocs(
     code, out, _ = run(capsys, "node", "status", "-json", "-address", addr, NODE_ID[:4])
     assert code == 0
     doc = json.loads(out)
-    assert doc["node"]["id"] == NODE_ID and "secret_id" not in doc["node"]
+    assert doc["node"]["id"] == NODE_ID and doc["node"]["secret_id"] == ""
     assert [a["id"] for a in doc["allocations"]] == [ALLOC_ID]
 
 
@@ -1090,11 +1100,11 @@ def test_operator_state__json(fake: tuple[FakeDrover, str], capsys: pytest.Captu
     assert code == 0
     assert json.loads(out) == {
         "digest": "abc123",
-        "applied_index": "42",
-        "commit_index": "43",
+        "applied_index": 42,
+        "commit_index": 43,
         "server": "s1",
         "leader": True,
-        "term": "3",
+        "term": 3,
     }
 
 

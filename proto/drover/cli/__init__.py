@@ -5,10 +5,12 @@ works too, as does ``-flag=value``. Common flags go after the command: ``drover 
 -json web``.
 
 Contract for scripts: expected failures (bad job file, unknown ID, server errors, no leader
-after retries) exit 1 with exactly one line ``Error: <message>`` on stderr and nothing on
-stdout after it; argparse usage errors exit 2. ``-json`` prints protobuf messages as
-``MessageToDict(msg, preserving_proto_field_name=True)``: snake_case keys as in the proto,
-64-bit integers as strings, default values omitted.
+after retries, an address where no server answers) exit 1 with exactly one line
+``Error: <message>`` on stderr and nothing on stdout after it; argparse usage errors exit
+2. ``-json`` prints every field of each protobuf message, so a script never has to ask
+whether a key is there: snake_case keys as in the proto, in its order; zero values
+included (``0``, ``""``, ``false``, ``[]``, ``{}``); an unset sub-message as ``null``;
+64-bit integers as JSON numbers, not ProtoJSON's strings (``_format.message_json``).
 
 Map of the package, one module per command group; each has a ``register(top)`` that adds
 its commands to the parser, and the handlers that run them:

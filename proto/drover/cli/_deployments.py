@@ -128,9 +128,8 @@ def deployment_alloc_rows(allocs: Sequence[structs_pb2.Allocation], verbose: boo
 
 
 def deployment_json(deployment: structs_pb2.Deployment) -> dict[str, object]:
-    """The record as the proto's JSON, plus keys that are always there whatever their value
-    (proto JSON drops zeros and false): ``id``, ``job_id``, ``job_version`` (a number),
-    ``status``, ``status_description``, and per group ``desired``, ``placed``, ``healthy``,
+    """The record as ``-json`` prints every message (every field, zeros included), plus per
+    group the short names the table uses: ``desired``, ``placed``, ``healthy``,
     ``unhealthy``, ``canaries`` (desired canaries) and ``promoted``."""
     out = jsonable(deployment)
     assert isinstance(out, dict)

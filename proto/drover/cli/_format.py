@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
@@ -29,6 +30,7 @@ __all__ = [
     "format_kv",
     "format_table",
     "jsonable",
+    "message_json",
     "oldest_allocs_first",
     "parse_duration_ns",
     "plan_header",
@@ -79,8 +81,10 @@ def print_kv(pairs: Sequence[tuple[str, str]]) -> None:
 
 
 def jsonable(value: object) -> object:
+    """``value`` as JSON-ready data: a protobuf message as :func:`message_json` has it,
+    mappings and sequences element by element, anything else as it is."""
     if isinstance(value, Message):
-        return MessageToDict(value, preserving_proto_field_name=True)
+        return message_json(value)
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
@@ -90,6 +94,82 @@ def jsonable(value: object) -> object:
 
 def print_json(value: object) -> None:
     print(json.dumps(jsonable(value), indent=2))
+
+
+def message_json(message: Message) -> dict[str, object]:
+    """A message as ``-json`` prints it, so that a script can read any field without first
+    asking whether it is there: every field under its proto name, in the proto's order,
+    zero values included (``0``, ``""``, ``false``, ``[]``, ``{}``), an unset sub-message as
+    ``null``, and 64-bit integers as JSON numbers.
+
+    ProtoJSON writes 64-bit integers as strings (JavaScript's numbers lose precision past
+    2**53); a script in Python, jq or Go reads them exactly as numbers, and a nanosecond
+    time is past 2**53. Which fields are 64-bit comes from the message's descriptor, never
+    from what a string looks like: a job ID of "123" stays a string.
+    """
+    data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _complete(data, message.DESCRIPTOR)
+
+
+_INT64_TYPES: Final = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _complete(data: dict[str, object], descriptor: Descriptor) -> dict[str, object]:
+    """``descriptor``'s ProtoJSON ``data`` in field order, with 64-bit integer strings
+    back to ints and unset sub-messages as None, through every nested message, list and
+    map value."""
+    out: dict[str, object] = {}
+    for field in descriptor.fields:
+        if field.name not in data:
+            # Only fields with presence are missing: a sub-message (null says "unset"), or
+            # a oneof member that is not the chosen one (left out, as ProtoJSON does).
+            if field.containing_oneof is None:
+                out[field.name] = None
+            continue
+        value = data[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            if isinstance(value, dict):
+                value = {key: _field_value(item, entry) for key, item in value.items()}
+        elif _is_repeated(field):
+            if isinstance(value, list):
+                value = [_field_value(item, field) for item in value]
+        else:
+            value = _field_value(value, field)
+        out[field.name] = value
+    # Anything the descriptor does not name (none today) is kept, after the fields.
+    out.update((key, value) for key, value in data.items() if key not in out)
+    return out
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    # protobuf 7 has only ``is_repeated``; older releases had ``label`` first.
+    repeated: bool | None = getattr(field, "is_repeated", None)
+    if repeated is None:
+        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+    return repeated
+
+
+def _field_value(value: object, field: FieldDescriptor) -> object:
+    if field.type in _INT64_TYPES and isinstance(value, str):
+        return int(value)
+    message_type = field.message_type
+    # Well-known types (Timestamp, Struct, ...) have JSON forms of their own: left as they are.
+    if (
+        message_type is not None
+        and isinstance(value, dict)
+        and not message_type.full_name.startswith("google.protobuf.")
+    ):
+        return _complete(value, message_type)
+    return value
 
 
 def alloc_rows(allocs: Iterable[structs_pb2.Allocation], verbose: bool) -> list[list[str]]:
