@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, cast
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
@@ -108,7 +108,7 @@ def message_json(message: Message) -> dict[str, object]:
     from what a string looks like: a job ID of "123" stays a string.
     """
     data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    return _complete(data, message.DESCRIPTOR)
+    return _complete(data, cast(Descriptor, message.DESCRIPTOR))
 
 
 _INT64_TYPES: Final = frozenset(
@@ -154,7 +154,7 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     # protobuf 7 has only ``is_repeated``; older releases had ``label`` first.
     repeated: bool | None = getattr(field, "is_repeated", None)
     if repeated is None:
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        repeated = getattr(field, "label", None) == FieldDescriptor.LABEL_REPEATED
     return repeated
 
 
