@@ -19,6 +19,7 @@ import grpc
 from drover.scheduler.structs import Node
 from drover.server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
 from drover.server.api._limits import CALLER_CHECK_S, caller_limits, caller_waiting
+from drover.server.api.tunnel import NodeTunnelMixin
 from drover.server.codec import from_proto, to_proto
 from drover.server.endpoints import decode_drain
 from drover.server.errors import DroverError, ValidationError
@@ -44,7 +45,7 @@ def _node_alloc_index(snap: Snapshot, node_id: str) -> int:
     return max((a.modify_index for a in snap.allocs_by_node(node_id)), default=0)
 
 
-class NodesServicer(api_pb2_grpc.NodesServicer):
+class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
     def __init__(self, core: ServerCore) -> None:
         self.core = core
 

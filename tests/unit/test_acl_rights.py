@@ -67,6 +67,7 @@ def test_rights__token_exempt_rpcs__are_the_client_agents_node_rpcs_and_bootstra
         "Nodes.GetClientAllocs",
         "Nodes.WatchClientAllocs",
         "Nodes.UpdateAllocs",
+        "Nodes.Connect",
     } == NODE_SECRET_RPCS
     assert exempt == sorted({*NODE_SECRET_RPCS, "ACL.Bootstrap"})
     assert all(RIGHTS[rpc].why for rpc in exempt), "every exemption says why"
@@ -239,6 +240,24 @@ CHECKS = [
         api_pb2.MetricsRequest(),
         True,
     ),
+    (
+        "logs-with-read-logs",
+        "Allocs.Logs",
+        'namespace "default" { capabilities = ["read-logs"] }',
+        api_pb2.AllocLogsRequest(),
+        True,
+    ),
+    ("logs-with-node-read", "Allocs.Logs", NODE_READ, api_pb2.AllocLogsRequest(), False),
+    ("restart-with-read", "Allocs.Restart", READ_DEFAULT, api_pb2.AllocRestartRequest(), False),
+    (
+        "signal-with-alloc-lifecycle",
+        "Allocs.Signal",
+        'namespace "default" { capabilities = ["alloc-lifecycle"] }',
+        api_pb2.AllocSignalRequest(),
+        True,
+    ),
+    ("meta-read-with-node-read", "Nodes.MetaRead", NODE_READ, api_pb2.NodeMetaReadRequest(), True),
+    ("meta-apply-with-node-read", "Nodes.MetaApply", NODE_READ, api_pb2.NodeMetaApplyRequest(), False),
     ("token-create-with-write", "ACL.CreateToken", WRITE_DEFAULT, api_pb2.ACLTokenCreateRequest(), False),
     ("self-with-any-token", "ACL.TokenSelf", NODE_READ, api_pb2.ACLTokenSelfRequest(), True),
     # Any token may open a stream; each event is then kept only if the token may read it.
