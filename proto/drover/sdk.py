@@ -91,6 +91,7 @@ class _Stubs:
     operator: api_pb2_grpc.OperatorStub
     acl: api_pb2_grpc.ACLStub
     deployments: api_pb2_grpc.DeploymentsStub
+    events: api_pb2_grpc.EventsStub
 
     @classmethod
     def open(cls, address: str, tls: TLSMaterial | None) -> _Stubs:
@@ -105,6 +106,7 @@ class _Stubs:
             operator=api_pb2_grpc.OperatorStub(channel),
             acl=api_pb2_grpc.ACLStub(channel),
             deployments=api_pb2_grpc.DeploymentsStub(channel),
+            events=api_pb2_grpc.EventsStub(channel),
         )
 
 
@@ -599,6 +601,79 @@ class Client:
         to check every server, use one single-address client per server."""
         return self._call(lambda s: s.operator.Invariants, api_pb2.InvariantsRequest())
 
+    # -- Events -------------------------------------------------------------------------
+
+    def stream_events(
+        self, topics: Sequence[str] = (), *, index: int = 0, namespace: str = ""
+    ) -> Iterator[api_pb2.Event]:
+        """The cluster's events (``Events.Stream``), one at a time in index order, for as
+        long as the caller iterates.
+
+        ``topics``: ``"Job"``, ``"Allocation:web"`` (a topic, then ``:KEY`` for one object's
+        ID or its job's), ``"*"``; none: every topic. ``index``: events from this raft index
+        on; 0: from now. ``namespace``: "" is "default", "*" every one the token may read.
+
+        Resuming: when its server goes away (killed, restarting, the stream ended) the
+        iterator reconnects, to the next address in turn, asking for the events after the
+        last index it has covered. A server sends every event of one index in one message,
+        and says in each message which index it has covered, so the resumed stream neither
+        repeats nor skips an event (one at or below that index is dropped all the same).
+        Reconnecting is retried with backoff for ``retry_deadline``; ``OUT_OF_RANGE`` (the
+        index is older than that server's buffer) is tried at every other address before
+        it is raised. Other errors are raised at once.
+        """
+        filters = [_topic_filter(topic) for topic in topics]
+        # The index every event up to which has been seen; -1 until a server says (index 0).
+        covered = index - 1 if index > 0 else -1
+        attempt = 0
+        out_of_range = 0
+        failing_since: float | None = None
+        give_up_at = time.monotonic() + min(self.connect_timeout, self.retry_deadline)
+        while True:
+            stubs = self._pick() if self._reach.answered else self._first_contact(give_up_at)
+            start = covered + 1 if covered >= 0 else 0
+            request = api_pb2.EventStreamRequest(topics=filters, index=start, namespace=namespace)
+            stream = stubs.events.Stream(request, metadata=self._metadata)
+            try:
+                for response in stream:
+                    self._answered()
+                    attempt, out_of_range, failing_since = 0, 0, None
+                    for event in response.events:
+                        if event.index > covered:
+                            yield event
+                    covered = max(covered, response.index)
+                err = DroverError(grpc.StatusCode.UNAVAILABLE, f"{stubs.address} ended the event stream")
+            except grpc.RpcError as exc:
+                err = _translate(exc)
+                if not self._reach.answered:
+                    if _is_tls_failure(err):
+                        raise err from exc
+                    if self._reach.is_transport_failure(stubs, err):
+                        continue
+                self._answered()
+                if err.code == grpc.StatusCode.OUT_OF_RANGE:
+                    out_of_range += 1
+                    if out_of_range >= len(self._stubs):
+                        raise err from exc
+                elif (err.code != grpc.StatusCode.UNAVAILABLE and not _is_backoff(err)) or _is_tls_failure(
+                    err
+                ):
+                    raise err from exc
+            finally:
+                stream.cancel()
+            self._rotate(stubs)
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            delay = _backoff(attempt, self._rng)
+            attempt += 1
+            if now + delay > failing_since + self.retry_deadline:
+                raise DroverError(
+                    err.code,
+                    f"event stream lost after index {covered}: no server resumed it in "
+                    f"{self.retry_deadline:g}s ({', '.join(self.addresses)}): {err.message}",
+                )
+            time.sleep(delay)
+
     # -- ACL ----------------------------------------------------------------------------
 
     def acl_bootstrap(self, *, bootstrap_secret: str = "") -> api_pb2.ACLBootstrapResponse:
@@ -740,6 +815,12 @@ class Client:
 
 # The client's first name: everything written before it was called Client still works.
 DroverClient = Client
+
+
+def _topic_filter(topic: str) -> api_pb2.EventTopicFilter:
+    """``"Job"`` or ``"Job:web"`` (the key after the first colon) as the request's filter."""
+    name, _, key = topic.partition(":")
+    return api_pb2.EventTopicFilter(topic=name, key=key)
 
 
 def _options(stale: bool, min_index: int, wait_ns: int) -> api_pb2.QueryOptions:

@@ -11,7 +11,8 @@ Node events). The token is resolved again whenever the ACL tables change, so a d
 token ends its streams (PERMISSION_DENIED) and a changed policy applies to the next event.
 A response's ``index`` is the stream's position: every event up to it that the stream
 wants has been sent, so a resume from ``index + 1`` is exact. When nothing is sent for
-``HEARTBEAT_S`` an empty response (a heartbeat) says the stream is alive.
+``HEARTBEAT_S`` an empty response (a heartbeat) says the stream is alive; the first message
+is one too, sent as the stream opens.
 
 An open stream holds a gRPC thread, so it counts against its caller's parked queries
 (server/api/_limits.py) for as long as it is open, like ``Nodes.WatchClientAllocs``.
@@ -102,6 +103,9 @@ class EventsServicer(api_pb2_grpc.EventsServicer):
                 acl, acl_index = self._acl(context)
             except DroverError as exc:
                 context.abort(exc.code, str(exc))
+            # An empty first message: the stream is open, and its position (the index
+            # before the first it may send) is known to the caller before any event.
+            yield api_pb2.EventStreamResponse(index=start - 1)
             next_index = start
             last_sent = time.monotonic()
             while context.is_active() and not core.store.closed and not core.events.closed:

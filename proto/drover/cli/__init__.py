@@ -24,6 +24,7 @@ its commands to the parser, and the handlers that run them:
 - ``node``: ``status``, ``drain``, ``eligibility``.
 - ``eval``: ``list``, ``status``.
 - ``alloc``: ``status``.
+- ``event``: ``stream``, the event stream as one JSON object a line.
 - ``system``: ``reconcile summaries``.
 - ``operator``: ``raft list-peers|logs|state``, ``snapshot save|restore|inspect``,
   ``state``, ``invariants``.

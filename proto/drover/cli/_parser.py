@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from drover.cli import acl, agent, alloc, deployment, job, node, operator, system, tls
+from drover.cli import acl, agent, alloc, deployment, event, job, node, operator, system, tls
 from drover.cli import eval as eval_group
 
 __all__ = ["build_parser"]
@@ -18,4 +18,5 @@ def build_parser() -> argparse.ArgumentParser:
     # The order here is the order ``drover -h`` lists the groups in.
     for group in (agent, job, deployment, node, eval_group, alloc, system, operator, acl, tls):
         group.register(top)
+    event.register(top)
     return parser
