@@ -346,3 +346,66 @@ def test_version__prints_the_package_version(argv: list[str]) -> None:
 def test_server_members__unreachable_address__one_error_line() -> None:
     result = drover_cli("server", "members", "-address", "127.0.0.1:1")
     assert "127.0.0.1:1" in one_error_line(result)
+
+
+# ---------------------------------------------------------------------------------------
+# With ACLs on
+
+
+def test_acls__alloc_stop_needs_alloc_lifecycle_on_the_allocs_namespace__members_operator_read(
+    tmp_path: Path,
+) -> None:
+    with LocalCluster(tmp_path / "acl", servers=1, clients=1, acl=True) as cluster:
+        cluster.wait_for_leader(60)
+        admin_token = cluster.management_token
+        assert admin_token
+        addresses = cluster.grpc_addresses
+        with DroverClient(addresses, retry_deadline=30, token=admin_token) as admin:
+            wait_for(
+                lambda: any(n.status == "ready" for n in admin.list_nodes().nodes),
+                60,
+                0.2,
+                "the client's node",
+            )
+            admin.acl_upsert_policy("elsewhere", 'namespace "other" { capabilities = ["alloc-lifecycle"] }')
+            admin.acl_upsert_policy("lifecycle", 'namespace "default" { capabilities = ["alloc-lifecycle"] }')
+            admin.acl_upsert_policy("operator-read", 'operator { policy = "read" }')
+            elsewhere = admin.acl_create_token(name="elsewhere", policies=["elsewhere"]).token.secret_id
+            lifecycle = admin.acl_create_token(name="lifecycle", policies=["lifecycle"]).token.secret_id
+            operator = admin.acl_create_token(name="operator", policies=["operator-read"]).token.secret_id
+            run_job_file_as(cluster, tmp_path, admin_token, "guarded")
+            [alloc] = wait_running(admin, "guarded", 1)
+
+            with (
+                DroverClient(addresses, retry_deadline=10, token=elsewhere) as other,
+                pytest.raises(DroverError) as denied,
+            ):
+                other.stop_alloc(alloc.id)
+            assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED
+            assert "namespace 'default'" in denied.value.message
+            untouched = admin.get_alloc(alloc.id).alloc
+            assert untouched.desired_status == "run" and not untouched.desired_transition.migrate
+
+            with DroverClient(addresses, retry_deadline=10, token=lifecycle) as allowed:
+                assert allowed.stop_alloc(alloc.id).eval_id
+            assert admin.get_alloc(alloc.id).alloc.desired_transition.migrate
+
+        with DroverClient(addresses, retry_deadline=10) as anonymous, pytest.raises(DroverError) as refused:
+            anonymous.server_members()
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with DroverClient(addresses, retry_deadline=10, token=operator) as reader:
+            [member] = reader.server_members().members
+        assert (member.status, member.leader) == ("alive", True)
+
+
+def run_job_file_as(cluster: LocalCluster, directory: Path, token: str, job_id: str) -> None:
+    path = directory / f"{job_id}.hcl"
+    path.write_text(mock_job_hcl(job_id, 1))
+    result = drover_cli(
+        "job",
+        "run",
+        "-detach",
+        str(path),
+        env={"DROVER_ADDR": ",".join(cluster.grpc_addresses), "DROVER_TOKEN": token},
+    )
+    assert result.returncode == 0, result.stderr
