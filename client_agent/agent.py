@@ -16,6 +16,9 @@ Theory of operation. Four threads, each with its own retry policy, share three f
   queue; while no server answers, the queue simply holds the latest state per alloc.
 - watchdog: ``stop_on_client_after``: an alloc whose group sets it is stopped by the
   agent itself once no heartbeat has succeeded for that long.
+- tunnel: while registered, one ``Nodes.Connect`` stream open to the current server,
+  answering what only this node can (alloc logs, restart, signal, node meta:
+  client_agent/tunnel.py). A meta change is stored, then registered (``apply_meta``).
 
 Losing the servers never stops a task: runners only change on the servers' word, their
 own restart policy, or ``stop_on_client_after``.
@@ -58,6 +61,7 @@ from drover.client.runner import AllocRunner, job_key
 from drover.client.state import NodeIdentity, StateDB
 from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
 from drover.client.taskstate import AllocStatus
+from drover.client.tunnel import ClientTunnel, TunnelService, apply_meta_change, merge_meta
 from drover.common.logs import configure_logging
 from drover.common.tls import TLSError, TLSMaterial
 from drover.v1 import api_pb2, structs_pb2
@@ -114,6 +118,14 @@ class ClientAgent:
         self._store: StateDB | None = None
         self._identity: NodeIdentity | None = None
         self._node: structs_pb2.Node | None = None
+        # Dynamic meta (``node meta apply``) and which version of the node the servers have:
+        # ``_node_generation`` moves with each change, ``_registered_generation`` once a
+        # Register carrying it succeeded.
+        self._dynamic_meta: dict[str, str] = {}
+        self._node_generation = 0
+        self._registered_generation = -1
+        self._registered_cond = threading.Condition(self._state_lock)
+        self._tunnel: ClientTunnel | None = None
         self._log = log.bind(node_name=cfg.node_name)
 
     # -- public surface ----------------------------------------------------------------
@@ -184,7 +196,21 @@ class ClientAgent:
         self._log = log.bind(node_id=self._identity.node_id, node_name=self._cfg.node_name)
         facts = self._host_facts or probe_host(self._cfg.data_dir, list(self._cfg.servers))
         fp = fingerprint(facts, self._cfg.node_name, self._drivers)
-        self._node = build_node(self._identity.node_id, self._identity.secret_id, self._cfg, fp)
+        node = build_node(self._identity.node_id, self._identity.secret_id, self._cfg, fp)
+        self._dynamic_meta = self._store.load_dynamic_meta()
+        node.meta.clear()
+        node.meta.update(merge_meta(self._cfg.meta, self._dynamic_meta))
+        self._node = node
+        self._tunnel = ClientTunnel(
+            self._pool,
+            self._identity.node_id,
+            self._identity.secret_id,
+            TunnelService(self._identity.node_id, self.runner, self.read_meta, self.apply_meta),
+            registered=self._registered,
+            stopping=self._stopping,
+            backoff=Backoff(self._tuning.backoff_base_s, self._tuning.backoff_cap_s, self._rng),
+            log_fields={"node_id": self._identity.node_id},
+        )
         with self._state_lock:
             # The window of stop_on_client_after starts with the agent: a restarted agent
             # gives its restored allocs a full window to reach the servers.
@@ -196,6 +222,7 @@ class ClientAgent:
             ("watch", self._watch_loop),
             ("sync", self._sync_loop),
             ("watchdog", self._watchdog_loop),
+            ("tunnel", self._tunnel.run),
         ):
             thread = threading.Thread(target=self._guard(name, target), name=f"client-{name}", daemon=True)
             self._threads.append(thread)
@@ -239,6 +266,8 @@ class ClientAgent:
             if thread.name in ("client-sync", "client-watchdog"):
                 thread.join(self._tuning.rpc_timeout_s + 1.0)
         self._flush_final()
+        if self._tunnel is not None:
+            self._tunnel.stop()
         self._pool.close()
         for thread in self._threads:
             thread.join(self._tuning.rpc_timeout_s + 1.0)
@@ -270,6 +299,45 @@ class ClientAgent:
                 self._log.exception("client.loop_crashed", loop=name)
 
         return run
+
+    # -- node meta ---------------------------------------------------------------------
+
+    def read_meta(self) -> api_pb2.NodeMetaResponse:
+        """The node's meta: static (config), dynamic (``node meta apply``) and merged."""
+        with self._state_lock:
+            dynamic = dict(self._dynamic_meta)
+        static = dict(self._cfg.meta)
+        return api_pb2.NodeMetaResponse(meta=merge_meta(static, dynamic), static=static, dynamic=dynamic)
+
+    def apply_meta(
+        self, set_: Mapping[str, str], unset: Sequence[str], *, timeout_s: float = 10.0
+    ) -> api_pb2.NodeMetaResponse:
+        """Store a dynamic meta change, then register the node with it; returns once a
+        Register carrying it succeeded (or ``timeout_s`` passed: it is then sent with the
+        next one, as the change is already on disk)."""
+        assert self._store is not None and self._node is not None
+        with self._state_lock:
+            dynamic = apply_meta_change(self._dynamic_meta, set_, unset)
+            self._store.put_dynamic_meta(dynamic)
+            self._dynamic_meta = dynamic
+            node = structs_pb2.Node()
+            node.CopyFrom(self._node)
+            node.meta.clear()
+            node.meta.update(merge_meta(self._cfg.meta, dynamic))
+            self._node = node
+            self._node_generation += 1
+            generation = self._node_generation
+        self._log.info("client.meta_applied", set=sorted(set_), unset=sorted(unset))
+        self._need_register.set()
+        self._wake_heartbeat.set()
+        deadline = self._clock.monotonic_ns() + int(timeout_s * 1e9)
+        with self._registered_cond:
+            while self._registered_generation < generation and not self._stopping.is_set():
+                left = (deadline - self._clock.monotonic_ns()) / 1e9
+                if left <= 0:
+                    break
+                self._registered_cond.wait(min(left, 0.5))
+        return self.read_meta()
 
     def _require_identity(self) -> NodeIdentity:
         if self._identity is None:
@@ -376,8 +444,10 @@ class ClientAgent:
             registering = self._need_register.is_set()
             try:
                 if registering:
-                    assert self._node is not None
-                    ttl_ns = self._rpc.register(self._node)
+                    with self._state_lock:
+                        node, generation = self._node, self._node_generation
+                    assert node is not None
+                    ttl_ns = self._rpc.register(node)
                 else:
                     ttl_ns = self._rpc.heartbeat(node_id, secret)
             except ServerUnreachable as exc:
@@ -393,8 +463,18 @@ class ClientAgent:
                 delay = backoff.next()
             else:
                 backoff.reset()
+                if registering:
+                    with self._registered_cond:
+                        self._registered_generation = max(self._registered_generation, generation)
+                        self._registered_cond.notify_all()
                 self._heartbeat_ok(ttl_ns, registered_now=registering)
                 delay = heartbeat_interval_s(ttl_ns, t.default_ttl_ns)
+                with self._state_lock:
+                    stale = registering and generation < self._node_generation
+                if stale:
+                    # The meta changed while that Register was on its way: send the new one.
+                    self._need_register.set()
+                    delay = 0.0
             if self._wake_heartbeat.wait(delay):
                 self._wake_heartbeat.clear()
 

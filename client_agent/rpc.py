@@ -16,18 +16,18 @@ when it has one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final, TypeVar
 
 import grpc
 
-from drover.client.errors import NotFound, Refused, RequestRejected, ServerUnreachable
+from drover.client.errors import NotFound, Refused, RequestRejected, RpcFailed, ServerUnreachable
 from drover.client.taskstate import AllocStatus
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
 from drover.common.tls import TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
-__all__ = ["NodesRpc", "ServerPool", "alloc_update_message"]
+__all__ = ["NodesRpc", "ServerPool", "TunnelStream", "alloc_update_message"]
 
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # Statuses that mean "this node must register (again) before it is heard".
@@ -87,16 +87,45 @@ class ServerPool:
         try:
             return fn(self.stub(address))
         except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-            details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
-            if code in _UNREACHABLE or code == grpc.StatusCode.CANCELLED:
-                self.failed(address)
-                raise ServerUnreachable(address, code.name, details) from exc
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise NotFound(address, code.name, details) from exc
-            if code in _REFUSED:
-                raise Refused(address, code.name, details) from exc
-            raise RequestRejected(address, code.name, details) from exc
+            raise self._translate(address, exc) from exc
+
+    def _translate(self, address: str, exc: grpc.RpcError) -> RpcFailed:
+        code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+        details = (exc.details() if isinstance(exc, grpc.Call) else str(exc)) or ""
+        if code in _UNREACHABLE or code == grpc.StatusCode.CANCELLED:
+            self.failed(address)
+            return ServerUnreachable(address, code.name, details)
+        if code == grpc.StatusCode.NOT_FOUND:
+            return NotFound(address, code.name, details)
+        if code in _REFUSED:
+            return Refused(address, code.name, details)
+        return RequestRejected(address, code.name, details)
+
+    def tunnel(self, address: str, answers: Iterator[api_pb2.ClientTunnelUp]) -> TunnelStream:
+        """Open ``Nodes.Connect`` to ``address``: ``answers`` goes up (the hello first), and
+        the returned stream yields what the server asks. No deadline: it stays open for as
+        long as both ends live (client_agent/tunnel.py)."""
+        return TunnelStream(self, address, self.stub(address).Connect(answers))
+
+
+class TunnelStream:
+    """The server's requests on an open tunnel; a broken stream raises ``RpcFailed``."""
+
+    def __init__(self, pool: ServerPool, address: str, call: Iterator[api_pb2.ClientTunnelDown]) -> None:
+        self._pool = pool
+        self.address = address
+        self._call = call
+
+    def __iter__(self) -> Iterator[api_pb2.ClientTunnelDown]:
+        try:
+            yield from self._call
+        except grpc.RpcError as exc:
+            raise self._pool._translate(self.address, exc) from exc
+
+    def cancel(self) -> None:
+        cancel = getattr(self._call, "cancel", None)
+        if cancel is not None:
+            cancel()
 
 
 def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Allocation:

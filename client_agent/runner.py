@@ -260,6 +260,11 @@ class AllocRunner:
     def longest_kill_timeout_ns(self) -> int:
         return max((t.spec.kill_timeout_ns for t in self._tasks.values()), default=0)
 
+    def task_runners(self) -> dict[str, TaskRunner]:
+        """The alloc's tasks by name, for what an operator asks of one (logs, restart,
+        signal: client_agent/tunnel.py); empty when the alloc could not run at all."""
+        return dict(self._tasks)
+
     def task_records(self) -> dict[str, TaskRecord]:
         with self._lock:
             return {n: t.snapshot() for n, t in self._tasks.items()}

@@ -3,6 +3,7 @@
 Layout::
 
     <data_dir>/client/node.json               {"node_id", "secret_id"}: made once (uuid4)
+    <data_dir>/client/meta.json               the node's dynamic meta (``node meta apply``)
     <data_dir>/client/allocs/<alloc_id>.json  the alloc and its job as the server sent them,
                                               and per task: state, driver handle, restarts
     <data_dir>/allocs/<alloc_id>/<task>/      task working directories and logs (drivers)
@@ -170,6 +171,23 @@ class StateDB:
         identity = NodeIdentity(node_id=new_id(), secret_id=new_id())
         atomic_write_json(path, {"node_id": identity.node_id, "secret_id": identity.secret_id})
         return identity
+
+    def load_dynamic_meta(self) -> dict[str, str]:
+        """The meta an operator set with ``node meta apply`` ({} before the first)."""
+        path = self._client_dir / "meta.json"
+        if not path.exists():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            # Refuse rather than register without it: constraints on it would move allocs.
+            raise StateError(f"{path} is unreadable ({exc}); fix or remove it") from exc
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise StateError(f"{path}: expected a JSON object of strings")
+        return {str(k): v for k, v in data.items()}
+
+    def put_dynamic_meta(self, meta: Mapping[str, str]) -> None:
+        atomic_write_json(self._client_dir / "meta.json", dict(meta))
 
     def _alloc_path(self, alloc_id: str) -> Path:
         if not alloc_id or "/" in alloc_id or alloc_id.startswith("."):

@@ -10,6 +10,12 @@ all tasks at once). Three flags steer the thread from outside, and each also wak
 - ``detach()``: leave the task running and end the thread, for an agent restart or
   upgrade. The driver handle stays in the record so the next agent can re-attach.
 - restart delays wait on the same wake-up, so a kill during a delay is immediate.
+- ``restart()``: an operator's ``alloc restart``: stop the running task and start it again
+  at once, without asking the restart policy (its attempts are not used up, as Nomad's
+  restart-triggered path skips the policy's count).
+
+``signal(signum)`` passes an operator's signal to the running task's handle (its process
+group for raw_exec); it changes no state beyond a task event.
 
 Exits are judged by ``restarts.decide_restart`` (a pure function); the jitter it needs
 comes from the injected ``random.Random``.
@@ -26,7 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from drover.client.clock import Clock
-from drover.client.drivers.base import Driver, ExitResult, TaskHandle, TaskSpec
+from drover.client.drivers.base import Driver, ExitResult, SignalableHandle, TaskHandle, TaskSpec
 from drover.client.errors import DriverConfigError, TaskStartError
 from drover.client.metrics import DRIVER_START_SECONDS, TASK_RESTARTS
 from drover.client.restarts import RestartPolicy, RestartWindow, decide_restart
@@ -36,6 +42,8 @@ from drover.client.taskstate import (
     EVENT_KILLED,
     EVENT_KILLING,
     EVENT_NOT_RESTARTING,
+    EVENT_RESTART_SIGNALED,
+    EVENT_SIGNALING,
     EVENT_TERMINATED,
     TaskEvent,
     TaskState,
@@ -95,6 +103,9 @@ class TaskRunner:
         self._kill = threading.Event()
         self._detach = threading.Event()
         self._wake = threading.Event()
+        self._restart = threading.Event()
+        # The running task's handle (None while it is not running), for restart and signal.
+        self._handle: TaskHandle | None = None
         self._thread: threading.Thread | None = None
 
     # -- outside interface -----------------------------------------------------------
@@ -114,6 +125,33 @@ class TaskRunner:
     def detach(self) -> None:
         self._detach.set()
         self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        """True while a started task runs (and is not being stopped)."""
+        with self._lock:
+            return self._handle is not None and not self._kill.is_set()
+
+    def restart(self) -> bool:
+        """Ask for a restart in place; False (nothing asked) if the task is not running."""
+        if not self.running:
+            return False
+        self._restart.set()
+        self._wake.set()
+        return True
+
+    def signal(self, signum: int, name: str) -> bool:
+        """Send ``signum`` to the running task; False if it is not running. Raises
+        ``DriverConfigError`` if its driver takes no signals."""
+        with self._lock:
+            handle = self._handle if not self._kill.is_set() else None
+        if handle is None:
+            return False
+        if not isinstance(handle, SignalableHandle):
+            raise DriverConfigError(f"driver {self.spec.driver!r} can not signal its tasks")
+        self.add_event(TaskEvent(EVENT_SIGNALING, f"Task being sent signal {name}", self._now()))
+        handle.signal(signum)
+        return True
 
     @property
     def task_dir(self) -> Path:
@@ -176,7 +214,9 @@ class TaskRunner:
             if self._kill.is_set():
                 self._finish_killed(exit_)
                 return
-            if not self._after_exit(exit_):
+            if exit_.user_restart:
+                self._record_user_restart(exit_)
+            elif not self._after_exit(exit_):
                 return
             exit_ = None
 
@@ -195,11 +235,19 @@ class TaskRunner:
             if started is None or isinstance(started, _Exit):
                 return started
             handle = started
-        result = self._wait(handle)
+        with self._lock:
+            self._handle = handle
+        try:
+            result = self._wait(handle)
+        finally:
+            with self._lock:
+                self._handle = None
         if result is None:
             self._log.info("task.detached", pid=handle.pid)
             return None
-        return _Exit(result, ran=True)
+        restarted = self._restart.is_set()
+        self._restart.clear()
+        return _Exit(result, ran=True, user_restart=restarted and not self._kill.is_set())
 
     def _fail_now(self, message: str) -> None:
         """Dead and failed at once, with no restart: retrying cannot help (bad config)."""
@@ -245,6 +293,12 @@ class TaskRunner:
                 )
                 self.add_event(event)
                 return handle.stop(timeout_s)
+            if self._restart.is_set():
+                timeout_s = max(self.spec.kill_timeout_ns, 0) / 1e9
+                self.add_event(
+                    TaskEvent(EVENT_RESTART_SIGNALED, "User requested task to restart", self._now())
+                )
+                return handle.stop(timeout_s)
             result = handle.wait(POLL_S)
             if result is not None:
                 return result
@@ -265,6 +319,18 @@ class TaskRunner:
             return s.dead(now, failed=False)
 
         self._log.info("task.killed")
+        self._set(change, handle=None)
+
+    def _record_user_restart(self, exit_: _Exit) -> None:
+        """An operator's restart: record the exit and start again at once; the restart
+        window is left as it was, so the policy's attempts are not used up."""
+        now = self._now()
+        terminated = _terminated_event(exit_.result, now)
+        self._log.info("task.restart_requested", exit_code=exit_.result.exit_code)
+
+        def change(s: TaskState) -> TaskState:
+            return s.with_event(terminated).restarting(now, 0, "User requested restart")
+
         self._set(change, handle=None)
 
     def _after_exit(self, exit_: _Exit) -> bool:
@@ -314,6 +380,8 @@ class _Exit:
 
     result: ExitResult
     ran: bool
+    # Stopped for an operator's restart: start again without asking the restart policy.
+    user_restart: bool = False
 
 
 def _terminated_event(result: ExitResult, now: int) -> TaskEvent:

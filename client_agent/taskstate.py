@@ -32,6 +32,8 @@ __all__ = [
     "EVENT_RECEIVED",
     "EVENT_RECONNECTED",
     "EVENT_RESTARTING",
+    "EVENT_RESTART_SIGNALED",
+    "EVENT_SIGNALING",
     "EVENT_STARTED",
     "EVENT_TERMINATED",
     "MAX_EVENTS",
@@ -58,6 +60,9 @@ EVENT_KILLED: Final = "Killed"
 EVENT_RESTARTING: Final = "Restarting"
 EVENT_NOT_RESTARTING: Final = "Not Restarting"
 EVENT_DRIVER_FAILURE: Final = "Driver Failure"
+# An operator's `alloc restart` / `alloc signal` (Nomad's TaskRestartSignal, TaskSignaling).
+EVENT_RESTART_SIGNALED: Final = "Restart Signaled"
+EVENT_SIGNALING: Final = "Signaling"
 EVENT_RECONNECTED: Final = "Reconnected"
 
 # Nomad keeps the last 10 events per task: enough to explain the current state, small

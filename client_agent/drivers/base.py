@@ -13,11 +13,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from drover.client.errors import DriverConfigError
 
-__all__ = ["Driver", "ExitResult", "TaskHandle", "TaskSpec", "parse_config_json"]
+__all__ = ["Driver", "ExitResult", "SignalableHandle", "TaskHandle", "TaskSpec", "parse_config_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,16 @@ class TaskHandle(Protocol):
 
     def stop(self, timeout_s: float) -> ExitResult:
         """Ask the task to end, force it after ``timeout_s``, and return how it ended."""
+        ...
+
+
+@runtime_checkable
+class SignalableHandle(Protocol):
+    """A handle that can pass an operator's signal to its task (``alloc signal``); a
+    driver whose tasks take no signals leaves it out, and the signal is refused."""
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the task; a task that already ended is not an error."""
         ...
 
 

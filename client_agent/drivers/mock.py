@@ -68,6 +68,8 @@ class MockHandle:
         self._run_for_ns = run_for_ns
         self._exit_code = exit_code
         self._stopped = threading.Event()
+        # What ``signal`` was sent, in order: a mock task has no process to hear it.
+        self.signals: list[int] = []
 
     @property
     def pid(self) -> int:
@@ -98,6 +100,9 @@ class MockHandle:
         if remaining is not None and remaining <= 0:
             return ExitResult(self._exit_code)
         return None
+
+    def signal(self, signum: int) -> None:
+        self.signals.append(signum)
 
     def stop(self, timeout_s: float) -> ExitResult:
         self._stopped.set()

@@ -170,6 +170,10 @@ class RawExecHandle:
         except PermissionError as exc:
             log.warning("raw_exec.signal_failed", pid=self._pid, signal=sig, error=str(exc))
 
+    def signal(self, signum: int) -> None:
+        """To the whole process group, as a stop's SIGTERM: a shell's children hear it too."""
+        self._signal_group(signum)
+
     def _kill_stragglers(self) -> None:
         """SIGKILL what is left of the group once its leader is gone (reaped by us)."""
         if self._popen is None:
