@@ -522,6 +522,76 @@ class Client:
         req = api_pb2.AllocUpdateRequest(allocs=allocs, node_id=node_id, secret_id=secret_id)
         return self._call(lambda s: s.nodes.UpdateAllocs, req, write=True)
 
+    # -- Answered by the alloc's (or node's) client, through its tunnel ------------------
+
+    def alloc_logs(
+        self,
+        alloc_id: str,
+        task: str = "",
+        *,
+        stderr: bool = False,
+        follow: bool = False,
+        tail_lines: int = 0,
+        tail_bytes: int = 0,
+    ) -> Iterator[bytes]:
+        """A task's stdout (or stderr) as its client reads it, chunk by chunk; with
+        ``follow``, new output as the task writes it, until the task's alloc stops or the
+        caller stops iterating. ``tail_lines``/``tail_bytes`` start that far from the end.
+        A node that is not connected yet (UNAVAILABLE) is retried until the first chunk."""
+        req = api_pb2.AllocLogsRequest(
+            alloc_id=alloc_id,
+            task=task,
+            stderr=stderr,
+            follow=follow,
+            tail_lines=tail_lines,
+            tail_bytes=tail_bytes,
+        )
+        deadline = time.monotonic() + self.retry_deadline
+        attempt = 0
+        while True:
+            stubs = self._pick()
+            stream = stubs.allocs.Logs(req, metadata=self._metadata)
+            received = False
+            try:
+                for response in stream:
+                    received = True
+                    yield response.data
+                return
+            except grpc.RpcError as exc:
+                err = _translate(exc)
+                delay = _backoff(attempt, self._rng)
+                if received or err.code not in _RETRY_READ or time.monotonic() + delay > deadline:
+                    raise err from exc
+                self._rotate(stubs)
+                attempt += 1
+                time.sleep(delay)
+            finally:
+                stream.cancel()
+
+    def restart_alloc(self, alloc_id: str, task: str = "") -> api_pb2.AllocControlResponse:
+        """Restart one task (or every running task) in place; the restart policy's attempts
+        are not used up."""
+        req = api_pb2.AllocRestartRequest(alloc_id=alloc_id, task=task)
+        return self._call(lambda s: s.allocs.Restart, req, write=True)
+
+    def signal_alloc(
+        self, alloc_id: str, task: str = "", *, signal: str = ""
+    ) -> api_pb2.AllocControlResponse:
+        """Send ``signal`` ("SIGHUP" or "HUP"; empty: SIGKILL) to one task or every running one."""
+        req = api_pb2.AllocSignalRequest(alloc_id=alloc_id, task=task, signal=signal)
+        return self._call(lambda s: s.allocs.Signal, req, write=True)
+
+    def node_meta_read(self, node_id: str) -> api_pb2.NodeMetaResponse:
+        """The node's static, dynamic and merged meta, as its client holds them."""
+        return self._call(lambda s: s.nodes.MetaRead, api_pb2.NodeMetaReadRequest(node_id=node_id))
+
+    def node_meta_apply(
+        self, node_id: str, meta: dict[str, str] | None = None, *, unset: Sequence[str] = ()
+    ) -> api_pb2.NodeMetaResponse:
+        """Set and unset dynamic meta on the node; answered once the node registered with it."""
+        req = api_pb2.NodeMetaApplyRequest(node_id=node_id, meta=meta or {}, unset=list(unset))
+        return self._call(lambda s: s.nodes.MetaApply, req, write=True)
+
     # -- Evals --------------------------------------------------------------------------
 
     def list_evals(

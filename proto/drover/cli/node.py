@@ -28,6 +28,7 @@ from drover.cli._format import (
     print_kv,
     print_table,
 )
+from drover.cli._node_meta import register_meta
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 
@@ -59,6 +60,7 @@ def register(top: Subcommands) -> None:
     p.add_argument("node", help="node ID, unique ID prefix, or node name")
     write_flags(p)
     _enable_or_disable(p)
+    register_meta(nodes)
 
 
 def _enable_or_disable(p: argparse.ArgumentParser) -> None:
