@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
@@ -29,6 +29,7 @@ from drover.common.tls import TLSFiles
 
 __all__ = [
     "DEFAULT_HTTP_PORT",
+    "Headers",
     "HttpEndpoint",
     "Request",
     "Response",
@@ -49,11 +50,17 @@ TOKEN_HEADERS: Final = ("X-Nomad-Token", "X-Drover-Token")
 log = structlog.get_logger("drover.http")
 
 
+class Headers(Protocol):
+    """A request's headers: http.server's (case-insensitive) message, or a plain dict."""
+
+    def get(self, name: str, /) -> str | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     path: str
     query: Mapping[str, list[str]] = field(default_factory=dict)
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Headers = field(default_factory=lambda: dict[str, str]())
 
     def param(self, name: str) -> str:
         values = self.query.get(name)
@@ -74,10 +81,10 @@ def json_response(status: int, value: object) -> Response:
     return Response(status, json.dumps(value).encode() + b"\n", "application/json")
 
 
-def token_of(headers: Mapping[str, str]) -> str:
+def token_of(headers: Headers) -> str:
     """The ACL secret a request presents; empty when it presents none.
 
-    ``headers`` must be case-insensitive (``http.client.HTTPMessage`` is)."""
+    Header names are matched as ``headers`` matches them: http.server's are case-insensitive."""
     for name in TOKEN_HEADERS:
         value = headers.get(name)
         if value:
@@ -186,7 +193,7 @@ def _handler_for(routes: Mapping[str, Route]) -> type[BaseHTTPRequestHandler]:
             if route is None:
                 self._send(json_response(404, {"error": f"no such path: {parts.path}"}))
                 return
-            request = Request(parts.path, parse_qs(parts.query), self.headers)  # type: ignore[arg-type]
+            request = Request(parts.path, parse_qs(parts.query), self.headers)
             try:
                 response = route(request)
             except Exception:
