@@ -638,6 +638,12 @@ class Client:
         req = api_pb2.AllocGetRequest(alloc_id=alloc_id, options=opts)
         return self._call(lambda s: s.allocs.Get, req, options=opts)
 
+    def stop_alloc(self, alloc_id: str) -> api_pb2.AllocStopResponse:
+        """Stop one alloc and let the scheduler replace it; the response names the eval
+        that does (follow it with ``get_eval``)."""
+        req = api_pb2.AllocStopRequest(alloc_id=alloc_id)
+        return self._call(lambda s: s.allocs.Stop, req, write=True)
+
     # -- Operator -----------------------------------------------------------------------
 
     def raft_peers(self, *, stale: bool = False) -> api_pb2.RaftPeersResponse:
@@ -670,6 +676,29 @@ class Client:
         """Invariant violations in the state of whichever server answers (never forwarded):
         to check every server, use one single-address client per server."""
         return self._call(lambda s: s.operator.Invariants, api_pb2.InvariantsRequest())
+
+    def server_members(self) -> api_pb2.ServerMembersResponse:
+        """Every server as the answering one sees it (alive if it answered a probe)."""
+        return self._call(lambda s: s.operator.ServerMembers, api_pb2.ServerMembersRequest())
+
+    def agent_info(self) -> api_pb2.AgentInfoResponse:
+        """The answering agent's own facts (never forwarded)."""
+        return self._call(lambda s: s.operator.AgentInfo, api_pb2.AgentInfoRequest())
+
+    def scheduler_get_config(self, *, stale: bool = False) -> api_pb2.SchedulerConfigResponse:
+        opts = _options(stale, 0, 0)
+        req = api_pb2.SchedulerGetConfigRequest(options=opts)
+        return self._call(lambda s: s.operator.SchedulerGetConfig, req, options=opts)
+
+    def scheduler_set_config(
+        self, config: structs_pb2.SchedulerConfig, *, cas_index: int | None = None
+    ) -> api_pb2.SchedulerSetConfigResponse:
+        """Replace the scheduler config; with ``cas_index``, only if the stored config's
+        modify_index still equals it (FAILED_PRECONDITION otherwise)."""
+        req = api_pb2.SchedulerSetConfigRequest(
+            config=config, use_cas=cas_index is not None, cas_index=cas_index or 0
+        )
+        return self._call(lambda s: s.operator.SchedulerSetConfig, req, write=True)
 
     # -- Events -------------------------------------------------------------------------
 

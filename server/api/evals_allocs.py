@@ -1,4 +1,10 @@
-"""Evals and Allocs services: read-only views (the schedulers write them)."""
+"""Evals and Allocs services: read-only views (the schedulers write them), and
+``Allocs.Stop``, the operator's request that the scheduler replace one alloc.
+
+Stop names an alloc, not a namespace, so the rights table can only ask for
+alloc-lifecycle in some namespace; the alloc's own namespace is checked here once it is
+found, before anything is written (as server/api/deployments.py does).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,12 @@ from typing import TYPE_CHECKING
 import grpc
 
 from drover.scheduler.structs import DEFAULT_NAMESPACE
-from drover.server.api._base import get_by_id, query, rpc
+from drover.server.acl import rights
+from drover.server.acl.resolve import caller
+from drover.server.api._base import get_by_id, query, rpc, write_meta
+from drover.server.cluster_ops import stop_alloc
 from drover.server.codec import to_proto
-from drover.server.errors import ValidationError
+from drover.server.errors import NotFoundError, PermissionDeniedError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2, api_pb2_grpc
 
@@ -46,6 +55,18 @@ class EvalsServicer(api_pb2_grpc.EvalsServicer):
 
 
 class AllocsServicer(api_pb2_grpc.AllocsServicer):
+def authorize_alloc(service: str, method: str, namespace: str) -> None:
+    """Refuse a call about an alloc of a namespace the caller's token may not act on."""
+    identity = caller()
+    if identity is None or identity.acl.management:
+        return  # ACLs off, or a management token
+    need = rights.need_for(service, method)
+    if not identity.acl.allows_namespace(namespace, need.any_of):
+        raise PermissionDeniedError(
+            f"Permission denied: {service}.{method} needs {' or '.join(need.any_of)} on namespace {namespace!r}"
+        )
+
+
     def __init__(self, core: ServerCore) -> None:
         self.core = core
 
@@ -77,3 +98,16 @@ class AllocsServicer(api_pb2_grpc.AllocsServicer):
         response = api_pb2.AllocGetResponse(meta=meta)
         to_proto(alloc, response.alloc)
         return response
+    @rpc("Allocs", "write")
+    def Stop(
+        self, request: api_pb2.AllocStopRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocStopResponse:
+        if not request.alloc_id:
+            raise ValidationError("alloc_id: required")
+        core = self.core
+        alloc = core.store.snapshot().alloc(request.alloc_id)
+        if alloc is None:
+            raise NotFoundError(f"alloc {request.alloc_id!r} not found")
+        authorize_alloc("Allocs", "Stop", alloc.namespace)
+        stopped = stop_alloc(core.raft, core.store, core.clock, core.ids, alloc)
+        return api_pb2.AllocStopResponse(meta=write_meta(stopped.index), eval_id=stopped.eval_id)

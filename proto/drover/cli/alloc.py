@@ -1,14 +1,25 @@
-"""``drover alloc``: show one allocation, its task states and status history, and with
-``-verbose`` how its node was chosen (placement metrics)."""
+"""``drover alloc``: show one allocation (its addresses, resources, task states with their
+recent events, and status history, and with ``-verbose`` how its node was chosen), and
+``alloc stop``: have the scheduler replace one."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Final
 
-from drover.cli._args import Subcommands, add_command, add_group, display_id, is_verbose, read_flags
+from drover.cli._args import (
+    Subcommands,
+    add_command,
+    add_group,
+    display_id,
+    is_verbose,
+    read_flags,
+    write_flags,
+)
 from drover.cli._connect import ALLOCS, connect, find
 from drover.cli._format import fmt_duration, fmt_time, print_json, print_kv, print_table
+from drover.cli._monitor import monitor_eval
 from drover.cli._placement import metric_lines, score_table
 from drover.cli._reschedule import attempts_text, eligibility_text
 from drover.sdk import DroverClient, DroverError
@@ -22,6 +33,9 @@ def register(top: Subcommands) -> None:
     p = add_command(allocs, "status", _cmd_alloc_status, "show one allocation")
     p.add_argument("alloc")
     read_flags(p)
+    p = add_command(allocs, "stop", _cmd_alloc_stop, "stop an allocation and let the scheduler replace it")
+    p.add_argument("alloc")
+    write_flags(p, monitor=True)
 
 
 def _cmd_alloc_status(args: argparse.Namespace) -> int:
@@ -52,13 +66,15 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
                 *_deployment_lines(alloc, args),
             ]
         )
+        _print_addresses_and_resources(alloc, _node_address(client, alloc))
         for name, state in sorted(alloc.task_states.items()):
             print(f'\nTask "{name}" is "{state.state}"' + (" (failed)" if state.failed else ""))
             print(
                 f"Restarts: {state.restarts}  Started: {fmt_time(state.started_at_ns) or '-'}"
                 f"  Finished: {fmt_time(state.finished_at_ns) or '-'}"
             )
-            rows = [[fmt_time(e.time_ns), e.type, e.message] for e in state.events]
+            print("\nRecent Events:")
+            rows = [[fmt_time(e.time_ns), e.type, e.message] for e in recent_events(state, args)]
             print_table(["Time", "Type", "Description"], rows, empty="No events")
         if alloc.reschedule_events:
             print("\nReschedule Attempts")
@@ -79,6 +95,58 @@ def _cmd_alloc_status(args: argparse.Namespace) -> int:
         if is_verbose(args):
             _print_placement_metrics(alloc)
     return 0
+
+
+# Nomad's "Recent Events:" shows the last 10; -verbose shows every event the client kept.
+RECENT_EVENTS: Final = 10
+
+
+def recent_events(state: structs_pb2.TaskState, args: argparse.Namespace) -> list[structs_pb2.TaskEvent]:
+    """The task's events oldest first, newest last (as Nomad prints them), the last
+    ``RECENT_EVENTS`` unless -verbose."""
+    events = sorted(state.events, key=lambda e: e.time_ns)
+    return events if is_verbose(args) else events[-RECENT_EVENTS:]
+
+
+def _node_address(client: DroverClient, alloc: structs_pb2.Allocation) -> str:
+    """Where the alloc's ports listen when the port names no host IP: its node's address."""
+    if not any(not p.host_ip for p in alloc.resources.ports):
+        return ""
+    try:
+        return client.get_node(alloc.node_id).node.address
+    except DroverError:
+        return ""  # the node is gone (or not readable with this token): the port still shows
+
+
+def _print_addresses_and_resources(alloc: structs_pb2.Allocation, node_address: str) -> None:
+    """Nomad's "Allocation Addresses" and the resources the scheduler reserved for it."""
+    resources = alloc.resources
+    print("\nAllocation Addresses:")
+    rows = [
+        [p.label, f"{p.host_ip or node_address or '<node>'}:{p.value}", str(p.to) if p.to else "-"]
+        for p in resources.ports
+    ]
+    print_table(["Label", "Address", "To"], rows, empty="No ports")
+    print("\nAllocated Resources:")
+    print_table(
+        ["CPU", "Memory", "Disk"],
+        [[f"{resources.cpu_mhz} MHz", f"{resources.memory_mb} MiB", f"{resources.disk_mb} MiB"]],
+    )
+
+
+def _cmd_alloc_stop(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        alloc = find(client, ALLOCS, args.alloc, stale=False)
+        resp = client.stop_alloc(alloc.id)
+        if args.json:
+            print_json(resp)
+            return 0
+        print(
+            f'Alloc "{display_id(alloc.id, args)}" is stopping, evaluation {display_id(resp.eval_id, args)}'
+        )
+        if args.detach:
+            return 0
+        return monitor_eval(client, args, resp.eval_id)
 
 
 def _print_placement_metrics(alloc: structs_pb2.Allocation) -> None:

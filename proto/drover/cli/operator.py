@@ -11,6 +11,7 @@ from typing import Final, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from drover.cli import _scheduler_config as scheduler_config
 from drover.cli._args import Subcommands, add_command, add_group, address, conn_flags, flag, read_flags
 from drover.cli._connect import connect, connect_to
 from drover.cli._errors import CLIError, fail
@@ -31,6 +32,7 @@ server's own FSM, so the state printed is the state the server had at that index
 
 def register(top: Subcommands) -> None:
     operator = add_group(top, "operator", "cluster operations")
+    scheduler_config.register(operator)
     raft = add_group(operator, "raft", "raft peers, and offline tools for a stopped server's raft data")
     p = add_command(raft, "list-peers", _cmd_raft_peers, "list the raft peers")
     read_flags(p)
