@@ -23,15 +23,17 @@ its commands to the parser, and the handlers that run them:
   ``alloc-health``.
 - ``node``: ``status``, ``drain``, ``eligibility``.
 - ``eval``: ``list``, ``status``.
-- ``alloc``: ``status``.
+- ``alloc``: ``status``, ``stop``.
+- ``server``: ``members``.
 - ``event``: ``stream``, the event stream as one JSON object a line.
 - ``system``: ``reconcile summaries``.
 - ``operator``: ``raft list-peers|logs|state``, ``snapshot save|restore|inspect``,
-  ``state``, ``invariants``.
+  ``state``, ``invariants``; ``scheduler get-config|set-config`` (``_scheduler_config``).
 - ``acl``: ``bootstrap``, ``policy apply|list|info|delete``,
   ``token create|list|info|self|delete`` (servers with ``-acl-enabled``; every command
   sends ``-token`` or ``DROVER_TOKEN``).
 - ``tls``: ``ca create``, ``cert create``: a private CA and the cluster's certificates.
+- ``info``: ``agent-info`` and ``version`` (and the top-level ``-version``).
 
 Shared, private:
 
