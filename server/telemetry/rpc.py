@@ -25,11 +25,12 @@ def method_label(full_method: str) -> str:
     return f"{service.rsplit('.', 1)[-1]}.{method}"
 
 
-def _code_of(context: grpc.ServicerContext, failed: bool) -> str:
-    code = context.code()  # type: ignore[attr-defined] # set by abort or set_code; None when untouched
-    if isinstance(code, grpc.StatusCode):
-        return code.name
-    return "UNKNOWN" if failed else "OK"
+def _code_of(context: grpc.ServicerContext, ended: str) -> str:
+    """The call's status code: the one the servicer set (abort, set_code), else what its
+    ending implies (``ended``: OK, UNKNOWN for an exception, CANCELLED for a caller that
+    went away mid-stream)."""
+    code = context.code()  # type: ignore[attr-defined] # None when the servicer set none
+    return code.name if isinstance(code, grpc.StatusCode) else ended
 
 
 class RpcMetrics(grpc.ServerInterceptor):
@@ -43,21 +44,21 @@ class RpcMetrics(grpc.ServerInterceptor):
             return None
         method = method_label(str(handler_call_details.method))
 
-        def observe(context: grpc.ServicerContext, started: float, failed: bool) -> None:
-            code = _code_of(context, failed)
+        def observe(context: grpc.ServicerContext, started: float, ended: str) -> None:
+            code = _code_of(context, ended)
             RPC_REQUESTS.labels(method, code).inc()
             RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
 
         def unary_response(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
             def timed(request: Any, context: grpc.ServicerContext) -> Any:
                 started = time.perf_counter()
-                failed = True
+                ended = "UNKNOWN"
                 try:
                     response = behavior(request, context)
-                    failed = False
+                    ended = "OK"
                     return response
                 finally:
-                    observe(context, started, failed)
+                    observe(context, started, ended)
 
             return timed
 
@@ -66,15 +67,15 @@ class RpcMetrics(grpc.ServerInterceptor):
         ) -> Callable[..., Any]:
             def timed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 started = time.perf_counter()
-                failed = True
+                ended = "UNKNOWN"
                 try:
                     yield from behavior(request, context)
-                    failed = False
+                    ended = "OK"
                 except GeneratorExit:
-                    failed = False  # the caller went away: counted with the code grpc set (CANCELLED)
+                    ended = "CANCELLED"  # grpc closed the stream: the caller went away
                     raise
                 finally:
-                    observe(context, started, failed)
+                    observe(context, started, ended)
 
             return timed
 

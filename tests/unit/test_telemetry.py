@@ -5,6 +5,7 @@ server, and the endpoint itself on a loopback port."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -238,6 +239,27 @@ def test_rpc_metrics__counts_by_method_and_code() -> None:
         server.stop(0).wait(5)
     assert _count("Health.Check", "OK") - ok_before == 2
     assert _count("Health.Check", "NOT_FOUND") - missing_before == 1
+
+
+def test_rpc_metrics__a_stream_the_caller_cancels_counts_as_cancelled() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[RpcMetrics()])
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    before = _count("Health.Watch", "CANCELLED")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+            deadline = time.monotonic() + 10
+            while _count("Health.Watch", "CANCELLED") == before and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        server.stop(0).wait(5)
+    assert _count("Health.Watch", "CANCELLED") - before == 1
 
 
 # --- the ports { } block -----------------------------------------------------------------
