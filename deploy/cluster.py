@@ -354,6 +354,8 @@ class ProcessRecord:
     raft_address: str = ""
     grpc_port: int = 0
     raft_port: int = 0
+    # Its HTTP port (metrics, health): what `curl` and Prometheus scrape.
+    http_address: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -366,6 +368,7 @@ class ProcessRecord:
             "raft_address": self.raft_address,
             "grpc_port": self.grpc_port,
             "raft_port": self.raft_port,
+            "http_address": self.http_address,
         }
 
     @classmethod
@@ -380,6 +383,7 @@ class ProcessRecord:
             raft_address=str(data.get("raft_address", "")),
             grpc_port=int(data.get("grpc_port", 0)),
             raft_port=int(data.get("raft_port", 0)),
+            http_address=str(data.get("http_address", "")),
         )
 
 
@@ -926,6 +930,9 @@ class LocalCluster:
                 raft_address=spec.raft_address if spec else "",
                 grpc_port=spec.grpc_port if spec else 0,
                 raft_port=spec.raft_port if spec else 0,
+                http_address=f"{spec.host if spec else LOOPBACK}:{member.http_port}"
+                if member.http_port
+                else "",
             )
 
         return ClusterRecord(
@@ -1205,10 +1212,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
         mark = "  (leader)" if server.name == leader else ""
         print(
             f"{server.name}  grpc {server.grpc_address}  raft {server.raft_address}  "
-            f"pid {server.pid}  log {server.log}{mark}"
+            f"http {server.http_address}  pid {server.pid}  log {server.log}{mark}"
         )
     for client in record.clients:
-        print(f"{client.name}  pid {client.pid}  log {client.log}")
+        print(f"{client.name}  http {client.http_address}  pid {client.pid}  log {client.log}")
     _print_exports(record)
     print(f"stop it with: make cluster-stop  (or: python deploy/cluster.py stop --dir {args.dir})")
     return 0
