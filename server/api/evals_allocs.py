@@ -16,6 +16,7 @@ from drover.scheduler.structs import DEFAULT_NAMESPACE
 from drover.server.acl import rights
 from drover.server.acl.resolve import caller
 from drover.server.api._base import get_by_id, query, rpc, write_meta
+from drover.server.api.tunnel import AllocTunnelMixin
 from drover.server.cluster_ops import stop_alloc
 from drover.server.codec import to_proto
 from drover.server.errors import NotFoundError, PermissionDeniedError, ValidationError
@@ -54,7 +55,6 @@ class EvalsServicer(api_pb2_grpc.EvalsServicer):
         return response
 
 
-class AllocsServicer(api_pb2_grpc.AllocsServicer):
 def authorize_alloc(service: str, method: str, namespace: str) -> None:
     """Refuse a call about an alloc of a namespace the caller's token may not act on."""
     identity = caller()
@@ -67,6 +67,7 @@ def authorize_alloc(service: str, method: str, namespace: str) -> None:
         )
 
 
+class AllocsServicer(AllocTunnelMixin, api_pb2_grpc.AllocsServicer):
     def __init__(self, core: ServerCore) -> None:
         self.core = core
 
@@ -98,6 +99,7 @@ def authorize_alloc(service: str, method: str, namespace: str) -> None:
         response = api_pb2.AllocGetResponse(meta=meta)
         to_proto(alloc, response.alloc)
         return response
+
     @rpc("Allocs", "write")
     def Stop(
         self, request: api_pb2.AllocStopRequest, context: grpc.ServicerContext

@@ -8,6 +8,7 @@ import argparse
 import time
 from typing import Final
 
+from drover.cli._alloc_control import register_control
 from drover.cli._args import (
     Subcommands,
     add_command,
@@ -33,6 +34,7 @@ def register(top: Subcommands) -> None:
     p = add_command(allocs, "status", _cmd_alloc_status, "show one allocation")
     p.add_argument("alloc")
     read_flags(p)
+    register_control(allocs)
     p = add_command(allocs, "stop", _cmd_alloc_stop, "stop an allocation and let the scheduler replace it")
     p.add_argument("alloc")
     write_flags(p, monitor=True)
