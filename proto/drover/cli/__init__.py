@@ -21,9 +21,10 @@ its commands to the parser, and the handlers that run them:
   ``revert``, ``scale``, ``inspect``, ``validate``, ``deployments``.
 - ``deployment``: ``list``, ``status``, ``promote``, ``pause``, ``resume``, ``fail``,
   ``alloc-health``.
-- ``node``: ``status``, ``drain``, ``eligibility``.
+- ``node``: ``status``, ``drain``, ``eligibility``; ``meta apply|read`` (``_node_meta``).
 - ``eval``: ``list``, ``status``.
-- ``alloc``: ``status``, ``stop``.
+- ``alloc``: ``status``, ``stop``; ``logs``, ``restart``, ``signal`` through the node's
+  tunnel (``_alloc_control``).
 - ``server``: ``members``.
 - ``event``: ``stream``, the event stream as one JSON object a line.
 - ``system``: ``reconcile summaries``.
