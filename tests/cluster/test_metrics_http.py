@@ -109,6 +109,10 @@ def test_metrics_http__values_move_when_a_job_runs(one_of_each: LocalCluster) ->
     with DroverClient(cluster.grpc_addresses, retry_deadline=30) as sdk:
         sdk.register_job(service_job("web", count=2))
         wait_for(lambda: len(running_allocs(sdk, "web")) == 2 or None, WAIT_S, 0.2, "2 running allocs")
+        # Operator.Metrics over gRPC serves the same registry, this server's gauges included.
+        over_grpc = [s for f in text_string_to_metric_families(sdk.metrics().text) for s in f.samples]
+    assert value(over_grpc, "drover_raft_leader") == 1
+    assert value(over_grpc, "drover_rpc_requests_total", method="Jobs.Register", code="OK") >= 1
 
     def moved() -> list[Sample] | None:
         now = scrape(server)
@@ -312,3 +316,30 @@ def test_metrics_http__port_taken__agent_refuses_to_start_naming_it(tmp_path: Pa
         f"Error: can not bind HTTP to 127.0.0.1:{taken}: Address already in use (see -http-port)"
     ], result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_metrics_http__three_servers__the_leader_reports_last_contact_per_follower_by_name(
+    cluster: LocalCluster,
+) -> None:
+    leader = cluster.leader_index()
+    followers = [name for i, name in enumerate(cluster.server_names) if i != leader]
+
+    def contacts() -> list[Sample] | None:
+        samples = scrape(cluster.http_address(leader))
+        peers = {s.labels["peer"] for s in samples if s.name == "drover_raft_last_contact_seconds"}
+        return samples if peers == set(followers) else None
+
+    samples = wait_for(contacts, WAIT_S, 0.5, f"last contact with {followers} on the leader")
+    assert samples is not None and value(samples, "drover_raft_leader") == 1
+    # Heartbeats every few hundred ms: a live follower was heard from within seconds.
+    for name in followers:
+        assert value(samples, "drover_raft_last_contact_seconds", peer=name) < 5, name
+    for i in range(3):
+        if i == leader:
+            continue
+        on_follower = scrape(cluster.http_address(i))
+        assert value(on_follower, "drover_raft_leader") == 0
+        assert "drover_raft_last_contact_seconds" not in names(on_follower)
+        assert value(on_follower, "drover_raft_term") == value(samples, "drover_raft_term")
+        assert get(cluster.http_address(i), "/v1/status/leader").json() == cluster.grpc_addresses[leader]
