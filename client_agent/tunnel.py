@@ -7,7 +7,8 @@ it is answered on its own thread by ``TunnelService``, by request_id: zero or mo
 chunks (at most ``CHUNK_BYTES`` each), then one ``done`` (with a status code name and
 words if it failed). A ``cancel`` from the server stops that request (a followed log whose
 caller went away). A broken stream is opened again with backoff, to the next server if
-that one did not answer.
+that one did not answer; a stream to a server the agent no longer talks to (its other
+calls failed over) is closed and opened to the new one, so the tunnel follows the agent.
 
 What is answered:
 
@@ -59,6 +60,8 @@ CHUNK_BYTES: Final = 64 * 1024
 FOLLOW_POLL_S: Final = 0.25
 # A stream that stayed up this long was healthy: the next failure starts backoff afresh.
 _HEALTHY_STREAM_S: Final = 5.0
+# How often an open stream checks that its server is still the agent's current one.
+_FOLLOW_SERVER_S: Final = 1.0
 _OUTGOING_QUEUE: Final = 64
 _PUT_POLL_S: Final = 0.5
 
@@ -412,6 +415,15 @@ class ClientTunnel:
             self._stream_cancel = stream.cancel
         self._connected.set()
         self._log.info("tunnel.open", server=address)
+
+        def follow_server() -> None:
+            while not ended.wait(_FOLLOW_SERVER_S):
+                if self._pool.current() != address:
+                    self._log.info("tunnel.server_changed", server=address, current=self._pool.current())
+                    stream.cancel()
+                    return
+
+        threading.Thread(target=follow_server, name="tunnel-follow", daemon=True).start()
         try:
             for down in stream:
                 if down.WhichOneof("op") == "cancel":
