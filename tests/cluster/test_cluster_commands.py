@@ -128,6 +128,33 @@ def test_alloc_stop__replaced__count_kept__status_shows_port_and_events(
     assert re.search(r"^\S+\s+Started\s+", events, re.M), out
 
 
+def test_alloc_stop__system_job__replaced_on_its_node(two_nodes: LocalCluster, tmp_path: Path) -> None:
+    hcl = mock_job_hcl("everywhere", 1).replace(
+        'datacenters = ["dc1"]', 'type        = "system"\n  datacenters = ["dc1"]'
+    )
+    run_job_file(two_nodes, tmp_path, "everywhere", hcl)
+    with sdk(two_nodes) as client:
+        old = wait_running(client, "everywhere", 2)[0]
+
+        result = run_cli(two_nodes, "alloc", "stop", old.id)
+        assert result.returncode == 0, result.stderr
+
+        def replaced() -> bool:
+            allocs = client.list_allocs(job_id="everywhere").allocs
+            stopped = next(a for a in allocs if a.id == old.id)
+            running = running_allocs(client, "everywhere")
+            return (
+                stopped.desired_status == "stop"
+                and len(running) == 2
+                and sorted(a.node_id for a in running) == sorted(set(a.node_id for a in running))
+                and any(a.node_id == old.node_id and a.id != old.id for a in running)
+            )
+
+        wait_for(
+            replaced, 60, 0.2, lambda: f"system alloc {old.id} replaced on its node\n{two_nodes.logs_tail()}"
+        )
+
+
 def test_alloc_stop__unknown_or_already_stopped__one_error_line(
     two_nodes: LocalCluster, tmp_path: Path
 ) -> None:
