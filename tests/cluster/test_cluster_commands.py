@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deploy.cluster import LocalCluster, wait_for
+from deploy.cluster import LocalCluster, pick_free_ports, wait_for
 from drover.common.version import drover_version
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
@@ -361,6 +364,37 @@ def test_agent_info__json_and_human(cluster: LocalCluster) -> None:
     human = run_cli(cluster, "agent-info", "-address", address)
     assert human.returncode == 0, human.stderr
     assert re.search(r"^raft\n(  .*\n)*  state\s+= (leader|follower)$", human.stdout, re.M), human.stdout
+
+
+@pytest.mark.timeout(120)
+def test_agent_info__dev_agent__has_its_embedded_clients_section(tmp_path: Path) -> None:
+    grpc_port, http_port = pick_free_ports(2)
+    address = f"127.0.0.1:{grpc_port}"
+    with open(tmp_path / "dev.log", "wb") as log:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "drover.cli", "agent", "-dev", "-data-dir", str(tmp_path / "dev"),
+             "-grpc-port", str(grpc_port), "-http-port", str(http_port)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+
+        def client_section() -> dict[str, str] | None:
+            result = drover_cli("agent-info", "-json", "-address", address, timeout=30)
+            if result.returncode != 0:
+                return None
+            sections = {s["name"]: s["values"] for s in json.loads(result.stdout)["sections"]}
+            client = sections.get("client")
+            return client if client and client.get("registered") == "true" else None
+
+        client = wait_for(client_section, 60, 0.5, lambda: (tmp_path / "dev.log").read_text()[-2000:])
+        assert client["node_name"] == "dev-client" and client["node_id"]
+    finally:
+        dev.send_signal(signal.SIGTERM)
+        try:
+            dev.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            dev.kill()
+            dev.wait()
 
 
 @pytest.mark.parametrize("argv", [["version"], ["-version"]], ids=["command", "flag"])
