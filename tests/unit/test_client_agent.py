@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prometheus_client import REGISTRY
 
 from drover.client.agent import AgentTuning, ClientAgent
 from drover.client.config import EmbeddedSettings
@@ -234,6 +235,7 @@ def test_agent__missing_job_or_driver__alloc_failed(tmp_path: Path, server: Fake
 def test_agent__restart_policy__restarts_then_fails(tmp_path: Path, server: FakeServer) -> None:
     policy = structs_pb2.RestartPolicy(attempts=2, interval_ns=60 * S, delay_ns=50_000_000, mode="fail")
     flaky = job("flaky", tasks=[task(config='{"run_for": "50ms", "exit_code": 1}')], restart=policy)
+    restarts_before, starts_before = _mock_restarts(), _mock_starts()
     with running_agent(tmp_path, server) as agent:
         agent.wait_registered(10)
         server.nodes.place(alloc("f1", flaky, agent.node_id), flaky)
@@ -242,6 +244,16 @@ def test_agent__restart_policy__restarts_then_fails(tmp_path: Path, server: Fake
         assert ts is not None and ts.restarts == 2 and ts.state == "dead" and ts.failed
         types = [e.type for e in ts.events]
         assert types.count("Restarting") == 2 and types[-1] == "Not Restarting"
+    # The client's metrics count what the task states say: 2 restarts, 3 driver starts.
+    assert (_mock_restarts() - restarts_before, _mock_starts() - starts_before) == (2, 3)
+
+
+def _mock_restarts() -> float:
+    return REGISTRY.get_sample_value("drover_client_task_restarts_total", {"driver": "mock"}) or 0.0
+
+
+def _mock_starts() -> float:
+    return REGISTRY.get_sample_value("drover_client_driver_start_seconds_count", {"driver": "mock"}) or 0.0
 
 
 def test_agent__restart_policy__service_restarts_a_crashed_process(
