@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Final
 import grpc
 import psutil
 
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.tls import open_channel
 from drover.common.version import drover_version
 from drover.scheduler.structs import ServerMember
 from drover.server.acl.resolve import TOKEN_METADATA_KEY
@@ -42,8 +44,12 @@ def _probe(core: ServerCore, member: ServerMember, token: str) -> api_pb2.Server
     )
     metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
     try:
-        stub = api_pb2_grpc.OperatorStub(core.channel_to(member.grpc_address))
-        info = stub.AgentInfo(api_pb2.AgentInfoRequest(), timeout=PROBE_TIMEOUT_S, metadata=metadata)
+        # A channel of its own, not the cached forwarding one: a cached channel to a member
+        # that was down keeps failing fast for as long as grpc's reconnect backoff (up to
+        # 120 s) after the member is back, and it would be listed failed all that time.
+        with open_channel(member.grpc_address, core.tls, MESSAGE_SIZE_OPTIONS) as channel:
+            stub = api_pb2_grpc.OperatorStub(channel)
+            info = stub.AgentInfo(api_pb2.AgentInfoRequest(), timeout=PROBE_TIMEOUT_S, metadata=metadata)
     except grpc.RpcError as exc:
         answered = exc.code() == grpc.StatusCode.PERMISSION_DENIED
         status.status = STATUS_ALIVE if answered else STATUS_FAILED

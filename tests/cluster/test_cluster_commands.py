@@ -347,6 +347,15 @@ def test_server_members__three_alive_one_leader__killed_follower_failed(cluster:
     assert [rows[n][3] for n in cluster.server_names if n != killed] == ["alive", "alive"]
     assert rows[cluster.server_names[leader]][4] == "true"
 
+    # Back on the same port: alive again at once, not after a reconnect backoff.
+    cluster.restart(follower)
+    wait_for(
+        lambda: _member_statuses(cluster, leader_address).get(killed, ("", False))[0] == "alive",
+        30,
+        0.5,
+        f"{killed} listed as alive again",
+    )
+
 
 def test_agent_info__json_and_human(cluster: LocalCluster) -> None:
     address = cluster.grpc_addresses[0]

@@ -6,13 +6,11 @@ the caller's token. Members are served by in-process gRPC fakes on loopback port
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from contextlib import ExitStack
 from types import SimpleNamespace
 from typing import Any
 
 import grpc
-import pytest
 
 from drover.common.version import drover_version
 from drover.scheduler.structs import ServerMember
@@ -70,33 +68,21 @@ def _closed_port() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-@pytest.fixture
-def channels() -> Iterator[dict[str, grpc.Channel]]:
-    opened: dict[str, grpc.Channel] = {}
-    yield opened
-    for channel in opened.values():
-        channel.close()
-
-
-def _core(members: list[ServerMember], leader: str, channels: dict[str, grpc.Channel]) -> Any:
+def _core(members: list[ServerMember], leader: str) -> Any:
     """A ServerCore as server/members.py reads it: its name, its state's servers table,
-    raft's view, and a channel per member address."""
-
-    def channel_to(address: str) -> grpc.Channel:
-        return channels.setdefault(address, grpc.insecure_channel(address))
-
+    raft's view, and its TLS (none: the fakes are plaintext)."""
     return SimpleNamespace(
         name="s1",
         store=SimpleNamespace(snapshot=lambda: SimpleNamespace(servers=lambda: iter(members))),
         raft=FakeRaft(leader),
-        channel_to=channel_to,
+        tls=None,
         grpc_address="127.0.0.1:8001",
         cfg=SimpleNamespace(acl_enabled=True),
         agent_info_sections={},
     )
 
 
-def test_members__answering_refusing_and_silent(channels: dict[str, grpc.Channel]) -> None:
+def test_members__answering_refusing_and_silent() -> None:
     answering = FakeOperator("9.9.9", 40)
     refusing = FakeOperator("9.9.9", 40, refuse=True)
     with ExitStack() as stack:
@@ -112,7 +98,7 @@ def test_members__answering_refusing_and_silent(channels: dict[str, grpc.Channel
             ServerMember(name="s3", raft_address="127.0.0.1:9003", grpc_address=r),
             ServerMember(name="s4", raft_address="127.0.0.1:9004", grpc_address=_closed_port()),
         ]
-        core = _core(members, leader="127.0.0.1:9002", channels=channels)
+        core = _core(members, leader="127.0.0.1:9002")
 
         response = server_members(core, "the-callers-secret")
 
@@ -130,8 +116,8 @@ def test_members__answering_refusing_and_silent(channels: dict[str, grpc.Channel
     assert answering.tokens == refusing.tokens == ["the-callers-secret"]
 
 
-def test_agent_info__sections_of_this_agent_only(channels: dict[str, grpc.Channel]) -> None:
-    core = _core([], leader="127.0.0.1:9002", channels=channels)
+def test_agent_info__sections_of_this_agent_only() -> None:
+    core = _core([], leader="127.0.0.1:9002")
     core.agent_info_sections["client"] = lambda: {"node_id": "n1"}
 
     info = agent_info(core)
