@@ -189,8 +189,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         address; empty on a follower (it hears only the leader)."""
         if not self._isLeader():
             return {}
-        now = time.monotonic()
-        return {address: max(0.0, now - at) for address, at in patches.last_response_times(self).items()}
+        return patches.last_contact_ages(self)
 
     def _state_changed(self, old: int, new: int) -> None:
         if self._on_state_changed is not None:

@@ -13,6 +13,7 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | refuse forwarded commands (``forwardable``) | a deposed leader's queue can still hold a plan its applier checked; appended by the new leader it would bypass that leader's plan applier, so only member announcements are accepted | ``_SyncObj__onMessageReceived`` (wrapped), ``_SyncObj__transport`` (send the refusal) |
 | append entries by Raft's rule (``_take_append_entries``, server/raft/append.py) | a follower truncates on every stale append, re-applying entries and briefly losing acknowledged ones; with compaction this emptied logs for good | ``_SyncObj__raftCurrentTerm``, ``_SyncObj__raftLog``, ``_SyncObj__raftCommitIndex``, ``_SyncObj__raftLastApplied`` (read), ``_SyncObj__deleteEntriesFrom`` (called, and shadowed on the instance for one call), ``_SyncObj__transport`` (send the retry hint) |
 | keep the leader's next index (``_install_message_hook``) | late acks set a follower's next index behind what is in flight, so the leader re-sends entries the follower holds | ``_SyncObj__raftNextIndex`` |
+| time appends (``_install_message_hook``) | ``drover_raft_append_seconds``: from the leader's oldest unanswered append to a follower until its answer, as Nomad's appendEntries timer | ``_SyncObj__transport`` (its ``send`` wrapped on the instance) |
 | elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
 | batches stop before the entry that would take them over the batch size (``_install_bounded_batches``) | pysyncobj sends the entry that crosses the batch size along with the batch, so a message could be the batch size plus one whole entry, over the frame bound below: the follower would never catch up | ``_SyncObj__getEntries`` (shadowed on the instance) |
 | bounded, checked frames (``install_frame_guard``, on the ``TcpConnection`` class, once per process) | pysyncobj buffers whatever length a peer declares before checking anything (a 64 MiB frame from a socket deposed a leader) and drops bad frames silently; here a declared length over the bound (``frames.frame_limit``, or ``frames.HANDSHAKE_FRAME_BYTES`` before the session keys are exchanged) closes the connection before more is buffered, the Fernet seal is checked before anything is decompressed or unpickled, and every refusal is logged, once per peer address per minute | ``_TcpConnection__processRead``, ``_TcpConnection__processParseMessage`` (replaced), ``_TcpConnection__socket``, ``_TcpConnection__recvBufferSize``, ``_TcpConnection__readBuffer`` |
@@ -30,7 +31,7 @@ Reads, which change nothing:
 | ``noop_index`` | a leader serves reads only once its no-op of this term is applied | ``_SyncObj__noopIDx`` |
 | ``log_end_index`` | the snapshot writer's guard: never compact past the log's end | ``_SyncObj__getCurrentLogIndex`` |
 | ``tick_thread`` | ``RaftNode.close`` joins the tick thread | ``_SyncObj__thread`` |
-| ``last_response_times`` | the leader's last contact per follower, a metric (server/telemetry/metrics.py) | ``_SyncObj__lastResponseTime`` |
+| ``last_contact_ages`` | the leader's last contact per follower, a metric (server/telemetry/metrics.py) | ``_SyncObj__lastResponseTime`` |
 | pysyncobj's command types (server/raft/journal.py) | the journal and forwarded commands start with a type byte | ``_COMMAND_TYPE`` (from ``pysyncobj.syncobj``) |
 
 ``_isLeader`` and ``_getLeader`` are not listed: they are single-underscore methods with
@@ -44,6 +45,7 @@ import errno
 import random
 import socket
 import struct
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any, Final
@@ -62,6 +64,7 @@ from drover.server.raft.append import plan_append
 from drover.server.raft.frames import HANDSHAKE_FRAME_BYTES, RejectLog, batch_length
 from drover.server.raft.journal import command_bytes
 from drover.server.raft.tuning import RaftTuning
+from drover.server.telemetry.metrics import RAFT_APPEND_SECONDS
 from drover.v1 import raft_pb2
 
 __all__ = [
@@ -126,11 +129,12 @@ def tick_thread(raft: SyncObj) -> Any:
     return raft._SyncObj__thread
 
 
-def last_response_times(raft: SyncObj) -> dict[str, float]:
-    """On the leader: each follower's raft address and the ``time.monotonic()`` of its last
-    answer (pysyncobj refreshes this dict on every append response; empty on a follower)."""
+def last_contact_ages(raft: SyncObj) -> dict[str, float]:
+    """On the leader: seconds since each follower (by raft address) last answered an append;
+    pysyncobj stamps this dict on every append response, with its own clock."""
     times: dict[Any, float] = dict(raft._SyncObj__lastResponseTime)
-    return {str(node.id): float(at) for node, at in times.items()}
+    now = pysyncobj_monotonic()
+    return {str(node.id): max(0.0, now - float(at)) for node, at in times.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -152,9 +156,28 @@ def _install_message_hook(raft: SyncObj) -> None:
     transport = raft._SyncObj__transport
     original = raft._SyncObj__onMessageReceived
     next_index: dict[Any, int] = raft._SyncObj__raftNextIndex
+    # The term and send time of each follower's oldest unanswered append (the tick thread
+    # alone sends and receives, so no lock). One left unanswered by an earlier term (the
+    # leader was deposed before the answer) is replaced, not timed.
+    append_sent: dict[Any, tuple[Any, float]] = {}
+    original_send = transport.send
+
+    def _send(node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            term = message.get("term")
+            pending = append_sent.get(node)
+            if pending is None or pending[0] != term:
+                append_sent[node] = (term, time.perf_counter())
+        return original_send(node, message)
+
+    transport.send = _send
 
     def _on_message(peer: Any, message: Any) -> None:
         kind = message.get("type")
+        if kind == "next_node_idx":
+            pending = append_sent.pop(peer, None)
+            if pending is not None:
+                RAFT_APPEND_SECONDS.observe(time.perf_counter() - pending[1])
         if kind == "apply_command" and not forwardable(message.get("command", b"")):
             # Only member announcements are forwarded through raft. Anything else comes
             # from a deposed leader's queue (e.g. a plan its applier checked while it

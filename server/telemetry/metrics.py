@@ -6,6 +6,7 @@ Counted where they happen (hot paths pay one ``inc`` or ``observe``):
 ``drover_rpc_requests_total``             gRPC calls served, by ``method`` and ``code``
 ``drover_rpc_request_seconds``            their latency, by ``method`` and ``code``
 ``drover_fsm_apply_seconds``              ``FSM.apply`` per raft entry, by entry ``type``
+``drover_raft_append_seconds``            leader: an append to a follower until its answer
 ``drover_raft_commit_seconds``            leader: proposal until committed and applied here
 ``drover_worker_evals_processed_total``   evals a worker finished, by ``scheduler`` type and
                                           ``outcome`` (the status written, or ``nacked``)
@@ -47,6 +48,7 @@ __all__ = [
     "FSM_APPLY_SECONDS",
     "HEARTBEAT_INVALIDATIONS",
     "HEARTBEAT_TTL_SECONDS",
+    "RAFT_APPEND_SECONDS",
     "RAFT_COMMIT_SECONDS",
     "RPC_REQUESTS",
     "RPC_SECONDS",
@@ -74,6 +76,11 @@ RPC_SECONDS = Histogram(
 )
 FSM_APPLY_SECONDS = Histogram(
     "drover_fsm_apply_seconds", "Time to apply one raft entry to the state", ["type"], buckets=LATENCY_BUCKETS
+)
+RAFT_APPEND_SECONDS = Histogram(
+    "drover_raft_append_seconds",
+    "On the leader: from its oldest unanswered append to a follower until that follower answers",
+    buckets=LATENCY_BUCKETS,
 )
 RAFT_COMMIT_SECONDS = Histogram(
     "drover_raft_commit_seconds",

@@ -319,7 +319,7 @@ def test_metrics_http__port_taken__agent_refuses_to_start_naming_it(tmp_path: Pa
 
 
 @pytest.mark.timeout(180)
-def test_metrics_http__three_servers__the_leader_reports_last_contact_per_follower_by_name(
+def test_metrics_http__three_servers__the_leader_reports_appends_and_last_contact_per_follower(
     cluster: LocalCluster,
 ) -> None:
     leader = cluster.leader_index()
@@ -328,7 +328,8 @@ def test_metrics_http__three_servers__the_leader_reports_last_contact_per_follow
     def contacts() -> list[Sample] | None:
         samples = scrape(cluster.http_address(leader))
         peers = {s.labels["peer"] for s in samples if s.name == "drover_raft_last_contact_seconds"}
-        return samples if peers == set(followers) else None
+        appended = value(samples, "drover_raft_append_seconds_count") >= 1
+        return samples if peers == set(followers) and appended else None
 
     samples = wait_for(contacts, WAIT_S, 0.5, f"last contact with {followers} on the leader")
     assert samples is not None and value(samples, "drover_raft_leader") == 1
