@@ -492,6 +492,13 @@ class Txn:
         old = self.node(node.id)
         if node.ready_for_placement() and (old is None or not old.ready_for_placement()):
             self.changes.capacity = True
+        elif (
+            node.ready_for_placement()
+            and old is not None
+            and (old.meta, old.attributes, old.node_class) != (node.meta, node.attributes, node.node_class)
+        ):
+            # What constraints read changed (``node meta apply``): a blocked job may fit now.
+            self.changes.capacity = True
         self._m("nodes")[node.id] = node
         self._wrote("nodes", node.id)
         self._touch("nodes")

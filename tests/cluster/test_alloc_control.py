@@ -249,12 +249,23 @@ def test_node_meta__apply_then_read__servers_and_scheduler_see_it(
         assert "drop" not in client.get_node(node.id).node.meta
         assert client.node_meta_read(node.id).dynamic == {"foo": "bar"}
 
-    # The scheduler sees it: a job constrained on it is placed.
+    # The scheduler sees it: a job constrained on a key the node does not have yet waits
+    # blocked, and is placed once the key is applied.
     constrained = raw_exec_hcl("meta-pinned", "sleep 600").replace(
         '  group "g" {',
-        '  constraint {\n    attribute = "${meta.foo}"\n    value     = "bar"\n  }\n  group "g" {',
+        '  constraint {\n    attribute = "${meta.zone}"\n    value     = "blue"\n  }\n  group "g" {',
     )
     run_job_file(cluster, tmp_path, "meta-pinned", constrained)
+    with _sdk(cluster) as client:
+        wait_for(
+            lambda: any(e.status == "blocked" for e in client.list_evals(job_id="meta-pinned").evals),
+            30,
+            0.2,
+            "the meta-constrained job's blocked eval",
+        )
+        assert not [a for a in client.list_allocs(job_id="meta-pinned").allocs if a.desired_status == "run"]
+    blue = run_cli(cluster, "node", "meta", "apply", "zone=blue")
+    assert blue.returncode == 0, blue.stderr
     with _sdk(cluster) as client:
         wait_for(
             lambda: any(
@@ -262,7 +273,7 @@ def test_node_meta__apply_then_read__servers_and_scheduler_see_it(
             ),
             60,
             0.2,
-            "the meta-constrained job to run",
+            lambda: "the meta-constrained job to run\n" + cluster.logs_tail(),
         )
 
     refused = one_error_line(run_cli(cluster, "node", "meta", "apply"))
@@ -311,7 +322,8 @@ def test_dev_agent__alloc_and_node_meta_commands__human_json_and_errors(tmp_path
         )
     env = {"DROVER_ADDR": address}
     try:
-        with DroverClient(address, retry_deadline=60) as client:
+        # The agent is still starting: wait for it to listen, not only for a leader.
+        with DroverClient(address, retry_deadline=60, connect_timeout=60) as client:
             wait_for(
                 lambda: any(n.status == "ready" for n in client.list_nodes().nodes),
                 60,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -14,8 +15,10 @@ from drover.client.tunnel import TunnelRequestError, apply_meta_change, merge_me
 from drover.common.signals import SignalNameError, parse_signal
 from drover.server.api.tunnel import validate_meta_apply
 from drover.server.errors import ValidationError
+from drover.server.state_store import StateStore, Txn
 from drover.server.tunnel import NodeSession, TunnelError, TunnelRegistry
 from drover.v1 import api_pb2
+from tests.fixtures import mock
 
 
 def _offset(data: bytes, *, lines: int = 0, nbytes: int = 0, block: int = 4) -> int:
@@ -262,3 +265,29 @@ def test_registry__reconnect__replaces_and_closes_the_old_session() -> None:
     # The old stream's end must not take the new session with it.
     registry.detach(old)
     assert registry.get("n1") is new
+
+
+# ---------------------------------------------------------------------------------------
+# a node's meta change releases blocked evals (server/state_store.py)
+
+
+@pytest.mark.parametrize(
+    ("change", "capacity"),
+    [
+        ({"meta": {"zone": "blue"}}, True),
+        ({"attributes": {"kernel.name": "linux", "extra": "1"}}, True),
+        ({"node_class": "gpu"}, True),
+        ({"status_description": "same placement facts"}, False),
+    ],
+)
+def test_put_node__what_constraints_read_changed__marks_capacity(
+    change: dict[str, object], capacity: bool
+) -> None:
+    node = mock.node()
+    txn = Txn(StateStore().snapshot().tables, 1)
+    txn.put_node(node)
+    tables = txn.commit()
+    again = Txn(tables, 2)
+    again.put_node(replace(node, **change))  # type: ignore[arg-type]
+    again.commit()
+    assert again.changes.capacity is capacity
