@@ -311,10 +311,19 @@ def _logs_from(
     session: NodeSession, request: api_pb2.AllocLogsRequest, context: grpc.ServicerContext
 ) -> Iterator[api_pb2.AllocLogsResponse]:
     with session.open(api_pb2.ClientTunnelDown(logs=request)) as pending:
+        last_heard = time.monotonic()
         while context.is_active():
             answer = pending.next_answer(_POLL_S)
             if answer is None:
+                # A followed log may be quiet for ever; a plain read is sent without pause,
+                # so a node silent that long is stuck, and the caller is told so.
+                if not request.follow and time.monotonic() - last_heard > NODE_ANSWER_TIMEOUT_S:
+                    raise TunnelError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"node {session.node_id} sent nothing for {NODE_ANSWER_TIMEOUT_S:g}s",
+                    )
                 continue
+            last_heard = time.monotonic()
             if answer.data:
                 yield api_pb2.AllocLogsResponse(data=answer.data)
             if answer.done:
