@@ -2,13 +2,15 @@
 # `make dev`: one `drover agent -dev` (server and client in one process), the demo job
 # submitted to it, and the agent kept in the foreground until Ctrl-C.
 #
-# Environment: DEV_GRPC_PORT (default 4646), DEV_DATA_DIR (default: a temporary directory
-# the agent removes on exit), DEV_READY_TIMEOUT seconds (default 60).
+# Environment: DEV_GRPC_PORT (default 4646), DEV_HTTP_PORT (metrics and health, default
+# 4649), DEV_DATA_DIR (default: a temporary directory the agent removes on exit),
+# DEV_READY_TIMEOUT seconds (default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 drover=.venv/bin/drover
 port=${DEV_GRPC_PORT:-4646}
+http_port=${DEV_HTTP_PORT:-4649}
 ready_timeout=${DEV_READY_TIMEOUT:-60}
 export DROVER_ADDR=127.0.0.1:$port
 
@@ -22,7 +24,7 @@ if "$drover" operator raft list-peers -retry-deadline 0 >/dev/null 2>&1; then
     exit 1
 fi
 
-args=(agent -dev -grpc-port "$port")
+args=(agent -dev -grpc-port "$port" -http-port "$http_port")
 if [[ -n ${DEV_DATA_DIR:-} ]]; then
     args+=(-data-dir "$DEV_DATA_DIR")
 fi
@@ -78,6 +80,7 @@ drover dev agent is running on $DROVER_ADDR (pid $agent).
   export DROVER_ADDR=$DROVER_ADDR
   .venv/bin/drover job status demo
   .venv/bin/drover operator raft list-peers
+  curl -s 'http://127.0.0.1:$http_port/v1/metrics?format=prometheus' | grep ^drover_
 Press Ctrl-C to stop it.
 EOF
 
