@@ -1,5 +1,6 @@
 """What a server tells its operators about itself: Prometheus metric families
-(``metrics``) and the HTTP port that serves them with the leader and health (``http``).
+(``metrics``), the gRPC interceptor that counts and times every call (``rpc``), and the
+HTTP port that serves them with the leader and health (``http``).
 
 Counters and histograms are module-level (one ``observe`` per event on the hot path); the
 gauges are read from the server's own objects when Prometheus scrapes (``ServerCollector``),

@@ -1,4 +1,5 @@
-"""The server's metric families, and the registry one server's scrapes read.
+"""The server's metric families, and the collector that reads its gauges when scraped
+(its registry: drover/common/prometheus.py).
 
 Counted where they happen (hot paths pay one ``inc`` or ``observe``):
 
