@@ -10,6 +10,8 @@ Layout:
 - ``tls``: TLS on every gRPC connection, from PEM files (the server's port, its forwarding
   channel, client agents, the SDK, the CLI); ``certs``: the CA and certificates that
   ``drover tls`` writes.
+- ``http_endpoint``: the agents' HTTP port (metrics, leader, health), GET routes on a
+  standard-library server; ``prometheus``: an agent's own metrics registry and the scrape.
 
 Its own package because the client agent may not import ``server`` (nor ``scheduler``):
 this package imports only the standard library and third-party libraries, so each of them
