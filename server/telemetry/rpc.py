@@ -27,10 +27,17 @@ def method_label(full_method: str) -> str:
 
 def _code_of(context: grpc.ServicerContext, ended: str) -> str:
     """The call's status code: the one the servicer set (abort, set_code), else what its
-    ending implies (``ended``: OK, UNKNOWN for an exception, CANCELLED for a caller that
-    went away mid-stream)."""
+    ending implies (``ended``: OK, UNKNOWN for an exception, CANCELLED for a stream closed
+    under it). A servicer that returned normally for a caller already gone (a watch that
+    ends when its caller cancels) did not answer anyone: CANCELLED, or DEADLINE_EXCEEDED
+    when the caller's deadline ran out."""
     code = context.code()  # type: ignore[attr-defined] # None when the servicer set none
-    return code.name if isinstance(code, grpc.StatusCode) else ended
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if ended == "OK" and not context.is_active():
+        remaining = context.time_remaining()
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    return ended
 
 
 class RpcMetrics(grpc.ServerInterceptor):
