@@ -37,6 +37,10 @@ class ProcessSettings(ClientSettings, Protocol):
 
     @property
     def tls(self) -> TLSFiles | None: ...
+    @property
+    def bind(self) -> str: ...
+    @property
+    def http_port(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
