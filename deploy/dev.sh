@@ -19,7 +19,7 @@ if [[ ! -x $drover ]]; then
     exit 1
 fi
 
-if "$drover" operator raft list-peers -retry-deadline 0 >/dev/null 2>&1; then
+if "$drover" operator raft list-peers -retry-deadline 1 >/dev/null 2>&1; then
     echo "dev: something already answers on $DROVER_ADDR; stop it or set DEV_GRPC_PORT" >&2
     exit 1
 fi
@@ -47,7 +47,7 @@ trap 'stop_agent; exit 143' TERM
 trap stop_agent EXIT
 
 deadline=$((SECONDS + ready_timeout))
-until "$drover" operator raft list-peers -retry-deadline 0 >/dev/null 2>&1; do
+until "$drover" operator raft list-peers -retry-deadline 1 >/dev/null 2>&1; do
     if ! kill -0 "$agent" 2>/dev/null; then
         wait "$agent" && rc=0 || rc=$?
         echo "dev: the agent exited (status $rc) before it answered on $DROVER_ADDR" >&2
@@ -61,7 +61,7 @@ until "$drover" operator raft list-peers -retry-deadline 0 >/dev/null 2>&1; do
 done
 
 # The embedded client registers its node right after the server is up.
-until "$drover" node status -retry-deadline 0 2>/dev/null | grep -q " ready"; do
+until "$drover" node status -retry-deadline 1 2>/dev/null | grep -q " ready"; do
     if ((SECONDS >= deadline)); then
         echo "dev: the embedded client did not register within ${ready_timeout}s" >&2
         exit 1
