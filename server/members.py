@@ -42,6 +42,9 @@ def _probe(core: ServerCore, member: ServerMember, token: str) -> api_pb2.Server
     status = api_pb2.ServerMemberStatus(
         name=member.name, grpc_address=member.grpc_address, raft_address=member.raft_address
     )
+    if not member.grpc_address:
+        status.status = STATUS_FAILED  # never announced where it listens: nothing to ask
+        return status
     metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
     try:
         # A channel of its own, not the cached forwarding one: a cached channel to a member

@@ -97,6 +97,7 @@ def test_members__answering_refusing_and_silent() -> None:
             ServerMember(name="s2", raft_address="127.0.0.1:9002", grpc_address=a),
             ServerMember(name="s3", raft_address="127.0.0.1:9003", grpc_address=r),
             ServerMember(name="s4", raft_address="127.0.0.1:9004", grpc_address=_closed_port()),
+            ServerMember(name="s5", raft_address="127.0.0.1:9005", grpc_address=""),
         ]
         core = _core(members, leader="127.0.0.1:9002")
 
@@ -109,6 +110,7 @@ def test_members__answering_refusing_and_silent() -> None:
         ("s2", "alive", True),
         ("s3", "alive", False),
         ("s4", "failed", False),
+        ("s5", "failed", False),
     ]
     assert (by_name["s1"].version, by_name["s1"].raft_applied_index) == (drover_version(), 41)
     assert (by_name["s2"].version, by_name["s2"].raft_applied_index) == ("9.9.9", 40)
