@@ -1,9 +1,10 @@
 """``server members`` and ``agent-info``: who is in the cluster, and what this agent is.
 
 A member is "alive" if it answered an ``Operator.AgentInfo`` probe within
-``PROBE_TIMEOUT_S`` (or is the answering server), "failed" if not: raft's own view of a
-peer lags (pysyncobj keeps a dead peer "connected" until its socket times out), and a
-killed server must not be listed as a follower. The probes run in parallel, so a dead
+``PROBE_TIMEOUT_S`` (or is the answering server), "failed" if not: raft's view of a peer
+says only whether this server's raft connection to it is up, not whether it serves the API
+an operator uses, and a killed server must not be listed as a follower. The probes run in
+parallel, so a dead
 member costs one timeout, not one per member. A probe carries the caller's token: with ACLs
 on, a member that refuses it (PERMISSION_DENIED) still answered, so it is alive, but its
 version and applied index stay unknown to that caller.
