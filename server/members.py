@@ -4,10 +4,9 @@ A member is "alive" if it answered an ``Operator.AgentInfo`` probe within
 ``PROBE_TIMEOUT_S`` (or is the answering server), "failed" if not: raft's view of a peer
 says only whether this server's raft connection to it is up, not whether it serves the API
 an operator uses, and a killed server must not be listed as a follower. The probes run in
-parallel, so a dead
-member costs one timeout, not one per member. A probe carries the caller's token: with ACLs
-on, a member that refuses it (PERMISSION_DENIED) still answered, so it is alive, but its
-version and applied index stay unknown to that caller.
+parallel, so a dead member costs one timeout, not one per member. A probe carries the
+caller's token: with ACLs on, a member that refuses it (PERMISSION_DENIED) still answered,
+so it is alive, but its version and applied index stay unknown to that caller.
 """
 
 from __future__ import annotations
