@@ -2386,7 +2386,9 @@ class SchedulerSetConfigResponse(_message.Message):
     META_FIELD_NUMBER: _builtins.int
     UPDATED_FIELD_NUMBER: _builtins.int
     updated: _builtins.bool
-    """False when use_cas was set and the index had moved on (nothing was written)."""
+    """Always true in an answer: a check-and-set whose index had moved on writes nothing and
+    ends FAILED_PRECONDITION instead (decided by the FSM, server/fsm.py).
+    """
     @_builtins.property
     def meta(self) -> Global___WriteMeta: ...
     def __init__(
