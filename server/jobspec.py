@@ -35,8 +35,8 @@ import difflib
 import json
 import re
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
 import hcl2
@@ -67,15 +67,42 @@ from drover.scheduler.structs import (
 )
 from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
 from drover.server.codec import from_proto
+from drover.server.jobspec_eval import EvalError, Located, VariableInputs, evaluate_document
 from drover.v1 import structs_pb2
 
-__all__ = ["JobspecError", "parse_duration", "parse_jobspec"]
+__all__ = ["JobspecError", "VariableInputs", "parse_duration", "parse_jobspec"]
 
 T = TypeVar("T")
 
 
+# At most this many problems are listed; the rest are counted.
+MAX_REPORTED_PROBLEMS: Final = 20
+
+
 class JobspecError(ValueError):
-    """A jobspec that cannot be read. The message is one line and names the place."""
+    """A jobspec that cannot be read: every problem found, each naming its place and, for
+    HCL, its line. ``str()`` is one line (problems joined by "; "), so any caller can print
+    it; ``errors`` has each problem alone (``web.hcl:12: job "web": unknown key "x"``)."""
+
+    def __init__(
+        self, message: str = "", *, problems: Sequence[tuple[int, str]] = (), filename: str = ""
+    ) -> None:
+        self.problems: tuple[tuple[int, str], ...] = tuple(problems) or ((0, message),)
+        self.filename = filename
+        shown = self.problems[:MAX_REPORTED_PROBLEMS]
+        self.errors: tuple[str, ...] = tuple(_render_problem(filename, line, text) for line, text in shown)
+        more = len(self.problems) - len(shown)
+        super().__init__("; ".join(self.errors) + (f"; and {more} more" if more else ""))
+
+
+def _render_problem(filename: str, line: int, text: str) -> str:
+    if filename and line:
+        return f"{filename}:{line}: {text}"
+    if filename:
+        return f"{filename}: {text}"
+    if line:
+        return f"line {line}: {text}"
+    return text
 
 
 _HCL_OPTIONS: Final = hcl2.SerializationOptions(
@@ -102,23 +129,25 @@ _CHECK_DEFAULTS: Final = ServiceCheck()
 _LABELLED_BLOCKS: Final = frozenset({"job", "group", "task", "port"})
 
 
-def parse_jobspec(text: str, *, filename: str = "") -> Job:
+def parse_jobspec(text: str, *, filename: str = "", variables: VariableInputs | None = None) -> Job:
     """Parse HCL or JSON jobspec text into a canonical (not yet validated) ``Job``.
 
-    Raises ``JobspecError``; when ``filename`` is given the message starts with it.
+    ``variables`` fills the file's ``variable`` blocks (``-var``, ``-var-file``,
+    ``NOMAD_VAR_*``; see ``drover.server.jobspec_eval``). Raises ``JobspecError`` listing
+    every problem; when ``filename`` is given each starts with it (and its line).
     """
     try:
         try:
-            return canonicalize_job(_parse(text))
+            return canonicalize_job(_parse(text, variables or VariableInputs()))
         except RecursionError as exc:
             raise JobspecError("nested too deeply to read") from exc
     except JobspecError as exc:
         if filename:
-            raise JobspecError(f"{filename}: {exc}") from exc
+            raise JobspecError(problems=exc.problems, filename=filename) from exc
         raise
 
 
-def _parse(text: str) -> Job:
+def _parse(text: str, variables: VariableInputs) -> Job:
     if text.lstrip().startswith("{"):
         try:
             data = json.loads(text)
@@ -129,7 +158,8 @@ def _parse(text: str) -> Job:
         if isinstance(data, dict) and "job" in data:
             return _root(data)
         return _proto_json(text)
-    return _root(_load_hcl(text))
+    data, problems = _load_hcl(text, variables)
+    return _root(data, problems)
 
 
 def _proto_json(text: str) -> Job:
@@ -167,7 +197,7 @@ def _trim_heredoc_ends(text: str) -> str:
     return "\n".join(lines)
 
 
-def _load_hcl(text: str) -> Mapping[str, Any]:
+def _load_hcl(text: str, variables: VariableInputs) -> tuple[Mapping[str, Any], list[tuple[int, str]]]:
     text = _trim_heredoc_ends(text)
     try:
         tree = hcl2.parses(text)
@@ -179,13 +209,14 @@ def _load_hcl(text: str) -> Mapping[str, Any]:
         raise JobspecError(f"syntax error: {_parser_failure(exc)}") from exc
     _check_tree(tree.body, "")
     try:
-        data = hcl2.serialize(tree, serialization_options=_HCL_OPTIONS)
+        data, errors = evaluate_document(tree.body, variables)
     except RecursionError:
         raise
-    except Exception as exc:  # as above
-        raise JobspecError(f"syntax error: {_parser_failure(exc)}") from exc
-    result: Mapping[str, Any] = _unescape(data)
-    return result
+    except EvalError as exc:  # the evaluation budget, which ends it
+        raise JobspecError(problems=[(exc.line, exc.message)]) from exc
+    except Exception as exc:  # a gap in the evaluator: an answer, never a traceback
+        raise JobspecError(f"cannot evaluate the file ({type(exc).__name__})") from exc
+    return data, [(error.line, error.message) for error in errors]
 
 
 def _syntax_message(exc: UnexpectedInput) -> str:
@@ -225,17 +256,6 @@ def _check_tree(body: Any, where: str, *, in_config: bool = False) -> None:
                 )
             name = " ".join([kind, *(_quote(label) for label in labels[1:])])
             _check_tree(child.body, f"{where} {name}".strip(), in_config=in_config or kind == "config")
-
-
-def _unescape(value: Any) -> Any:
-    """Undo HCL's template escapes, which python-hcl2 leaves in: ``$${x}`` means ``${x}``."""
-    if isinstance(value, str):
-        return value.replace("$${", "${").replace("%%{", "%{")
-    if isinstance(value, list):
-        return [_unescape(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _unescape(v) for k, v in value.items()}
-    return value
 
 
 def _one_line(text: str) -> str:
@@ -293,26 +313,45 @@ def _describe(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Body:
-    """One block's attributes, with ``where`` naming it as ``job "web" group "api"``."""
+    """One block's attributes, with ``where`` naming it as ``job "web" group "api"``.
+
+    A problem does not stop the reading: it goes on ``problems`` (shared by every body of
+    the file) with its line, the getter returns the default, and ``_root`` raises them
+    all at the end, so a file's mistakes are listed in one go.
+    """
 
     where: str
     data: Mapping[str, Any]
+    problems: list[tuple[int, str]] = field(default_factory=list)
+    line: int = 0
+
+    def line_of(self, key: str) -> int:
+        lines = getattr(self.data, "lines", None)
+        found = lines.get(key, 0) if isinstance(lines, dict) else 0
+        return found if isinstance(found, int) and found else self.line
+
+    def report(self, message: str, key: str = "") -> None:
+        self.problems.append((self.line_of(key) if key else self.line, message))
 
     def check_keys(self, allowed: frozenset[str]) -> None:
-        for key in self.data:
+        for key in list(self.data):
             if key not in allowed:
                 close = (
                     difflib.get_close_matches(key, sorted(allowed), n=1) if len(key) <= _QUOTE_CHARS else []
                 )
                 hint = f' (did you mean "{close[0]}"?)' if close else ""
-                raise JobspecError(f"{_place(self.where)}: unknown key {_quote(key)}{hint}")
+                self.report(f"{_place(self.where)}: unknown key {_quote(key)}{hint}", key)
 
     def get(self, key: str) -> Any:
         """The raw value, ``None`` when absent; HCL's ``null`` also means "not set"."""
         return self.data.get(key)
 
-    def fail(self, key: str, expected: str, got: Any) -> JobspecError:
-        return JobspecError(f"{self.where} {key}: expected {expected}, got {_describe(got)}".strip())
+    def fail(self, key: str, expected: str, got: Any) -> None:
+        where = key.split("[", 1)[0]
+        self.report(f"{self.where} {key}: expected {expected}, got {_describe(got)}".strip(), where)
+
+    def child(self, where: str, data: Mapping[str, Any], line: int) -> _Body:
+        return _Body(where, data, self.problems, line or self.line)
 
     def scalar(self, key: str, convert: Callable[[Any], T | None], expected: str, default: T) -> T:
         raw = self.get(key)
@@ -320,7 +359,8 @@ class _Body:
             return default
         value = convert(raw)
         if value is None:
-            raise self.fail(key, expected, raw)
+            self.fail(key, expected, raw)
+            return default
         return value
 
     def get_int(self, key: str, default: int) -> int:
@@ -340,11 +380,12 @@ class _Body:
         if raw is None:
             return ()
         if not isinstance(raw, list):
-            raise self.fail(key, "a list of strings", raw)
+            self.fail(key, "a list of strings", raw)
+            return ()
         items = [_as_str(item) for item in raw]
         for i, item in enumerate(items):
             if item is None:
-                raise self.fail(f"{key}[{i}]", "a string", raw[i])
+                self.fail(f"{key}[{i}]", "a string", raw[i])
         return tuple(item for item in items if item is not None)
 
     def str_map(self, key: str) -> dict[str, str]:
@@ -362,17 +403,16 @@ class _Body:
         bodies = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                raise self.fail(key, "a block", item)
+                self.fail(key, "a block", item)
+                continue
             name = key if len(items) == 1 else f"{key}[{i}]"
-            bodies.append(_Body(f"{self.where} {name}".strip(), item))
+            bodies.append(self.child(f"{self.where} {name}".strip(), item, self.line_of(key)))
         return bodies
 
     def block(self, key: str) -> _Body | None:
         bodies = self.blocks(key)
         if len(bodies) > 1:
-            raise JobspecError(
-                f'{_place(self.where)}: only one "{key}" block is allowed, found {len(bodies)}'
-            )
+            self.report(f'{_place(self.where)}: only one "{key}" block is allowed, found {len(bodies)}', key)
         return bodies[0] if bodies else None
 
     def labelled(self, key: str) -> list[tuple[str, _Body]]:
@@ -384,13 +424,16 @@ class _Body:
         found: list[tuple[str, _Body]] = []
         for item in items:
             if not isinstance(item, dict):
-                raise self.fail(key, f'a block like {key} "NAME" {{ ... }}', item)
+                self.fail(key, f'a block like {key} "NAME" {{ ... }}', item)
+                continue
             for label, body in item.items():
                 if not isinstance(body, dict):
-                    raise JobspecError(
-                        f'{_place(self.where)}: {key} block must be written as {key} "NAME" {{ ... }}'
+                    self.report(
+                        f'{_place(self.where)}: {key} block must be written as {key} "NAME" {{ ... }}', key
                     )
-                found.append((label, _Body(f"{self.where} {key} {_quote(label)}".strip(), body)))
+                    continue
+                line = item.lines.get(label, 0) if isinstance(item, Located) else 0
+                found.append((label, self.child(f"{self.where} {key} {_quote(label)}".strip(), body, line)))
         return found
 
 
@@ -437,14 +480,21 @@ def _as_duration(value: Any) -> int | None:
     return None
 
 
-def _root(data: Mapping[str, Any]) -> Job:
-    root = _Body("", data)
+def _root(data: Mapping[str, Any], problems: Sequence[tuple[int, str]] = ()) -> Job:
+    """The job, or every problem of the file (those of evaluation first found, in
+    ``problems``) as one ``JobspecError``, in line order."""
+    root = _Body("", data, list(problems))
     root.check_keys(frozenset({"job"}))
     jobs = root.labelled("job")
+    job = None
     if len(jobs) != 1:
-        raise JobspecError(f"expected exactly one job block, found {len(jobs)}")
-    job_id, body = jobs[0]
-    return _job(job_id, body)
+        root.report(f"expected exactly one job block, found {len(jobs)}")
+    else:
+        job_id, body = jobs[0]
+        job = _job(job_id, body)
+    if root.problems or job is None:
+        raise JobspecError(problems=sorted(root.problems, key=lambda problem: problem[0]))
+    return job
 
 
 _JOB_KEYS: Final = frozenset(
@@ -457,11 +507,12 @@ def _job(job_id: str, body: _Body) -> Job:
     for name, _ in body.labelled("task"):
         # Nomad's HCL1 parser wrapped such a task in a group of its name; its HCL2 parser,
         # which drover follows, refuses it. Say how to fix the file instead of "unknown key".
-        raise JobspecError(
+        body.report(
             f"{body.where}: task {_quote(name)} must be inside a group: wrap it in "
-            f"group {_quote(name)} {{ task {_quote(name)} {{ ... }} }}"
+            f"group {_quote(name)} {{ task {_quote(name)} {{ ... }} }}",
+            "task",
         )
-    body.check_keys(_JOB_KEYS)
+    body.check_keys(_JOB_KEYS | {"task"})
     job_type = body.get_str("type", JOB_TYPE_SERVICE)
     update_body = body.block("update")
     update = _update(update_body, UpdateStrategy()) if update_body else None
@@ -634,8 +685,9 @@ def _service(body: _Body) -> Service:
     body.check_keys(_SERVICE_KEYS)
     provider = body.get_str("provider", _SERVICE_DEFAULTS.provider)
     if provider != _PROVIDER_NOMAD:
-        raise JobspecError(
-            f'{body.where} provider: only "nomad" is supported (the client runs the checks), got {_quote(provider)}'
+        body.report(
+            f'{body.where} provider: only "nomad" is supported (the client runs the checks), got {_quote(provider)}',
+            "provider",
         )
     return Service(
         name=body.get_str("name"),
@@ -703,7 +755,7 @@ def _periodic(body: _Body) -> PeriodicConfig:
     """``cron`` (one expression) or Nomad 1.6's ``crons`` (several: the earliest next wins)."""
     body.check_keys(frozenset({"cron", "crons", "time_zone", "prohibit_overlap", "enabled"}))
     if body.get("cron") is not None and body.get("crons") is not None:
-        raise JobspecError(f"{body.where}: set cron or crons, not both")
+        body.report(f"{body.where}: set cron or crons, not both", "crons")
     return PeriodicConfig(
         enabled=body.get_bool("enabled", True),
         spec=body.get_str("cron"),

@@ -458,16 +458,18 @@ BAD_HCL: list[tuple[str, str, str]] = [
         'job "web" {\n constraint {\n attribute = "a"\n }\n constraint {\n atribute = "b"\n }\n }',
         'job "web" constraint[1]: unknown key "atribute"',
     ),
-    ("unknown-top-level", 'variable "x" {}', 'top level: unknown key "variable"'),
+    # ``variable`` and ``locals`` are HCL2 blocks now (tests/unit/test_jobspec_eval.py).
+    ("unknown-top-level", 'provider "x" {}', 'line 1: top level: unknown key "provider"'),
     (
         "count-string",
         one_task_job(group_body='count = "three"'),
         'job "web" group "api" count: expected a number, got "three"',
     ),
     (
+        # An expression is evaluated now (``count = 1 + 2`` is 3): a string is still no count.
         "count-expression",
-        one_task_job(group_body="count = 1 + 2"),
-        'job "web" group "api" count: expected a number, got "${1 + 2}"',
+        one_task_job(group_body='count = "${1 + 2}x"'),
+        'job "web" group "api" count: expected a number, got "3x"',
     ),
     ("count-fraction", one_task_job(group_body="count = 1.5"), "count: expected a number, got 1.5"),
     ("count-bool", one_task_job(group_body="count = true"), "count: expected a number, got true"),
@@ -754,7 +756,7 @@ def test_service__keys_drover_does_not_run__refused_by_name(
 
 
 def test_error__starts_with_the_filename() -> None:
-    with pytest.raises(JobspecError, match=r'^jobs/web\.hcl: job "web": unknown key "cout"'):
+    with pytest.raises(JobspecError, match=r'^jobs/web\.hcl:2: job "web": unknown key "cout"'):
         parse_jobspec('job "web" {\n cout = 1\n }', filename="jobs/web.hcl")
 
 
@@ -944,5 +946,5 @@ def test_task_directly_under_job__refused_saying_to_wrap_it_in_a_group() -> None
     with pytest.raises(JobspecError) as err:
         parse_jobspec(text)
     assert str(err.value) == (
-        'job "x": task "web" must be inside a group: wrap it in group "web" { task "web" { ... } }'
+        'line 2: job "x": task "web" must be inside a group: wrap it in group "web" { task "web" { ... } }'
     )
