@@ -88,6 +88,14 @@ def register(top: Subcommands) -> None:
     flag(p, "json", action="store_true")
 
 
+def peer_state(peer: api_pb2.RaftPeer) -> str:
+    """The State column: a peer the answering leader has no connection to is shown as
+    unreachable, not as a follower, since nothing says it still follows (a killed server)."""
+    if peer.leader:
+        return "leader"
+    return "follower" if peer.connected else "unreachable"
+
+
 def _cmd_raft_peers(args: argparse.Namespace) -> int:
     with connect(args) as client:
         resp = client.raft_peers(stale=args.stale)
@@ -99,7 +107,7 @@ def _cmd_raft_peers(args: argparse.Namespace) -> int:
                 p.name,
                 p.raft_address,
                 p.grpc_address,
-                "leader" if p.leader else "follower",
+                peer_state(p),
                 str(p.voter).lower(),
                 str(p.connected).lower(),
             ]
