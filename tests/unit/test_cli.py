@@ -284,7 +284,7 @@ def fake_jobspec(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     class JobspecError(ValueError):
         pass
 
-    def parse_jobspec(text: str, *, filename: str = "") -> structs.Job:
+    def parse_jobspec(text: str, *, filename: str = "", variables: object = None) -> structs.Job:
         words = text.split()
         if words[0] == "periodic":
             return periodic_job()

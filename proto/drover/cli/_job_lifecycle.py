@@ -25,7 +25,7 @@ from drover.cli._deployments import print_deployment_list
 from drover.cli._errors import CLIError
 from drover.cli._format import fmt_time, print_json, print_kv, print_table
 from drover.cli._jobdiff import diff_jobs, fmt_value
-from drover.cli._jobs import get_job, job_proto, local_errors, parse_job_file
+from drover.cli._jobs import JobFileProblems, get_job, job_file_flags, job_proto, local_errors, parse_job_file
 from drover.cli._monitor import monitor_eval
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, structs_pb2
@@ -112,6 +112,7 @@ def register(jobs: Subcommands) -> None:
     )
     p.add_argument("file")
     conn_flags(p)
+    job_file_flags(p)
     p = add_command(jobs, "deployments", _cmd_deployments, "list a job's deployments, newest first")
     p.add_argument("job")
     read_flags(p)
@@ -237,7 +238,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    job = parse_job_file(args.file)
+    try:
+        job = parse_job_file(args.file, args)
+    except JobFileProblems as exc:
+        if len(exc.errors) <= 1:
+            raise  # one problem (say, a syntax error) is its own one-line answer
+        # Every problem of the file, each with its line: nothing to ask a server about.
+        print("Job validation errors:")
+        for error in exc.errors:
+            print(f"  * {error}")
+        raise CLIError(f"{args.file}: job validation failed: {len(exc.errors)} problem(s)") from exc
     errors = local_errors(job)
     with connect(args) as client:
         try:

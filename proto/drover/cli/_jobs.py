@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Sequence
 
 import grpc
 
+from drover.cli._args import flag
 from drover.cli._connect import no_unique_match
 from drover.cli._errors import CLIError
 from drover.scheduler.structs import Job
@@ -14,12 +17,61 @@ from drover.sdk import DroverClient, DroverError
 from drover.server.codec import to_proto
 from drover.v1 import api_pb2, structs_pb2
 
-__all__ = ["get_job", "job_proto", "load_job_file", "local_errors", "parse_job_file"]
+__all__ = [
+    "JobFileProblems",
+    "get_job",
+    "job_file_flags",
+    "job_proto",
+    "load_job_file",
+    "local_errors",
+    "parse_job_file",
+]
 
 
-def parse_job_file(path: str) -> Job:
-    """The job a file describes, not yet validated; a file that cannot be read or parsed is
-    a :class:`CLIError` naming its place (``web.hcl:3,5: ...``)."""
+def job_file_flags(p: argparse.ArgumentParser) -> None:
+    """``-var`` and ``-var-file``, as Nomad's ``job run|plan|validate`` take them."""
+    flag(
+        p,
+        "var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable of the job file (repeatable; wins over -var-file and NOMAD_VAR_NAME)",
+    )
+    flag(
+        p,
+        "var-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="HCL or JSON file of variable values (repeatable; a later file wins)",
+    )
+
+
+def _variables(args: argparse.Namespace | None) -> tuple[dict[str, str], list[str]]:
+    """``-var`` as a mapping (the last of a name wins) and the ``-var-file`` paths."""
+    values: dict[str, str] = {}
+    for item in getattr(args, "var", None) or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise CLIError(f"-var {item!r}: expected NAME=VALUE")
+        values.pop(name.strip(), None)
+        values[name.strip()] = value
+    return values, list(getattr(args, "var_file", None) or [])
+
+
+class JobFileProblems(CLIError):
+    """A job file with problems; ``errors`` lists each (``web.hcl:12: ...``)."""
+
+    def __init__(self, message: str, errors: Sequence[str]) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors)
+
+
+def parse_job_file(path: str, args: argparse.Namespace | None = None) -> Job:
+    """The job a file describes (its variables from ``args``' ``-var`` and ``-var-file``
+    and the environment's ``NOMAD_VAR_*``), not yet validated; a file that cannot be read
+    or parsed is a :class:`JobFileProblems` naming the place of each problem."""
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -37,10 +89,27 @@ def parse_job_file(path: str) -> Job:
         if exc.name != "drover.server.jobspec":
             raise
         raise CLIError("cannot read job files: drover.server.jobspec is not available") from exc
+    from drover.server.jobspec_eval import (  # type: ignore[import-not-found, unused-ignore]
+        EvalError,
+        VariableInputs,
+    )
+
+    values, var_files = _variables(args)
     try:
-        job: Job = parse_jobspec(text, filename=path)
-    except JobspecError as exc:
+        inputs = VariableInputs.from_args(
+            [f"{name}={value}" for name, value in values.items()],
+            var_files,
+            os.environ,
+            os.path.dirname(os.path.abspath(path)),
+        )
+    except EvalError as exc:
         raise CLIError(str(exc)) from exc
+    except (OSError, UnicodeError) as exc:
+        raise CLIError(f"{getattr(exc, 'filename', '')}: cannot read the variables file: {exc}") from exc
+    try:
+        job: Job = parse_jobspec(text, filename=path, variables=inputs)
+    except JobspecError as exc:
+        raise JobFileProblems(str(exc), getattr(exc, "errors", (str(exc),))) from exc
     return job
 
 
@@ -55,9 +124,9 @@ def local_errors(job: Job) -> list[str]:
     return []
 
 
-def load_job_file(path: str) -> structs_pb2.Job:
+def load_job_file(path: str, args: argparse.Namespace | None = None) -> structs_pb2.Job:
     """Parse and locally validate a job file, so mistakes get a message before any RPC."""
-    job = parse_job_file(path)
+    job = parse_job_file(path, args)
     errors = local_errors(job)
     if errors:
         raise CLIError("; ".join(errors))

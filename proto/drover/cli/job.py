@@ -37,6 +37,7 @@ from drover.cli._format import (
     print_table,
 )
 from drover.cli._jobs import get_job as _get_job
+from drover.cli._jobs import job_file_flags
 from drover.cli._jobs import load_job_file as _load_job_file
 from drover.cli._monitor import monitor_eval
 from drover.cli._placement import failed_group_lines
@@ -99,11 +100,13 @@ def register(top: Subcommands) -> None:
     )
     p.add_argument("file")
     write_flags(p, monitor=True)
+    job_file_flags(p)
     p = add_command(
         jobs, "plan", _cmd_job_plan, "dry run: show what registering a job file would do", _PLAN_EPILOG
     )
     p.add_argument("file")
     conn_flags(p)
+    job_file_flags(p)
     flag(p, "json", action="store_true", help="print the plan response as JSON")
     p = add_command(jobs, "status", _cmd_job_status, "list jobs, or show one job")
     p.add_argument("job", nargs="?")
@@ -145,7 +148,7 @@ def register(top: Subcommands) -> None:
 
 
 def _cmd_job_run(args: argparse.Namespace) -> int:
-    job_pb = _load_job_file(args.file)
+    job_pb = _load_job_file(args.file, args)
     with connect(args) as client:
         resp = client.register_job(job_pb)
         if args.json:
@@ -186,7 +189,7 @@ def _template_kind(job: structs_pb2.Job) -> str:
 
 
 def _cmd_job_plan(args: argparse.Namespace) -> int:
-    job_pb = _load_job_file(args.file)
+    job_pb = _load_job_file(args.file, args)
     with connect(args) as client:
         plan = client.plan_job(job_pb)
         if args.json:
