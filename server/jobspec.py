@@ -2,13 +2,14 @@
 
 Theory of operation
 -------------------
-python-hcl2 turns HCL into plain Python data. With the options in ``_HCL_OPTIONS`` a block
-comes out as a *list* of bodies (``update { ... }`` -> ``{"update": [{...}]}``), a labelled
-block nests its label (``group "api" { ... }`` -> ``{"group": [{"api": {...}}]}``), and an
-attribute is its bare value (``meta = {...}`` -> ``{"meta": {...}}``). Expressions that are
-not literals come back as their source text (``1 + 2`` -> ``"${1 + 2}"``, a bare ``three``
--> ``"three"``), which is why ``"${node.unique.name}"`` survives for the client to
-interpolate at run time.
+python-hcl2 parses HCL into a tree; ``drover.server.jobspec_eval`` evaluates it as Nomad
+does (``variable`` and ``locals`` blocks, ``var.x``, operators, functions, templates) into
+plain Python data shaped as python-hcl2's own serializer would give it: a block is a
+*list* of bodies (``update { ... }`` -> ``{"update": [{...}]}``), a labelled block nests its
+label (``group "api" { ... }`` -> ``{"group": [{"api": {...}}]}``), and an attribute is its
+value (``count = 1 + 2`` -> ``{"count": 3}``). Runtime interpolation (``${node.*}``,
+``${attr.*}``, ``${meta.*}``, ``${env.*}``, ``${NOMAD_*}``) stays text for the client.
+Each body also carries the line of each of its keys (``Located``).
 
 Two things that data cannot tell us are checked on the parse tree first (``_check_tree``):
 a repeated attribute (python-hcl2 silently keeps the last one) and a missing block label
@@ -16,7 +17,9 @@ a repeated attribute (python-hcl2 silently keeps the last one) and a missing blo
 
 The converter (``_job`` and friends) then walks the data with a ``_Body`` per block. Every
 block lists the keys it knows, so a typo is an error naming the key and the place, and
-each getter checks the value's type. JSON with a top-level ``"job"`` key goes through the
+each getter checks the value's type. A problem does not stop the walk: every problem of
+the file (evaluation's and the converter's) is collected with its line and raised as one
+``JobspecError``, in line order (``web.hcl:12: job "web" group "api": unknown key "x"``). JSON with a top-level ``"job"`` key goes through the
 same converter (it also accepts HCL-JSON's ``{"label": {...}}`` object for labelled
 blocks); any other JSON object is the protobuf JSON of ``drover.v1.Job``.
 
@@ -25,7 +28,7 @@ result, so one rule set serves the API and the CLI.
 
 Any text is an answer, never a traceback: whatever the parsers raise on hostile input
 (nesting deeper than the interpreter's stack, integers of 10,000 digits, python-hcl2's
-assorted internal errors) becomes a one-line ``JobspecError``, and no message quotes more
+assorted internal errors, an evaluation past its budget) becomes a one-line ``JobspecError``, and no message quotes more
 than a few dozen characters of the input (tests/unit/test_fuzz_jobspec.py).
 """
 
@@ -75,8 +78,9 @@ __all__ = ["JobspecError", "VariableInputs", "parse_duration", "parse_jobspec"]
 T = TypeVar("T")
 
 
-# At most this many problems are listed; the rest are counted.
+# At most this many problems are listed, in at most this many characters; the rest are counted.
 MAX_REPORTED_PROBLEMS: Final = 20
+MAX_MESSAGE_CHARS: Final = 4000
 
 
 class JobspecError(ValueError):
@@ -89,8 +93,13 @@ class JobspecError(ValueError):
     ) -> None:
         self.problems: tuple[tuple[int, str], ...] = tuple(problems) or ((0, message),)
         self.filename = filename
-        shown = self.problems[:MAX_REPORTED_PROBLEMS]
-        self.errors: tuple[str, ...] = tuple(_render_problem(filename, line, text) for line, text in shown)
+        shown: list[str] = []
+        for line, text in self.problems[:MAX_REPORTED_PROBLEMS]:
+            rendered = _render_problem(filename, line, text)
+            if shown and sum(len(e) + 2 for e in shown) + len(rendered) > MAX_MESSAGE_CHARS:
+                break
+            shown.append(rendered)
+        self.errors: tuple[str, ...] = tuple(shown)
         more = len(self.problems) - len(shown)
         super().__init__("; ".join(self.errors) + (f"; and {more} more" if more else ""))
 

@@ -594,3 +594,11 @@ def test_example__parses_with_defaults_and_with_var_overrides() -> None:
 
     with pytest.raises(JobspecError, match="env must be dev, staging or prod"):
         parse_jobspec(text, variables=VariableInputs(cli=(("env", "qa"),)))
+
+
+def test_many_errors__first_twenty_listed_then_counted() -> None:
+    keys = "".join(f"  bogus{i} = 1\n" for i in range(30))
+    with pytest.raises(JobspecError) as info:
+        parse_jobspec(f'job "web" {{\n{keys}}}\n', filename="job.hcl")
+    assert len(info.value.errors) == 20 and info.value.errors[0].startswith("job.hcl:2: ")
+    assert str(info.value).endswith("; and 10 more") and "\n" not in str(info.value)
