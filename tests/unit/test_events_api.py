@@ -4,11 +4,13 @@ against scripted fake servers (a stream that breaks, a server that lost the inde
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -39,15 +41,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerCore]:
-    data_dir: Path = tmp_path_factory.mktemp("events-api")
+@contextlib.contextmanager
+def _running_core(data_dir: Path, **settings: Any) -> Iterator[ServerCore]:
+    """A real single-server ServerCore in this process, leading and announced."""
     cfg = ServerConfig(
-        node_name="ev",
-        data_dir=str(data_dir),
-        grpc_port=0,
-        raft_port=_free_port(),
-        event_buffer_size=BUFFER_EVENTS,
+        node_name="ev", data_dir=str(data_dir), grpc_port=0, raft_port=_free_port(), **settings
     )
     server = ServerCore(cfg)
     server.leader = _NoLeaderServices()  # type: ignore[assignment]
@@ -60,6 +58,12 @@ def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerCore]:
         yield server
     finally:
         server.stop(grace=0.5)
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerCore]:
+    with _running_core(tmp_path_factory.mktemp("events-api"), event_buffer_size=BUFFER_EVENTS) as server:
+        yield server
 
 
 @pytest.fixture
@@ -145,6 +149,28 @@ def test_stream__open__counts_as_a_parked_query_until_closed(
     while limits.parked_total() != before:
         assert time.monotonic() < deadline, "the closed stream still holds its parking place"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_stream__token_deleted_while_open__ends_permission_denied(tmp_path: Path) -> None:
+    with _running_core(tmp_path / "acl", acl_enabled=True) as server:
+        address = server.grpc_address
+        with Client(address) as anonymous:
+            admin_secret = anonymous.acl_bootstrap().token.secret_id
+        with Client(address, token=admin_secret) as admin:
+            admin.acl_upsert_policy("read", 'namespace "default" { policy = "read" }')
+            token = admin.acl_create_token(name="reader", policies=["read"]).token
+            with Client(address, token=token.secret_id, retry_deadline=5) as reader:
+                written = admin.register_job(service_job("seen")).meta.index
+                stream = reader.stream_events(["Job"], index=written)
+                seen = [next(stream).key]
+                admin.acl_delete_token(token.accessor_id)
+                admin.register_job(service_job("after"))
+                with pytest.raises(DroverError) as caught:
+                    seen.extend(e.key for e in stream)
+
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert seen == ["seen"]
 
 
 # ---------------------------------------------------------------------------------------
