@@ -73,7 +73,7 @@ from drover.server.codec import from_proto
 from drover.server.jobspec_eval import EvalError, Located, VariableInputs, evaluate_document
 from drover.v1 import structs_pb2
 
-__all__ = ["JobspecError", "VariableInputs", "parse_duration", "parse_jobspec"]
+__all__ = ["JobspecError", "VariableInputs", "locate_problems", "parse_duration", "parse_jobspec"]
 
 T = TypeVar("T")
 
@@ -487,6 +487,81 @@ def _as_duration(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+# A record's field as a jobspec key, where the two differ.
+_FIELD_KEYS: Final = {
+    "groups": "group",
+    "tasks": "task",
+    "constraints": "constraint",
+    "affinities": "affinity",
+    "spreads": "spread",
+    "services": "service",
+    "checks": "check",
+    "reserved_ports": "port",
+    "dynamic_ports": "port",
+    "cpu_mhz": "cpu",
+    "ephemeral_disk_mb": "ephemeral_disk",
+    "spec": "cron",
+    "specs": "crons",
+    "config_json": "config",
+}
+_FIELD_PATH_STEP: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?")
+
+
+def locate_problems(errors: Sequence[str], text: str, *, filename: str = "") -> list[str]:
+    """Validation problems (``job.groups[0].count: must be >= 0``, from
+    ``drover.scheduler.validate``) with the line their field was written on, where an HCL
+    file says it: ``web.hcl:4: job.groups[0].count: must be >= 0``. A field the file left
+    out (a default) gets its block's line; a problem with no place in the file is kept
+    as it is. Reads ``text`` again, so a caller that has only the ``Job`` can use it."""
+    if text.lstrip().startswith("{"):
+        return list(errors)
+    try:
+        tree = hcl2.parses(_trim_heredoc_ends(text))
+        data, _ = evaluate_document(tree.body, VariableInputs())
+    except Exception:  # the file parsed once already; if not now, keep the problems as they are
+        return list(errors)
+    located = []
+    for error in errors:
+        path, sep, _ = error.partition(": ")
+        line = _line_of_field(data, path) if sep else 0
+        located.append(_render_problem(filename, line, error) if line else error)
+    return located
+
+
+def _line_of_field(root: Located, path: str) -> int:
+    steps = path.split(".")
+    if not steps or steps[0] != "job":
+        return 0
+    jobs = root.get("job")
+    if not isinstance(jobs, list) or not jobs or not isinstance(jobs[0], Located) or not jobs[0]:
+        return 0
+    label = next(iter(jobs[0]))
+    line = jobs[0].lines.get(label, 0)
+    body = jobs[0][label]
+    for step in steps[1:]:
+        match = _FIELD_PATH_STEP.fullmatch(step)
+        if match is None or not isinstance(body, Located):
+            break
+        name, index = match.group(1), int(match.group(2) or 0)
+        candidates = [name, _FIELD_KEYS.get(name, name), re.sub(r"_(ns|mb|mhz)$", "", name)]
+        key = next((c for c in candidates if c in body), None)
+        if key is None:
+            break
+        line = body.lines.get(key, line)
+        value = body[key]
+        if isinstance(value, list) and value and all(isinstance(v, Located) for v in value):
+            labelled = [(v, label) for v in value for label in v if isinstance(v[label], Located)]
+            if key in _LABELLED_BLOCKS and len(labelled) > index:
+                wrapper, label = labelled[index]
+                line = wrapper.lines.get(label, line)
+                body = wrapper[label]
+            else:
+                body = value[min(index, len(value) - 1)]
+        else:
+            break
+    return line
 
 
 def _root(data: Mapping[str, Any], problems: Sequence[tuple[int, str]] = ()) -> Job:

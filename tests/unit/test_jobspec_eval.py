@@ -602,3 +602,68 @@ def test_many_errors__first_twenty_listed_then_counted() -> None:
         parse_jobspec(f'job "web" {{\n{keys}}}\n', filename="job.hcl")
     assert len(info.value.errors) == 20 and info.value.errors[0].startswith("job.hcl:2: ")
     assert str(info.value).endswith("; and 10 more") and "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------
+# Validation problems (bad values) get the line of their field
+
+INVALID = """\
+job "w" {
+  priority = 500
+  group "a" {
+    count = -1
+    task "t" {
+      driver = ""
+      resources {
+        memory = -5
+      }
+      kill_timeout = "-1s"
+    }
+    constraint {
+      operator = "bogus"
+    }
+  }
+}
+"""
+
+
+def test_locate_problems__each_validation_problem_gets_its_fields_line() -> None:
+    from drover.scheduler.validate import ValidationError, validate_job
+    from drover.server.jobspec import locate_problems
+
+    with pytest.raises(ValidationError) as info:
+        validate_job(parse_jobspec(INVALID))
+    located = locate_problems([str(e) for e in info.value.errors], INVALID, filename="w.hcl")
+    lines = {e.split(": ", 2)[1]: e.split(":", 2)[1] for e in located}
+    assert lines == {
+        "job.priority": "2",
+        "job.groups[0].count": "4",
+        "job.groups[0].constraints[0].operator": "13",
+        "job.groups[0].tasks[0].driver": "6",
+        "job.groups[0].tasks[0].resources.memory_mb": "8",
+        "job.groups[0].tasks[0].kill_timeout_ns": "10",
+    }
+
+
+def test_locate_problems__no_place_in_the_file__kept_as_is() -> None:
+    from drover.server.jobspec import locate_problems
+
+    assert locate_problems(["job.payload: too big", "no path here"], INVALID, filename="w.hcl") == [
+        "w.hcl:1: job.payload: too big",  # not written: the job block's line
+        "no path here",
+    ]
+    assert locate_problems(["job.priority: x"], '{"id": "w"}') == ["job.priority: x"]
+
+
+def test_cli_run__invalid_values__every_one_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "w.hcl"
+    path.write_text(INVALID)
+
+    code = main(["job", "run", "-address", "127.0.0.1:1", str(path)])
+
+    _, err = capsys.readouterr()
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"{path}:4: job.groups[0].count: must be >= 0" in err
+    assert f"{path}:8: job.groups[0].tasks[0].resources.memory_mb: must be > 0" in err

@@ -129,9 +129,24 @@ def load_job_file(path: str, args: argparse.Namespace | None = None) -> structs_
     job = parse_job_file(path, args)
     errors = local_errors(job)
     if errors:
-        raise CLIError("; ".join(errors))
+        raise CLIError("; ".join(_with_lines(errors, path)))
     # The server canonicalizes too; the job is sent as parsed.
     return job_proto(job)
+
+
+def _with_lines(errors: Sequence[str], path: str) -> list[str]:
+    """Validation problems with the line of their field in the file (``web.hcl:4:
+    job.groups[0].count: ...``), when drover's own parser is there to say it."""
+    try:
+        from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
+            locate_problems,
+        )
+    except ImportError:
+        return list(errors)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read()
+    located: list[str] = locate_problems(errors, text, filename=path)
+    return located
 
 
 def job_proto(job: Job) -> structs_pb2.Job:
