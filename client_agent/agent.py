@@ -359,6 +359,7 @@ class ClientAgent:
             clock=self._clock,
             rng=self._rng,
             on_update=self._on_alloc_update,
+            node=self._node,
         )
 
     def _restore(self) -> None:
@@ -371,6 +372,7 @@ class ClientAgent:
                 clock=self._clock,
                 rng=self._rng,
                 on_update=self._on_alloc_update,
+                node=self._node,
             )
             with self._runners_lock:
                 self._runners[runner.alloc_id] = runner

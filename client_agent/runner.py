@@ -34,9 +34,10 @@ from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
 from drover.client.health import DeploymentHealth, HealthTracker, health_policy, recorded_health, with_health
+from drover.client.interpolate import interpolate_config
 from drover.client.restarts import RestartPolicy, default_restart_policy
 from drover.client.state import AllocRecord, StateDB, TaskRecord
-from drover.client.taskenv import dir_env, task_env
+from drover.client.taskenv import dir_env, node_values, task_env
 from drover.client.taskrunner import TaskRunner
 from drover.client.taskstate import (
     CLIENT_FAILED,
@@ -88,9 +89,14 @@ class AllocRunner:
         rng: random.Random,
         on_update: Callable[[AllocStatus], None],
         record: AllocRecord | None = None,
+        node: structs_pb2.Node | None = None,
     ) -> None:
-        """A runner for a new alloc, or (with ``record``) for one a previous agent ran."""
+        """A runner for a new alloc, or (with ``record``) for one a previous agent ran.
+
+        ``node`` is this agent's node as registered: its names are what a task's config and
+        env may interpolate (``${node.unique.name}``, ``${attr.*}``, ``${meta.*}``)."""
         self._alloc = alloc
+        self._node = node
         self._job = job
         self._drivers = drivers
         self._store = store
@@ -127,6 +133,7 @@ class AllocRunner:
         clock: Clock,
         rng: random.Random,
         on_update: Callable[[AllocStatus], None],
+        node: structs_pb2.Node | None = None,
     ) -> AllocRunner:
         """The runner a previous agent left in ``record``: running tasks are re-attached."""
         return cls(
@@ -138,6 +145,7 @@ class AllocRunner:
             rng=rng,
             on_update=on_update,
             record=record,
+            node=node,
         )
 
     def _build_tasks(
@@ -145,11 +153,14 @@ class AllocRunner:
     ) -> None:
         policy = restart_policy_of(job, group)
         now = self._clock.now_ns()
+        node_names = node_values(self._node)
         for task in group.tasks:
+            task_dir = self._store.alloc_dirs_root / self._alloc.id / task.name
+            env = task_env(self._alloc, job, group, task, node=self._node, task_dir=task_dir)
             setup_error = ""
             config: dict[str, Any] = {}
             try:
-                config = parse_config_json(task.config_json, task.name)
+                config = interpolate_config(parse_config_json(task.config_json, task.name), env, node_names)
             except DriverConfigError as exc:
                 setup_error = str(exc)
             driver = self._drivers.get(task.driver)
@@ -158,7 +169,7 @@ class AllocRunner:
                 name=task.name,
                 driver=task.driver,
                 config=config,
-                env=task_env(self._alloc, job, group, task),
+                env=env,
                 kill_timeout_ns=task.kill_timeout_ns or DEFAULT_KILL_TIMEOUT_NS,
                 job_id=job.id,
                 group=group.name,
@@ -182,7 +193,7 @@ class AllocRunner:
                 driver=driver,
                 job_type=job.type,
                 policy=policy,
-                task_dir=self._store.alloc_dirs_root / self._alloc.id / task.name,
+                task_dir=task_dir,
                 clock=self._clock,
                 rng=self._rng,
                 on_change=self._task_changed,

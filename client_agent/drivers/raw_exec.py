@@ -203,6 +203,7 @@ class RawExecDriver:
     def start(self, task: TaskSpec, task_dir: Path) -> RawExecHandle:
         argv = _parse_config(task.config, task.name)
         task_dir.mkdir(parents=True, exist_ok=True)
+        (task_dir / "secrets").mkdir(mode=0o700, exist_ok=True)
         env = {
             **self._base_env,
             "DROVER_ALLOC_ID": task.alloc_id,

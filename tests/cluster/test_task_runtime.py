@@ -1,0 +1,122 @@
+"""What a task sees and when it runs, on a dev agent with real raw_exec tasks, as a user
+runs deploy/examples/: Nomad's NOMAD_* environment (ports, merged meta), runtime
+interpolation of ``${node.unique.name}`` in a task's args and env, and (the lifecycle
+examples) prestart/poststart/poststop ordering, sidecars and ``leader = true``."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.cluster import pick_free_ports, query_state_digest, wait_for
+from drover.sdk import Client
+from drover.v1 import structs_pb2
+from tests.cluster.cli import drover_cli
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "deploy" / "examples"
+
+
+@pytest.fixture
+def dev_agent(tmp_path: Path) -> Iterator[str]:
+    """``drover agent -dev`` on free ports, data under ``tmp_path/dev``, once it leads and
+    its node is ready: its gRPC address."""
+    grpc_port, http_port = pick_free_ports(2)
+    address = f"127.0.0.1:{grpc_port}"
+    argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(grpc_port)]
+    argv += ["-http-port", str(http_port), "-data-dir", str(tmp_path / "dev")]
+    log_path = tmp_path / "dev.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+
+        def leading() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the dev agent exited {proc.returncode}:\n{log_path.read_text()}")
+            answer = query_state_digest(address)
+            return answer is not None and answer.leader
+
+        wait_for(leading, 60, message="the dev agent to lead")
+        with Client(address) as client:
+            wait_for(
+                lambda: any(n.status == "ready" for n in client.list_nodes().nodes),
+                60,
+                message="the dev agent's node to be ready",
+            )
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def run_example(address: str, name: str) -> None:
+    result = drover_cli("job", "run", "-detach", "-address", address, str(EXAMPLES / name))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def only_alloc(client: Client, job_id: str, status: str) -> structs_pb2.Allocation:
+    """The job's one alloc, once its client status is ``status`` (fails at once on failed)."""
+    found: list[structs_pb2.Allocation] = []
+
+    def reached() -> bool:
+        allocs = client.list_allocs(job_id=job_id).allocs
+        if any(a.client_status == "failed" for a in allocs) and status != "failed":
+            full = [client.get_alloc(a.id).alloc for a in allocs]
+            raise AssertionError(f"an alloc of {job_id} failed: {full}")
+        found[:] = [a for a in allocs if a.client_status == status]
+        return len(found) == 1
+
+    wait_for(reached, 60, message=f"one alloc of {job_id} {status}")
+    return client.get_alloc(found[0].id).alloc
+
+
+def task_stdout(data_dir: Path, alloc_id: str, task: str) -> str:
+    paths = list(data_dir.glob(f"**/allocs/{alloc_id}/{task}/stdout.log"))
+    assert len(paths) == 1, paths
+    return paths[0].read_text()
+
+
+def test_runtime_env__nomad_variables_ports_meta_and_interpolated_args(
+    dev_agent: str, tmp_path: Path
+) -> None:
+    run_example(dev_agent, "runtime-env.nomad.hcl")
+
+    with Client(dev_agent) as client:
+        alloc = only_alloc(client, "runtime-env", "complete")
+        node = client.list_nodes().nodes[0]
+    lines = task_stdout(tmp_path / "dev", alloc.id, "report").splitlines()
+    env = dict(line.split("=", 1) for line in lines[1:])
+
+    # ${node.unique.name} and ${NOMAD_ALLOC_INDEX} in args, resolved on the node; an
+    # unknown name is left as written.
+    assert lines[0] == f"node={node.name} index=0 missing=${{meta.no_such_key}}"
+    port = next(p for p in alloc.resources.ports if p.label == "http")
+    assert port.value > 0
+    assert env["NOMAD_PORT_http"] == env["NOMAD_HOST_PORT_http"] == str(port.value)
+    assert env["NOMAD_ADDR_http"].endswith(f":{port.value}")
+    assert env["WHERE"] == f"{node.name}:{port.value}"
+    assert env["NOMAD_ALLOC_ID"] == alloc.id
+    assert env["NOMAD_SHORT_ALLOC_ID"] == alloc.id[:8]
+    assert env["NOMAD_ALLOC_NAME"] == "runtime-env.report[0]"
+    assert env["NOMAD_JOB_ID"] == env["NOMAD_JOB_NAME"] == "runtime-env"
+    assert env["NOMAD_GROUP_NAME"] == env["NOMAD_TASK_NAME"] == "report"
+    assert env["NOMAD_NAMESPACE"] == "default"
+    assert env["NOMAD_REGION"] == "global"
+    assert env["NOMAD_DC"] == node.datacenter
+    assert (env["NOMAD_CPU_LIMIT"], env["NOMAD_MEMORY_LIMIT"]) == ("50", "32")
+    assert env["NOMAD_TASK_DIR"].endswith(f"{alloc.id}/report")
+    assert env["NOMAD_ALLOC_DIR"].endswith(alloc.id)
+    assert Path(env["NOMAD_SECRETS_DIR"]).is_dir()
+    # Job, group and task meta merged, the task's winning; as written and upper-cased.
+    assert env["NOMAD_META_tier"] == env["NOMAD_META_TIER"] == "task"
+    assert env["NOMAD_META_zone"] == env["NOMAD_META_ZONE"] == "z1"
+    assert env["NOMAD_META_owner"] == env["NOMAD_META_OWNER"] == "ops"
