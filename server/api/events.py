@@ -34,8 +34,7 @@ from drover.server.api._base import call_token, rpc
 from drover.server.api._limits import CALLER_CHECK_S, caller_limits
 from drover.server.codec import to_proto
 from drover.server.errors import DroverError
-from drover.server.events import Batch, Event, Subscription, readable, subscription_from
-from drover.server.events._model import Payload
+from drover.server.events import Batch, Event, Payload, Subscription, readable, subscription_from
 from drover.v1 import api_pb2, api_pb2_grpc
 
 if TYPE_CHECKING:

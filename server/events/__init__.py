@@ -26,6 +26,7 @@ from drover.server.events._model import (
     TOPICS,
     Event,
     EventsOutOfRangeError,
+    Payload,
 )
 from drover.server.events.buffer import DEFAULT_MAX_EVENTS, Batch, EventBuffer
 from drover.server.events.derive import ENTRY_EVENT_TYPES, EVENTLESS_ENTRIES, derive_events
@@ -41,6 +42,7 @@ __all__ = [
     "Event",
     "EventBuffer",
     "EventsOutOfRangeError",
+    "Payload",
     "Subscription",
     "derive_events",
     "readable",

@@ -9,8 +9,9 @@ The rule, as Nomad's ``eventsFromChanges``: the entry's type names every event i
 ``PlanResult``), and each object it wrote in the jobs, nodes, deployments, allocs and evals
 tables is one event, carrying the object as it is after the entry. Deletions are events
 only for jobs (a purge: ``JobDeregistered``) and nodes (``NodeDeregistration``), with the
-object as it was; evals, allocs and deployments are deleted only by garbage collection,
-which Nomad does not report either. A write that changed nothing a reader sees (the same
+object as it was; the evals, allocs and deployments that garbage collection deletes are
+no events, as in Nomad, which reports only the jobs (``JobBatchDeregistered``) and nodes
+(``NodeDeregistration``) it reaps. A write that changed nothing a reader sees (the same
 object put back, a node's ``last_alloc_update_index`` bumped by its client's alloc report)
 is no event.
 
@@ -58,6 +59,13 @@ _EVENT_TYPE_BY_ENTRY: Final = {
     "ENTRY_TYPE_DEPLOYMENT_STATUS_UPDATE": "DeploymentStatusUpdate",
     "ENTRY_TYPE_DEPLOYMENT_PROMOTE": "DeploymentPromotion",
     "ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH": "DeploymentAllocHealth",
+    # Garbage collection: Nomad reaps jobs with a JobBatchDeregister entry and nodes with a
+    # node deregistration; the evals, allocs and deployments it deletes are no events.
+    "ENTRY_TYPE_GC": "JobBatchDeregistered",
+}
+# Entries whose events on one table carry another type than the entry's.
+_TABLE_TYPES_BY_ENTRY: Final = {
+    "ENTRY_TYPE_GC": {"nodes": "NodeDeregistration"},
 }
 _EVENTLESS_BY_NAME: Final = frozenset(
     {
@@ -84,6 +92,9 @@ ENTRY_EVENT_TYPES: Final[Mapping[int, str]] = {
 EVENTLESS_ENTRIES: Final = frozenset(
     raft_pb2.EntryType.Value(name) for name in _EVENTLESS_BY_NAME if name in _KNOWN
 )
+_TABLE_TYPES: Final[Mapping[int, Mapping[str, str]]] = {
+    raft_pb2.EntryType.Value(name): types for name, types in _TABLE_TYPES_BY_ENTRY.items() if name in _KNOWN
+}
 
 
 def event_type_of(entry_type: int) -> str | None:
@@ -141,14 +152,16 @@ def derive_events(
 ) -> tuple[Event, ...]:
     """The events of the entry at ``index``: ``written`` is its transaction's ``Txn.written``,
     ``before`` and ``after`` the state around it."""
-    kind = ENTRY_EVENT_TYPES.get(entry_type)
-    if kind is None or not written:
+    entry_kind = ENTRY_EVENT_TYPES.get(entry_type)
+    if entry_kind is None or not written:
         return ()
+    table_kinds = _TABLE_TYPES.get(entry_type, {})
     events: list[Event] = []
     for table, make, deletions, quiet in _TABLES:
         keys = written.get(table)
         if not keys:
             continue
+        kind = table_kinds.get(table, entry_kind)
         old_rows = getattr(before, table)
         new_rows = getattr(after, table)
         for key in keys:

@@ -34,6 +34,7 @@ from drover.server.events import (
     Event,
     EventBuffer,
     EventsOutOfRangeError,
+    derive_events,
     readable,
     subscription_from,
 )
@@ -471,3 +472,29 @@ def test_wire__each_payload__in_its_own_field() -> None:
 
     assert job_msg.WhichOneof("payload") == "job" and job_msg.job.id == "web"
     assert alloc_msg.WhichOneof("payload") == "alloc" and alloc_msg.alloc.id == "a1"
+
+
+def test_derive__garbage_collection__reaped_jobs_and_nodes_only_in_nomads_words() -> None:
+    if "ENTRY_TYPE_GC" not in ET.DESCRIPTOR.values_by_name:
+        pytest.skip("no garbage-collection entry type in raft.proto yet")
+    job, node = mock.job(id="old"), mock.node(id="n-old")
+    alloc, evaluation = mock.alloc(job, node, id="a-old"), mock.eval_for(job)
+    seed = Txn(Tables(), 1)
+    seed.put_job(job)
+    seed.put_node(node)
+    seed.put_alloc(alloc)
+    seed.put_eval(evaluation)
+    before = seed.commit()
+    gc = Txn(before, 2)
+    gc.delete_alloc("a-old")
+    gc.delete_eval(evaluation.id)
+    gc.delete_job(("default", "old"))
+    gc.delete_node("n-old")
+    after = gc.commit()
+
+    made = derive_events(ET.Value("ENTRY_TYPE_GC"), 2, before, after, gc.written)
+
+    assert [(e.topic, e.type, e.key) for e in made] == [
+        ("Job", "JobBatchDeregistered", "old"),
+        ("Node", "NodeDeregistration", "n-old"),
+    ]
