@@ -17,6 +17,7 @@ from typing import Final, TypeVar
 import hcl2
 import yaml
 
+from drover.common.duration import parse_duration
 from drover.common.tls import TLSError, TLSFiles, tls_files
 
 DEFAULT_GRPC_PORT = 4646
@@ -64,6 +65,16 @@ class ServerConfig:
     # Events the event stream keeps for resuming streams (server/events/buffer.py),
     # Nomad's event_buffer_size (drover counts events, not batches).
     event_buffer_size: int = 4096
+    # Garbage collection (server/gc/): Nomad's thresholds, durations like "1h". An object is
+    # collected once it has been terminal (dead, down) for longer than its threshold; batch
+    # jobs' evals wait longer, as in Nomad. The leader looks every gc_interval (Nomad's
+    # job_gc_interval, 5m); `drover system gc` collects at once with every threshold 0.
+    eval_gc_threshold: str = "1h"
+    batch_eval_gc_threshold: str = "24h"
+    job_gc_threshold: str = "4h"
+    node_gc_threshold: str = "24h"
+    deployment_gc_threshold: str = "1h"
+    gc_interval: str = "5m"
 
     @property
     def tls(self) -> TLSFiles | None:
@@ -119,6 +130,16 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 _NOMAD_ONLY_KEYS = {
     "plugin": "drover has no plugin blocks; for raw_exec write enable_raw_exec = true (or pass -enable-raw-exec)",
 }
+# Duration keys checked at load, so a bad value is refused naming its key before anything
+# starts; the gc interval must be positive (a zero interval would spin the leader).
+GC_DURATION_KEYS: Final = (
+    "eval_gc_threshold",
+    "batch_eval_gc_threshold",
+    "job_gc_threshold",
+    "node_gc_threshold",
+    "deployment_gc_threshold",
+    "gc_interval",
+)
 # Keys whose value lists "host:port" addresses; a string value is split on commas.
 _ADDRESS_KEYS = frozenset({"peers", "servers"})
 
@@ -194,10 +215,22 @@ def _load(
             raise ConfigError(f"missing required key {key!r} (flag -{key.replace('_', '-')} or config file)")
     if "log_level" in merged and merged["log_level"] not in _LOG_LEVELS:
         raise ConfigError(f"key 'log_level': must be one of {', '.join(_LOG_LEVELS)}")
+    for key in GC_DURATION_KEYS:
+        if key in merged:
+            _check_gc_duration(key, str(merged[key]))
     config = cls(**merged)  # type: ignore[arg-type]
     if not isinstance(config, DevConfig):
         _check_tls(config)
     return config
+
+
+def _check_gc_duration(key: str, text: str) -> None:
+    try:
+        ns = parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"key {key!r}: {exc}") from exc
+    if ns < 0 or (key == "gc_interval" and ns == 0):
+        raise ConfigError(f"key {key!r}: must be {'> 0' if key == 'gc_interval' else '>= 0'}, got {text!r}")
 
 
 def _check_tls(config: ServerConfig | ClientConfig) -> None:

@@ -24,6 +24,7 @@ from drover.scheduler._records import replacer
 from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     JOB_BOOKKEEPING_FIELDS,
+    JOB_STATUS_DEAD,
     JOB_STATUS_PENDING,
     MAX_NODE_EVENTS,
     NODE_ELIGIBLE,
@@ -557,6 +558,63 @@ def apply_reconcile_summaries(txn: Txn, entry: raft_pb2.ReconcileSummariesEntry,
     ]
 
 
+def apply_gc(txn: Txn, entry: raft_pb2.GCEntry, index: int) -> Any:
+    """Delete what the leader's GC selected (server/gc/select.py), each object only if it is
+    still as selected (same modify index, still terminal): the entry decides nothing by time,
+    so every server deletes the same objects. A job goes with everything that names it.
+
+    Job summaries count what exists (Nomad's rule): a collected child leaves its parent's
+    children counts, a collected alloc its job's group counts, as a recount would.
+    Returns what was deleted, by kind."""
+    deleted = {"evals": 0, "allocs": 0, "jobs": 0, "nodes": 0, "deployments": 0}
+    for ref in entry.jobs:
+        key = (ref.namespace, ref.id)
+        job = txn.job(key)
+        if job is None or job.modify_index != ref.modify_index or job.status != JOB_STATUS_DEAD:
+            continue
+        allocs = txn.allocs_of_job(key)
+        if any(not a.terminal() for a in allocs):
+            continue
+        for alloc in sorted(allocs, key=attrgetter("id")):
+            txn.delete_alloc(alloc.id)
+        evals = txn.evals_of_job(key)
+        for ev in sorted(evals, key=attrgetter("id")):
+            txn.delete_eval(ev.id)
+        job_deployments = txn.deployments_of_job(key)
+        for deployment in sorted(job_deployments, key=attrgetter("id")):
+            txn.delete_deployment(deployment.id)
+        txn.delete_job(key)
+        deleted["jobs"] += 1
+        deleted["allocs"] += len(allocs)
+        deleted["evals"] += len(evals)
+        deleted["deployments"] += len(job_deployments)
+    for ref in entry.allocs:
+        stale_alloc = txn.alloc(ref.id)
+        if (
+            stale_alloc is not None
+            and stale_alloc.modify_index == ref.modify_index
+            and stale_alloc.terminal()
+        ):
+            txn.delete_alloc(ref.id)
+            deleted["allocs"] += 1
+    for ref in entry.evals:
+        stale_eval = txn.eval(ref.id)
+        if stale_eval is not None and stale_eval.modify_index == ref.modify_index and stale_eval.terminal():
+            txn.delete_eval(ref.id)
+            deleted["evals"] += 1
+    for ref in entry.deployments:
+        ended = txn.deployment(ref.id)
+        if ended is not None and ended.modify_index == ref.modify_index and not ended.active():
+            txn.delete_deployment(ref.id)
+            deleted["deployments"] += 1
+    for ref in entry.nodes:
+        node = txn.node(ref.id)
+        if node is not None and node.modify_index == ref.modify_index and node.status == NODE_STATUS_DOWN:
+            txn.delete_node(ref.id)
+            deleted["nodes"] += 1
+    return deleted
+
+
 def apply_server_member(txn: Txn, entry: raft_pb2.ServerMemberEntry, index: int) -> Any:
     txn.put_server(replace(from_proto(entry.member, ServerMember), modify_index=index))
     return None
@@ -653,6 +711,7 @@ APPLIERS: Final[dict[int, tuple[type[Message], Applier]]] = {
     ET.ENTRY_TYPE_PERIODIC_LAUNCH: (raft_pb2.PeriodicLaunchEntry, apply_periodic_launch),
     ET.ENTRY_TYPE_SERVER_MEMBER: (raft_pb2.ServerMemberEntry, apply_server_member),
     ET.ENTRY_TYPE_RECONCILE_SUMMARIES: (raft_pb2.ReconcileSummariesEntry, apply_reconcile_summaries),
+    ET.ENTRY_TYPE_GC: (raft_pb2.GCEntry, apply_gc),
     ET.ENTRY_TYPE_ACL_BOOTSTRAP: (raft_pb2.ACLBootstrapEntry, apply_acl_bootstrap),
     ET.ENTRY_TYPE_ACL_POLICY_UPSERT: (raft_pb2.ACLPolicyUpsertEntry, apply_acl_policy_upsert),
     ET.ENTRY_TYPE_ACL_POLICY_DELETE: (raft_pb2.ACLPolicyDeleteEntry, apply_acl_policy_delete),

@@ -8,7 +8,8 @@ the broker ticker and the workers. ``revoke`` stops them in reverse. Both run on
 server still leads in the term it was established in. The periodic dispatcher comes last
 (it rebuilds itself from state on its first tick) and goes first. The deployment watcher
 (server/deployments/watcher.py) is one more of the threads; it keeps nothing of its own,
-so a new leader's watcher carries every deployment on from the state.
+so a new leader's watcher carries every deployment on from the state, as does the garbage
+collector (server/gc/), which selects from the state each interval.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from drover.server.broker import EvalBroker
 from drover.server.deployments.actions import DeploymentActions
 from drover.server.deployments.watcher import DeploymentWatcher
 from drover.server.errors import ConflictError, NotFoundError, RaftError
+from drover.server.gc.runner import GarbageCollector, gc_settings
 from drover.server.invariants import INVARIANTS, check_invariants
 from drover.server.periodic import PeriodicDispatcher
 from drover.server.plan_apply import PlanApplier, PlanQueue
@@ -74,6 +76,9 @@ class LeaderServices:
         self.periodic = PeriodicDispatcher(
             core.store, self._propose_sync, core.clock, core.ids, still_leader=self.still_leader
         )
+        # Garbage collection (server/gc/): its thread runs while this server leads;
+        # `drover system gc` calls ``gc.collect`` here on the leader.
+        self.gc = GarbageCollector(core.store, core.raft, core.clock, gc_settings(core.cfg))
         self._events: queue.Queue[bool | None] = queue.Queue()
         self._thread = threading.Thread(target=self._leadership_loop, name="leadership", daemon=True)
         self._running: list[threading.Thread] = []
@@ -183,6 +188,7 @@ class LeaderServices:
             (self._check_invariants, "invariant-checker"),
             (self._complete_drains, "drainer"),
             (self._watch_deployments, "deployment-watcher"),
+            (self._collect_garbage, "garbage-collector"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -351,6 +357,10 @@ class LeaderServices:
         core = self.core
         actions = DeploymentActions(core.raft, core.store, core.clock, core.ids)
         DeploymentWatcher(core.store, actions, core.clock, self.still_leader, self._stop_services).run()
+
+    def _collect_garbage(self) -> None:
+        """Every gc interval, collect what has been terminal longer than its threshold."""
+        self.gc.run(self.still_leader, self._stop_services)
 
     def _check_invariants(self) -> None:
         """Every INVARIANT_CHECK_S, check the state; violations are logged at ERROR and

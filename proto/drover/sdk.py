@@ -663,6 +663,11 @@ class Client:
         req = api_pb2.ReconcileSummariesRequest()
         return self._call(lambda s: s.operator.ReconcileSummaries, req, write=True)
 
+    def garbage_collect(self) -> api_pb2.SystemGCResponse:
+        """Collect everything eligible now (every GC threshold 0, as Nomad's system gc); the
+        response counts what was deleted, by kind."""
+        return self._call(lambda s: s.operator.GarbageCollect, api_pb2.SystemGCRequest(), write=True)
+
     def metrics(self) -> api_pb2.MetricsResponse:
         """Prometheus text metrics of whichever server answers (never forwarded)."""
         return self._call(lambda s: s.operator.Metrics, api_pb2.MetricsRequest())

@@ -46,6 +46,8 @@ Operator.SchedulerGetConfig operator read
 Operator.SchedulerSetConfig operator write
 Operator.ReconcileSummaries operator write
 Operator.SnapshotSave       operator write, or the operator capability snapshot-save
+Operator.GarbageCollect     management, as Nomad's /v1/system/gc: it deletes history
+                            every namespace's operators may still want
 Operator.SnapshotRestore    management: a restore replaces the ACL tables too, so any
                             lesser right could make itself management with it
 ACL.Bootstrap               nothing: it works once (the FSM refuses a second bootstrap)
@@ -216,6 +218,9 @@ RIGHTS: Final[Mapping[str, Need]] = {
     "Operator.ReconcileSummaries": _level(Scope.OPERATOR, POLICY_WRITE),
     "Operator.SnapshotSave": _level(Scope.OPERATOR, POLICY_WRITE, alternative="snapshot-save"),
     "Operator.SnapshotRestore": Need(Scope.MANAGEMENT, why="a restore replaces the ACL tables"),
+    "Operator.GarbageCollect": Need(
+        Scope.MANAGEMENT, why="deletes every namespace's history, as Nomad's system gc"
+    ),
     "ACL.Bootstrap": Need(Scope.OPEN, why="works once: the FSM refuses a second bootstrap"),
     "ACL.TokenSelf": Need(Scope.TOKEN),
     "ACL.ListPolicies": Need(Scope.TOKEN, why="the servicer shows a client token only its own policies"),

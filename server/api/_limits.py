@@ -89,6 +89,7 @@ RATE_LIMITS: Final[dict[str, Rate]] = {
     "Operator.StateDigest": Rate("state-digest", 50.0, 200),
     "Operator.Invariants": Rate("invariants", 20.0, 100),
     "Operator.ReconcileSummaries": Rate("reconcile-summaries", 5.0, 20),
+    "Operator.GarbageCollect": Rate("system-gc", 1.0, 10),
 }
 
 

@@ -13,6 +13,7 @@ from drover.server.api._base import call_token, meta_for, query, rpc, write_meta
 from drover.server.cluster_ops import set_scheduler_config
 from drover.server.codec import from_proto, to_proto
 from drover.server.errors import ValidationError
+from drover.server.gc.select import FORCE
 from drover.server.invariants import check_invariants
 from drover.server.members import agent_info, server_members
 from drover.server.snapshot import state_digest, to_snapshot
@@ -79,6 +80,14 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
                 namespace=correction.namespace, job_id=correction.job_id, changes=list(correction.changes)
             )
         return response
+
+    @rpc("Operator", "write")
+    def GarbageCollect(
+        self, request: api_pb2.SystemGCRequest, context: grpc.ServicerContext
+    ) -> api_pb2.SystemGCResponse:
+        # Forwarded to the leader like every write; it selects with every threshold 0.
+        deleted, index = self.core.leader.gc.collect(FORCE)
+        return api_pb2.SystemGCResponse(meta=write_meta(index or self.core.store.index), **deleted)
 
     @rpc("Operator", "local")
     def Metrics(

@@ -77,6 +77,7 @@ def test_rights__operator_writes__need_operator_write_or_management() -> None:
     assert need_for("Operator", "ReconcileSummaries").any_of == ("write",)
     assert need_for("Operator", "SnapshotSave").any_of == ("write",)
     assert need_for("Operator", "SnapshotRestore").scope is Scope.MANAGEMENT
+    assert need_for("Operator", "GarbageCollect").scope is Scope.MANAGEMENT
 
 
 def test_rights__unknown_rpc__has_no_default() -> None:
@@ -224,6 +225,13 @@ CHECKS = [
         "Operator.SnapshotRestore",
         OPERATOR_WRITE,
         api_pb2.SnapshotRestoreRequest(),
+        False,
+    ),
+    (
+        "system-gc-with-operator-write",
+        "Operator.GarbageCollect",
+        OPERATOR_WRITE,
+        api_pb2.SystemGCRequest(),
         False,
     ),
     (

@@ -43,6 +43,15 @@ def register(top: Subcommands) -> None:
     flag(p, "heartbeat-grace", metavar="DURATION", help="extra wait before a node is marked down (10s)")
     flag(p, "failover-heartbeat-ttl", metavar="DURATION", help="TTL every node gets from a new leader (5m)")
     flag(p, "job-max-group-count", type=int, help="the largest count a task group may ask for (10000)")
+    for name, default in (
+        ("eval-gc-threshold", "1h"),
+        ("batch-eval-gc-threshold", "24h"),
+        ("job-gc-threshold", "4h"),
+        ("node-gc-threshold", "24h"),
+        ("deployment-gc-threshold", "1h"),
+    ):
+        flag(p, name, metavar="DURATION", help=f"server: collect what is terminal for longer ({default})")
+    flag(p, "gc-interval", metavar="DURATION", help="server: how often the leader collects garbage (5m)")
     flag(p, "log-json", action="store_true", default=None)
     flag(
         p,
@@ -82,6 +91,12 @@ _AGENT_KEYS: Final = {
         "heartbeat_grace",
         "failover_heartbeat_ttl",
         "job_max_group_count",
+        "eval_gc_threshold",
+        "batch_eval_gc_threshold",
+        "job_gc_threshold",
+        "node_gc_threshold",
+        "deployment_gc_threshold",
+        "gc_interval",
         "acl_enabled",
         "log_json",
         "log_level",

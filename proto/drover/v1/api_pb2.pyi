@@ -2146,6 +2146,57 @@ class AllocGetResponse(_message.Message):
 Global___AllocGetResponse: _TypeAlias = AllocGetResponse  # noqa: Y015
 
 @_typing.final
+class SystemGCRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemGCRequest: _TypeAlias = SystemGCRequest  # noqa: Y015
+
+@_typing.final
+class SystemGCResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    EVALS_FIELD_NUMBER: _builtins.int
+    ALLOCS_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    DEPLOYMENTS_FIELD_NUMBER: _builtins.int
+    evals: _builtins.int
+    """What was collected, by kind (what the leader selected and apply deleted)."""
+    allocs: _builtins.int
+    jobs: _builtins.int
+    nodes: _builtins.int
+    deployments: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        evals: _builtins.int = ...,
+        allocs: _builtins.int = ...,
+        jobs: _builtins.int = ...,
+        nodes: _builtins.int = ...,
+        deployments: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "deployments", b"deployments", "evals", b"evals", "jobs", b"jobs", "meta", b"meta", "nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SystemGCResponse: _TypeAlias = SystemGCResponse  # noqa: Y015
+
+@_typing.final
 class ServerMembersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

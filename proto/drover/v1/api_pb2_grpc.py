@@ -1939,6 +1939,11 @@ class OperatorStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigResponse.FromString,
                 _registered_method=True)
+        self.GarbageCollect = channel.unary_unary(
+                '/drover.v1.Operator/GarbageCollect',
+                request_serializer=drover_dot_v1_dot_api__pb2.SystemGCRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.SystemGCResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -2023,6 +2028,15 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GarbageCollect(self, request, context):
+        """Collect everything eligible now, with every threshold 0 (Nomad's /v1/system/gc):
+        terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
+        without allocs, terminal deployments. The leader writes raft entries (server/gc/).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -2080,6 +2094,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.SchedulerSetConfig,
                     request_deserializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.SchedulerSetConfigResponse.SerializeToString,
+            ),
+            'GarbageCollect': grpc.unary_unary_rpc_method_handler(
+                    servicer.GarbageCollect,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.SystemGCRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.SystemGCResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2379,6 +2398,33 @@ class Operator:
             '/drover.v1.Operator/SchedulerSetConfig',
             drover_dot_v1_dot_api__pb2.SchedulerSetConfigRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.SchedulerSetConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GarbageCollect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/GarbageCollect',
+            drover_dot_v1_dot_api__pb2.SystemGCRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.SystemGCResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -587,6 +587,11 @@ class OperatorStub:
     """Replace the scheduler configuration (a raft write); with cas_index set, only if the
     stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
     """
+    GarbageCollect: _grpc.UnaryUnaryMultiCallable[_api_pb2.SystemGCRequest, _api_pb2.SystemGCResponse]
+    """Collect everything eligible now, with every threshold 0 (Nomad's /v1/system/gc):
+    terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
+    without allocs, terminal deployments. The leader writes raft entries (server/gc/).
+    """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -618,6 +623,11 @@ class OperatorAsyncStub(OperatorStub):
     SchedulerSetConfig: _aio.UnaryUnaryMultiCallable[_api_pb2.SchedulerSetConfigRequest, _api_pb2.SchedulerSetConfigResponse]  # type: ignore[assignment]
     """Replace the scheduler configuration (a raft write); with cas_index set, only if the
     stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
+    """
+    GarbageCollect: _aio.UnaryUnaryMultiCallable[_api_pb2.SystemGCRequest, _api_pb2.SystemGCResponse]  # type: ignore[assignment]
+    """Collect everything eligible now, with every threshold 0 (Nomad's /v1/system/gc):
+    terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
+    without allocs, terminal deployments. The leader writes raft entries (server/gc/).
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -713,6 +723,17 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_api_pb2.SchedulerSetConfigResponse, _abc.Awaitable[_api_pb2.SchedulerSetConfigResponse]]:
         """Replace the scheduler configuration (a raft write); with cas_index set, only if the
         stored config's modify_index still equals it (FAILED_PRECONDITION otherwise).
+        """
+
+    @_abc_1.abstractmethod
+    def GarbageCollect(
+        self,
+        request: _api_pb2.SystemGCRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.SystemGCResponse, _abc.Awaitable[_api_pb2.SystemGCResponse]]:
+        """Collect everything eligible now, with every threshold 0 (Nomad's /v1/system/gc):
+        terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
+        without allocs, terminal deployments. The leader writes raft entries (server/gc/).
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

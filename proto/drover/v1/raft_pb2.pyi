@@ -66,6 +66,10 @@ class _EntryTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType.V
     ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: _EntryType.ValueType  # 24
     ENTRY_TYPE_ALLOC_DESIRED_TRANSITION: _EntryType.ValueType  # 25
     """Desired transitions of allocs (`drover alloc stop`), with the evals that act on them."""
+    ENTRY_TYPE_GC: _EntryType.ValueType  # 26
+    """Garbage collection (server/gc/): the objects the leader's selection found collectable,
+    each with the modify index it was selected at (changed since: kept).
+    """
     ENTRY_TYPE_IGNORABLE_FLOAT: _EntryType.ValueType  # 1000
     """Entry types at or above this value may be skipped by an older server (logged, not
     applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -107,6 +111,10 @@ ENTRY_TYPE_DEPLOYMENT_PROMOTE: EntryType.ValueType  # 23
 ENTRY_TYPE_DEPLOYMENT_ALLOC_HEALTH: EntryType.ValueType  # 24
 ENTRY_TYPE_ALLOC_DESIRED_TRANSITION: EntryType.ValueType  # 25
 """Desired transitions of allocs (`drover alloc stop`), with the evals that act on them."""
+ENTRY_TYPE_GC: EntryType.ValueType  # 26
+"""Garbage collection (server/gc/): the objects the leader's selection found collectable,
+each with the modify index it was selected at (changed since: kept).
+"""
 ENTRY_TYPE_IGNORABLE_FLOAT: EntryType.ValueType  # 1000
 """Entry types at or above this value may be skipped by an older server (logged, not
 applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -796,6 +804,78 @@ class ReconcileSummariesEntry(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReconcileSummariesEntry: _TypeAlias = ReconcileSummariesEntry  # noqa: Y015
+
+@_typing.final
+class GCRef(_message.Message):
+    """One object the leader selected for collection, as it was when selected: apply deletes it
+    only if its modify index is still this one (a job registered again, an alloc updated
+    since, is kept), so the outcome depends on the state alone, never on a clock.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    modify_index: _builtins.int
+    namespace: _builtins.str
+    """Jobs only: the job's namespace (the ID is the job ID)."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        modify_index: _builtins.int = ...,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "modify_index", b"modify_index", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GCRef: _TypeAlias = GCRef  # noqa: Y015
+
+@_typing.final
+class GCEntry(_message.Message):
+    """Garbage collection, batched by the leader to a bounded number of objects per entry.
+    A job is collected with its evals, allocs, deployments, versions, summary and launch
+    record, all in this entry (apply finds them in the state's indexes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVALS_FIELD_NUMBER: _builtins.int
+    ALLOCS_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    DEPLOYMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def evals(self) -> _containers.RepeatedCompositeFieldContainer[Global___GCRef]: ...
+    @_builtins.property
+    def allocs(self) -> _containers.RepeatedCompositeFieldContainer[Global___GCRef]: ...
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___GCRef]: ...
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___GCRef]: ...
+    @_builtins.property
+    def deployments(self) -> _containers.RepeatedCompositeFieldContainer[Global___GCRef]: ...
+    def __init__(
+        self,
+        *,
+        evals: _abc.Iterable[Global___GCRef] | None = ...,
+        allocs: _abc.Iterable[Global___GCRef] | None = ...,
+        jobs: _abc.Iterable[Global___GCRef] | None = ...,
+        nodes: _abc.Iterable[Global___GCRef] | None = ...,
+        deployments: _abc.Iterable[Global___GCRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocs", b"allocs", "deployments", b"deployments", "evals", b"evals", "jobs", b"jobs", "nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GCEntry: _TypeAlias = GCEntry  # noqa: Y015
 
 @_typing.final
 class ACLPolicy(_message.Message):
