@@ -55,6 +55,8 @@ DEFAULT_BLOCKING_WAIT_S: Final = 300.0
 MAX_BLOCKING_WAIT_S: Final = 600.0
 BACKOFF_BASE_S: Final = 0.05
 BACKOFF_MAX_S: Final = 2.0
+# An event stream silent this long (three missed heartbeats) is taken for a lost server.
+STALL_TIMEOUT_S: Final = 35.0
 # How long a client that has never reached any of its addresses waits for one to answer.
 DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
 
@@ -708,7 +710,12 @@ class Client:
     # -- Events -------------------------------------------------------------------------
 
     def stream_events(
-        self, topics: Sequence[str] = (), *, index: int = 0, namespace: str = ""
+        self,
+        topics: Sequence[str] = (),
+        *,
+        index: int = 0,
+        namespace: str = "",
+        stall_timeout: float = STALL_TIMEOUT_S,
     ) -> Iterator[api_pb2.Event]:
         """The cluster's events (``Events.Stream``), one at a time in index order, for as
         long as the caller iterates.
@@ -724,7 +731,9 @@ class Client:
         repeats nor skips an event (one at or below that index is dropped all the same).
         Reconnecting is retried with backoff for ``retry_deadline``; ``OUT_OF_RANGE`` (the
         index is older than that server's buffer) is tried at every other address before
-        it is raised. Other errors are raised at once.
+        it is raised. Other errors are raised at once. A server sends a heartbeat every 10 s
+        of silence, so a stream silent for ``stall_timeout`` is taken for a server that is
+        gone without a word (paused, cut off) and resumed elsewhere too.
         """
         filters = [_topic_filter(topic) for topic in topics]
         # The index every event up to which has been seen; -1 until a server says (index 0).
@@ -738,8 +747,10 @@ class Client:
             start = covered + 1 if covered >= 0 else 0
             request = api_pb2.EventStreamRequest(topics=filters, index=start, namespace=namespace)
             stream = stubs.events.Stream(request, metadata=self._metadata)
+            watchdog = _Watchdog(stream.cancel, stall_timeout)
             try:
                 for response in stream:
+                    watchdog.fed()
                     self._answered()
                     attempt, out_of_range, failing_since = 0, 0, None
                     for event in response.events:
@@ -749,7 +760,11 @@ class Client:
                 err = DroverError(grpc.StatusCode.UNAVAILABLE, f"{stubs.address} ended the event stream")
             except grpc.RpcError as exc:
                 err = _translate(exc)
-                if not self._reach.answered:
+                if watchdog.fired:
+                    err = DroverError(
+                        grpc.StatusCode.UNAVAILABLE, f"{stubs.address} sent nothing for {stall_timeout:g}s"
+                    )
+                elif not self._reach.answered:
                     if _is_tls_failure(err):
                         raise err from exc
                     if self._reach.is_transport_failure(stubs, err):
@@ -764,6 +779,7 @@ class Client:
                 ):
                     raise err from exc
             finally:
+                watchdog.stop()
                 stream.cancel()
             self._rotate(stubs)
             now = time.monotonic()
@@ -919,6 +935,34 @@ class Client:
 
 # The client's first name: everything written before it was called Client still works.
 DroverClient = Client
+
+
+class _Watchdog:
+    """Calls ``cancel`` once a stream has been silent for ``stall_s`` (``fed`` on each message):
+    a server that stops answering without closing its connection would otherwise hold
+    the stream for ever. One thread per stream, stopped with it."""
+
+    def __init__(self, cancel: Callable[[], object], stall_s: float) -> None:
+        self._cancel = cancel
+        self._stall_s = stall_s
+        self._last = time.monotonic()
+        self._stopped = threading.Event()
+        self.fired = False
+        threading.Thread(target=self._watch, name="drover-event-watchdog", daemon=True).start()
+
+    def fed(self) -> None:
+        self._last = time.monotonic()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        tick = min(1.0, self._stall_s / 4)
+        while not self._stopped.wait(tick):
+            if time.monotonic() - self._last > self._stall_s:
+                self.fired = True
+                self._cancel()
+                return
 
 
 def _topic_filter(topic: str) -> api_pb2.EventTopicFilter:

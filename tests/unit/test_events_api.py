@@ -271,3 +271,23 @@ def test_sdk__topic_with_key__sent_as_a_filter() -> None:
     assert [(t.topic, t.key) for t in seen[0].topics] == [("Job", "web"), ("Node", "")]
     assert seen[0].namespace == "*"
     assert seen[0].index == 0
+
+
+@pytest.mark.timeout(60)
+def test_sdk__server_silent_past_the_stall_timeout__resumed_on_the_next_address() -> None:
+    # Opens, then says nothing, without closing: a paused server, or one cut off.
+    silent = ScriptedEvents(([api_pb2.EventStreamResponse(index=4)], None))
+    live = ScriptedEvents(([api_pb2.EventStreamResponse(events=[_job_event(5, "a")], index=5)], None))
+    add = api_pb2_grpc.add_EventsServicer_to_server
+    with (
+        serving((add, silent), max_workers=4) as a,
+        serving((add, live), max_workers=4) as b,
+        Client([a, b], retry_deadline=10) as client,
+    ):
+        stream = client.stream_events(index=5, stall_timeout=0.5)
+        first = next(stream)
+        stream.close()
+
+    assert (first.index, first.key) == (5, "a")
+    assert silent.requests == [5]
+    assert live.requests == [5]
