@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +28,10 @@ from drover.server.acl.acl import MANAGEMENT, compile_acl
 from drover.server.acl.policy import parse_policy
 from drover.server.api.events import event_to_proto
 from drover.server.codec import to_proto
+from drover.server.config import load_server_config
 from drover.server.errors import ValidationError
 from drover.server.events import (
+    DEFAULT_MAX_EVENTS,
     ENTRY_EVENT_TYPES,
     EVENTLESS_ENTRIES,
     Event,
@@ -498,3 +501,17 @@ def test_derive__garbage_collection__reaped_jobs_and_nodes_only_in_nomads_words(
         ("Job", "JobBatchDeregistered", "old"),
         ("Node", "NodeDeregistration", "n-old"),
     ]
+
+
+def test_config__event_buffer_size__a_server_config_file_key(tmp_path: Path) -> None:
+    path = tmp_path / "server.hcl"
+    path.write_text('node_name = "s1"\ndata_dir = "/var/lib/drover"\nevent_buffer_size = 8192\n')
+
+    cfg = load_server_config({}, str(path))
+
+    assert cfg.event_buffer_size == 8192
+    assert EventBuffer(cfg.event_buffer_size).max_events == 8192
+    assert (
+        load_server_config({"node_name": "s1", "data_dir": "/d"}, None).event_buffer_size
+        == DEFAULT_MAX_EVENTS
+    )
