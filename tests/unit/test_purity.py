@@ -247,6 +247,8 @@ APPLY_PATH = [
     ("server/state_store.py", frozenset({"StateStore"})),
     ("server/codec.py", frozenset()),
     ("server/snapshot.py", frozenset()),
+    # Runs on the apply thread after each entry: every server must derive the same events.
+    ("server/events/derive.py", frozenset()),
 ]
 
 
