@@ -25,8 +25,11 @@ from drover.v1 import api_pb2, api_pb2_grpc
 if TYPE_CHECKING:
     from drover.server.core import ServerCore
 
-# Blocking queries and alloc watches park a thread each; size the pool for many clients.
-MAX_WORKERS: Final = 256
+# Blocking queries and alloc watches park a thread each (at most MAX_PARKED_TOTAL, 160), and
+# so does each client's tunnel (Nodes.Connect, for as long as the client is connected) and
+# each followed log: size the pool for many clients beyond the parked queries. Threads are
+# started only as calls need them.
+MAX_WORKERS: Final = 768
 
 
 def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
