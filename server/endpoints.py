@@ -49,7 +49,7 @@ from drover.server.clock import Clock, IdSource
 from drover.server.codec import from_proto, to_proto
 from drover.server.drainer import drain_complete
 from drover.server.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
-from drover.server.fsm import ApplyResult, apply_job_register, dispatched_twin, encode_entry
+from drover.server.fsm import ApplyResult, apply_job_register, encode_entry
 from drover.server.heartbeat import HeartbeatTimers
 from drover.server.periodic import force_launch_ns, launch_entry
 from drover.server.snapshot import from_snapshot
@@ -190,7 +190,7 @@ class Endpoints:
         validate.validate_dispatch(parent, meta, payload)
         if parent.stop:
             raise ConflictError(f"job {job_id!r} is stopped; register it again before dispatching")
-        twin = dispatched_twin(snap.children(namespace, job_id), idempotency_token)
+        twin = snap.dispatched_child(namespace, job_id, idempotency_token)
         if twin is not None:
             return ApplyResult(index=snap.index), twin.id, self._first_eval_id(snap, twin)
         now = self._clock.now_ns()

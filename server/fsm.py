@@ -12,7 +12,7 @@ dropped) on every server alike, so one bad entry cannot wedge raft's apply loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final
@@ -165,14 +165,6 @@ def _check_dispatch(txn: Txn, job: Job) -> None:
         raise EntryRejected(f"dispatch: job {job.parent_id!r} is not a parameterized job")
 
 
-def dispatched_twin(children: Iterable[Job], token: str) -> Job | None:
-    """The child already dispatched with idempotency ``token`` (none without a token)."""
-    if not token:
-        return None
-    matches = [c for c in children if c.dispatch_idempotency_token == token]
-    return min(matches, key=lambda c: c.create_index) if matches else None
-
-
 def apply_job_register(txn: Txn, entry: raft_pb2.JobRegisterEntry, index: int) -> Any:
     _require_id(entry.job.id, "job")
     job = from_proto(entry.job, Job)
@@ -184,9 +176,8 @@ def apply_job_register(txn: Txn, entry: raft_pb2.JobRegisterEntry, index: int) -
         _check_launch(txn, job, launch)
     elif old is None and job.dispatched and job.parent_id:
         _check_dispatch(txn, job)
-        twin = dispatched_twin(
-            txn.children_of((job.namespace, job.parent_id)), job.dispatch_idempotency_token
-        )
+        # An index lookup (state_store ``dispatch_tokens``), not a scan of every child.
+        twin = txn.dispatched_child(job.namespace, job.parent_id, job.dispatch_idempotency_token)
         if twin is not None:
             # Two dispatches with one token raced past the endpoint's check: the first
             # child answers for both, nothing is written.

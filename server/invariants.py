@@ -11,7 +11,9 @@ What one state can tell:
   job, group, node);
 * docs/design.md#invariant-2 -- every job summary counter equals a recount from the allocs (queued
   excluded: it comes from evals) and the children counts equal a recount of the child
-  jobs; no counter is negative; every job has a summary and every summary a job.
+  jobs; no counter is negative; every job has a summary and every summary a job. Counts
+  are of what exists (Nomad's rule): garbage collection removes a child or an alloc and
+  its count together (server/fsm.py ``apply_gc``).
 
 What it cannot tell, and who checks it instead: digests equal across servers (invariant 3:
 ``drover operator state``, the chaos checker), acknowledged writes present (4: the chaos

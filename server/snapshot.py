@@ -25,7 +25,7 @@ from drover.scheduler.structs import (
 )
 from drover.server.acl.records import ACLPolicy, ACLTokenRecord
 from drover.server.codec import from_proto, to_proto
-from drover.server.state_store import Tables
+from drover.server.state_store import JobKey, Tables, TokenKey, dispatch_token_key
 from drover.v1 import raft_pb2, structs_pb2
 
 
@@ -106,6 +106,7 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         jobs_by_type=_index((j.type, k) for k, j in jobs.items()),
         periodic_jobs=immutables.Map({k: None for k, j in jobs.items() if j.periodic is not None}),
         children_by_parent=_index(((j.namespace, j.parent_id), k) for k, j in jobs.items() if j.parent_id),
+        dispatch_tokens=_dispatch_tokens(jobs),
         evals=immutables.Map(evals),
         evals_by_job=_index(((e.namespace, e.job_id), e.id) for e in evals.values() if e.job_id),
         allocs=immutables.Map(allocs),
@@ -125,6 +126,16 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         deployments_by_job=_index(((d.namespace, d.job_id), d.id) for d in deployments.values()),
         table_index=immutables.Map(dict(snap.table_index)),
     )
+
+
+def _dispatch_tokens(jobs: dict[JobKey, Job]) -> immutables.Map[TokenKey, JobKey]:
+    """The idempotency index as the FSM built it: each token names its first child."""
+    index: dict[TokenKey, JobKey] = {}
+    for key, job in sorted(jobs.items(), key=lambda kv: (kv[1].create_index, kv[0])):
+        token = dispatch_token_key(job)
+        if token is not None:
+            index.setdefault(token, key)
+    return immutables.Map(index)
 
 
 def snapshot_bytes(tables: Tables) -> bytes:

@@ -82,6 +82,18 @@ def job_key(namespace: str, job_id: str) -> JobKey:
     return (namespace, job_id)
 
 
+# (namespace, parent job ID, idempotency token) of a dispatched child.
+TokenKey = tuple[str, str, str]
+
+
+def dispatch_token_key(job: Job) -> TokenKey | None:
+    """Where the dispatch idempotency index files ``job`` (None: not a dispatched child
+    with a token)."""
+    if job.dispatched and job.parent_id and job.dispatch_idempotency_token:
+        return (job.namespace, job.parent_id, job.dispatch_idempotency_token)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Tables:
     """One immutable version of the whole state."""
@@ -96,6 +108,10 @@ class Tables:
     periodic_jobs: immutables.Map[JobKey, None] = _EMPTY
     # Child jobs (periodic launches, dispatches) by their parent's key, parent present or not.
     children_by_parent: immutables.Map[JobKey, immutables.Map[JobKey, None]] = _EMPTY
+    # The dispatched child that answers for an idempotency token: a lookup, not a scan of
+    # every child (a parameterized parent may have dispatched thousands). A collected child
+    # leaves it, so the token may be used again, as in Nomad.
+    dispatch_tokens: immutables.Map[TokenKey, JobKey] = _EMPTY
     evals: immutables.Map[str, Evaluation] = _EMPTY
     evals_by_job: immutables.Map[JobKey, immutables.Map[str, None]] = _EMPTY
     allocs: immutables.Map[str, Allocation] = _EMPTY
@@ -181,6 +197,11 @@ class Snapshot:
         """The jobs whose ``parent_id`` is this job (periodic launches, dispatches)."""
         keys = self._t.children_by_parent.get((namespace, parent_id), _EMPTY)
         return [self._t.jobs[k] for k in keys]
+
+    def dispatched_child(self, namespace: str, parent_id: str, token: str) -> Job | None:
+        """The child of ``parent_id`` dispatched with idempotency ``token`` (none without one)."""
+        key = self._t.dispatch_tokens.get((namespace, parent_id, token)) if token else None
+        return self._t.jobs.get(key) if key is not None else None
 
     def periodic_launch(self, namespace: str, job_id: str) -> PeriodicLaunch | None:
         return self._t.periodic_launches.get((namespace, job_id))
@@ -469,6 +490,10 @@ class Txn:
     def job_versions(self, key: JobKey) -> tuple[Job, ...]:
         return self._m("job_versions").get(key, ())  # type: ignore[no-any-return]
 
+    def dispatched_child(self, namespace: str, parent_id: str, token: str) -> Job | None:
+        key = self._m("dispatch_tokens").get((namespace, parent_id, token)) if token else None
+        return self.job(key) if key is not None else None
+
     def allocs_of_job(self, key: JobKey) -> list[Allocation]:
         allocs = self._m("allocs")
         return [allocs[i] for i in self._m("allocs_by_job").get(key, _EMPTY)]
@@ -527,6 +552,7 @@ class Txn:
         elif key in periodic:
             del periodic[key]
         self._status_dirty.add(key)
+        self._index_token(old, job)
         if old is None or old.parent_id != job.parent_id:
             if old is not None and old.parent_id:
                 self._index_remove("children_by_parent", (old.namespace, old.parent_id), key)
@@ -535,6 +561,20 @@ class Txn:
                 self._index_add("children_by_parent", (job.namespace, job.parent_id), key)
                 self._children_delta(job.namespace, job.parent_id, None, job.status or JOB_STATUS_PENDING)
         self._touch("jobs")
+
+    def _index_token(self, old: Job | None, new: Job | None) -> None:
+        """Keep ``dispatch_tokens`` naming the first child dispatched with each token."""
+        ref = new if new is not None else old
+        if ref is None:
+            return
+        key = (ref.namespace, ref.id)
+        tokens = self._m("dispatch_tokens")
+        old_token = dispatch_token_key(old) if old is not None else None
+        new_token = dispatch_token_key(new) if new is not None else None
+        if old_token is not None and old_token != new_token and tokens.get(old_token) == key:
+            del tokens[old_token]
+        if new_token is not None and new_token not in tokens:
+            tokens[new_token] = key
 
     def put_job_version(self, job: Job) -> None:
         """Record ``job`` as its newest version. Trimming to TRACKED_JOB_VERSIONS never
@@ -565,6 +605,7 @@ class Txn:
         self._wrote("jobs", key)
         self.changes.capacity = True
         self._index_remove("jobs_by_type", job.type, key)
+        self._index_token(job, None)
         periodic = self._m("periodic_jobs")
         if key in periodic:
             del periodic[key]
@@ -617,6 +658,9 @@ class Txn:
             self.put_summary(replace(summary, summary=merged, modify_index=self.index))
 
     def _count_children(self, key: JobKey) -> JobChildrenSummary:
+        """The children that exist, by status: Nomad's rule, so a child garbage collected
+        (server/gc/) leaves its parent's counts, and the counts stay a recount of the state
+        at every index (no count is kept of children no longer in the state)."""
         counts = {JOB_STATUS_PENDING: 0, JOB_STATUS_RUNNING: 0, JOB_STATUS_DEAD: 0}
         for child in self.children_of(key):
             status = child.status or JOB_STATUS_PENDING

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from drover.scheduler.periodic import derive_dispatched_child
 from drover.scheduler.structs import (
     DEPLOYMENT_STATUS_RUNNING,
     DEPLOYMENT_STATUS_SUCCESSFUL,
@@ -25,6 +26,7 @@ from drover.scheduler.structs import (
     Job,
     JobChildrenSummary,
     Node,
+    ParameterizedConfig,
 )
 from drover.server.config import ConfigError, load_server_config
 from drover.server.fsm import FSM, encode_entry
@@ -39,6 +41,7 @@ from drover.server.gc.select import (
     select_garbage,
 )
 from drover.server.invariants import check_invariants
+from drover.server.snapshot import from_snapshot, to_snapshot
 from drover.server.state_store import StateStore, Tables, Txn
 from drover.v1 import raft_pb2
 from tests.fixtures import mock
@@ -395,3 +398,31 @@ def test_gc_config__agent_flags__reach_the_config(tmp_path: Path) -> None:
 
     args = build_parser().parse_args(["agent", "-server", "-job-gc-threshold", "1m", "-gc-interval", "2s"])
     assert (args.job_gc_threshold, args.gc_interval) == ("1m", "2s")
+
+
+# -- the dispatch idempotency index -------------------------------------------------------
+
+
+def test_gc_dispatch_tokens__an_index_lookup__left_by_a_collected_child(cluster: Cluster) -> None:
+    cluster.apply(mock.register_job_entry(mock.batch_job(id="encode", parameterized=ParameterizedConfig())))
+    parent = cluster.tables.jobs[("default", "encode")]
+    for n in range(3):
+        child = derive_dispatched_child(parent, f"encode/dispatch-{n}", NOW, {}, b"", f"tok-{n}")
+        cluster.run_job(child, "complete")
+    snap = cluster.store.snapshot()
+    found = snap.dispatched_child("default", "encode", "tok-1")
+    assert found is not None and found.id == "encode/dispatch-1"
+    assert snap.dispatched_child("default", "encode", "") is None
+    assert snap.dispatched_child("default", "encode", "tok-9") is None
+    # A snapshot restore rebuilds the same index.
+    assert from_snapshot(to_snapshot(cluster.tables)).dispatch_tokens == cluster.tables.dispatch_tokens
+
+    cluster.collect(cluster.select(NOW, FORCE))
+
+    assert len(cluster.tables.dispatch_tokens) == 0
+    assert cluster.store.snapshot().dispatched_child("default", "encode", "tok-1") is None
+    # The token may be used again once its child is collected, as in Nomad.
+    again = derive_dispatched_child(parent, "encode/dispatch-again", NOW, {}, b"", "tok-1")
+    cluster.run_job(again, "running")
+    found = cluster.store.snapshot().dispatched_child("default", "encode", "tok-1")
+    assert found is not None and found.id == "encode/dispatch-again"
