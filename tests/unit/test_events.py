@@ -26,7 +26,7 @@ from drover.scheduler.structs import (
 )
 from drover.server.acl.acl import MANAGEMENT, compile_acl
 from drover.server.acl.policy import parse_policy
-from drover.server.api.events import event_to_proto
+from drover.server.api.events import WireCache, event_to_proto
 from drover.server.codec import to_proto
 from drover.server.config import load_server_config
 from drover.server.errors import ValidationError
@@ -515,3 +515,15 @@ def test_config__event_buffer_size__a_server_config_file_key(tmp_path: Path) -> 
         load_server_config({"node_name": "s1", "data_dir": "/d"}, None).event_buffer_size
         == DEFAULT_MAX_EVENTS
     )
+
+
+def test_wire_cache__one_conversion_per_event__bounded_and_never_confused() -> None:
+    cache = WireCache(size=2)
+    events = [Event(i, "Job", "JobRegistered", f"j{i}", "default", mock.job(id=f"j{i}")) for i in range(3)]
+
+    first = cache.wire(events[0])
+
+    assert cache.wire(events[0]) is first
+    assert [cache.wire(e).key for e in events] == ["j0", "j1", "j2"]
+    assert cache.wire(events[0]) is not first, "the oldest entry was dropped at the bound"
+    assert cache.wire(events[0]).key == "j0"
