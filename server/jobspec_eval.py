@@ -27,8 +27,12 @@ What is evaluated, and what is left alone
 
 Hostile input: nothing here calls Python's ``eval``; every node visited costs one step
 of a fixed budget (``MAX_STEPS``), every string and collection built is bounded
-(``MAX_STRING_CHARS``, ``MAX_ITEMS``), numbers are bounded (``MAX_NUMBER_BITS``), and
-regular expressions are RE2's (linear time). Nesting deeper than the interpreter's stack
+(``MAX_STRING_CHARS``, ``MAX_ITEMS``, ``MAX_VALUE_SIZE``), numbers are bounded
+(``MAX_NUMBER_BITS``), and regular expressions are RE2's (linear time). Values share
+parts (``[local.a, local.a]``), so a value's size is its size as a tree, computed once per
+list or map from its parts' sizes: sixty doublings are refused at the twentieth instead of
+being walked (``_Evaluator.size``). A function whose result can dwarf its arguments
+(``replace``, ``regex_replace``, ``join``, ``format``'s width) checks before it builds. Nesting deeper than the interpreter's stack
 raises ``RecursionError``, which ``jobspec.parse_jobspec`` turns into its one-line error.
 
 ``file(path)`` reads relative to the job file's directory and refuses a path that
@@ -91,6 +95,13 @@ MAX_STEPS: Final = 1_000_000
 MAX_STRING_CHARS: Final = 1 << 20
 MAX_ITEMS: Final = 10_000
 MAX_NUMBER_BITS: Final = 1024
+# A value's size: a string counts its characters, a list or map 1 plus its items' sizes,
+# counted as a tree (a list holding the same big list twice counts it twice, which is what
+# printing it would cost). Bounded per value and over everything a file's attributes hold.
+MAX_VALUE_SIZE: Final = 4 << 20
+MAX_DOCUMENT_SIZE: Final = 16 << 20
+MAX_FORMAT_WIDTH: Final = 4096
+MAX_STRING_TOTAL: Final = 64 << 20
 # What ``file()`` reads at most.
 MAX_FILE_BYTES: Final = 1 << 20
 
@@ -366,9 +377,14 @@ def _normal(number: int | float) -> int | float:
 
 
 def _distinct(items: list[Any]) -> list[Any]:
+    """The first of each value, in order: linear, keyed on a value's JSON (values are
+    normalised, so 2.0 is 2, and true is not 1)."""
     out: list[Any] = []
+    seen: set[str] = set()
     for item in items:
-        if not any(_equal(item, seen) for seen in out):
+        key = json.dumps(item, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
             out.append(item)
     return out
 
@@ -475,6 +491,8 @@ def _format(spec: str, args: Sequence[Any]) -> str:
             raise _FnError(f"format: not enough arguments for {match.group(0)}")
         value = args[index]
         index += 1
+        if int(width or 0) > MAX_FORMAT_WIDTH or int(precision or 0) > MAX_FORMAT_WIDTH:
+            raise _FnError(f"format: width and precision must be at most {MAX_FORMAT_WIDTH}")
         pyspec = flags.replace("#", "") + (width or "") + (f".{precision}" if precision else "")
         if verb in ("s", "v"):
             text = (
@@ -514,7 +532,14 @@ def _formatlist(spec: str, args: Sequence[Any]) -> list[str]:
     if len(lengths) > 1:
         raise _FnError("formatlist: the list arguments must all have the same length")
     count = lengths.pop() if lengths else 1
-    return [_format(spec, [a[i] if isinstance(a, list) else a for a in args]) for i in range(count)]
+    out: list[str] = []
+    total = 0
+    for i in range(count):
+        out.append(_format(spec, [a[i] if isinstance(a, list) else a for a in args]))
+        total += len(out[-1])
+        if total > MAX_VALUE_SIZE:
+            raise _FnError(f"formatlist: a value larger than {MAX_VALUE_SIZE} characters")
+    return out
 
 
 def _go_replacement(repl: str) -> str:
@@ -553,6 +578,12 @@ def _regex_replace(text: str, pattern: str, repl: str) -> str:
         compiled = re2.compile(pattern, options=_RE2_OPTIONS)
     except (re2.error, UnicodeError) as exc:
         raise _FnError(f"invalid regular expression: {' '.join(str(exc).split())[:120]}") from exc
+    if repl:
+        # Each match adds at most the replacement's length (plus group text): bound the
+        # result before building it.
+        for matches, _ in enumerate(compiled.finditer(text), start=1):
+            if len(text) + matches * len(repl) > MAX_STRING_CHARS:
+                raise _FnError(f"a string longer than {MAX_STRING_CHARS} characters")
     try:
         result: str = compiled.sub(_go_replacement(repl), text)
     except (re2.error, IndexError, ValueError) as exc:
@@ -567,6 +598,8 @@ def _replace(text: str, old: str, new: str) -> str:
         return _regex_replace(text, old[1:-1], new)
     if old == "":
         raise _FnError("replace: the search string must not be empty")
+    if len(new) > len(old) and len(text) + text.count(old) * (len(new) - len(old)) > MAX_STRING_CHARS:
+        raise _FnError(f"a string longer than {MAX_STRING_CHARS} characters")
     return _check_size(text.replace(old, new))
 
 
@@ -791,7 +824,9 @@ def _join(args: Sequence[Any]) -> str:
         raise _FnError("join: takes a separator and at least one list")
     sep = _want_str(args[0], "join: the separator")
     items = [_want_str(item, "join: each item") for arg in args[1:] for item in _want_list(arg)]
-    return _check_size(sep.join(items))
+    if sum(len(item) for item in items) + len(sep) * len(items) > MAX_STRING_CHARS:
+        raise _FnError(f"join: a string longer than {MAX_STRING_CHARS} characters")
+    return sep.join(items)
 
 
 def _fixed(arity: int, body: Callable[..., Any]) -> Callable[[Sequence[Any]], Any]:
@@ -890,6 +925,13 @@ class _Evaluator:
     locals: dict[str, _Local] = field(default_factory=dict)
     scopes: list[dict[str, Any]] = field(default_factory=list)
     steps: int = 0
+    # Sizes of the lists and maps built so far, by id (the value kept alive beside it so
+    # its id is not reused): a value made of shared parts is sized in linear time.
+    sizes: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    document_size: int = 0
+    # Every string an expression gave, summed (a reference to a big one counts each time):
+    # what bounds the text a loop can build.
+    string_chars: int = 0
     # Inside a variable's default or an input value: no var or local may be used.
     literal_only: bool = False
 
@@ -903,9 +945,32 @@ class _Evaluator:
     def ev(self, node: Any) -> Any:
         self.tick(node)
         try:
-            return self._ev(node)
+            result = self._ev(node)
+            if isinstance(result, str):
+                self.string_chars += len(result)
+                if self.string_chars > MAX_STRING_TOTAL:
+                    raise _FnError(f"too much text to evaluate (more than {MAX_STRING_TOTAL} characters)")
+            elif isinstance(result, list | dict) and self.size(result) > MAX_VALUE_SIZE:
+                raise _FnError(f"a value larger than {MAX_VALUE_SIZE} characters")
+            return result
         except _FnError as exc:
             raise EvalError(str(exc), _line(node)) from None
+
+    def size(self, value: Any) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if not isinstance(value, list | dict):
+            return 1
+        known = self.sizes.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        total = 1
+        for item in value.values() if isinstance(value, dict) else value:
+            total += self.size(item)
+            if total > MAX_DOCUMENT_SIZE:
+                break  # already too big: the exact figure does not matter
+        self.sizes[id(value)] = (value, total)
+        return total
 
     def _ev(self, node: Any) -> Any:
         if isinstance(node, ExprTermRule):
@@ -921,11 +986,16 @@ class _Evaluator:
         if isinstance(node, TemplateStringRule):
             return node.inner_value
         if isinstance(node, TupleRule):
-            return _check_size([self.ev(e) for e in node.elements])
+            items = []
+            budget = _SizeBudget(self)
+            for element in node.elements:
+                items.append(budget.add(self.ev(element)))
+            return _check_size(items)
         if isinstance(node, ObjectRule):
             out: dict[str, Any] = {}
+            budget = _SizeBudget(self)
             for elem in node.elements:
-                out[self.object_key(elem.key)] = self.ev(elem.expression)
+                out[self.object_key(elem.key)] = budget.add(self.ev(elem.expression))
             return _check_size(out)
         if isinstance(node, IdentifierRule):
             return self.reference(node, [])
@@ -1255,6 +1325,7 @@ class _Evaluator:
         is_object = isinstance(node, ForObjectExprRule)
         tuple_out: list[Any] = []
         object_out: dict[str, Any] = {}
+        budget = _SizeBudget(self)
         grouped = is_object and node.ellipsis is not None
         for key, value in pairs:
             scope = {first: value} if not second_name else {first: key, second_name: value}
@@ -1270,14 +1341,14 @@ class _Evaluator:
                     out_key = _want_str(self.ev(node.key_expr), "a for key")
                     out_value = self.ev(node.value_expr)
                     if grouped:
-                        object_out.setdefault(out_key, []).append(out_value)
+                        object_out.setdefault(out_key, []).append(budget.add(out_value))
                     elif out_key in object_out:
                         raise _FnError(f"for: duplicate key {_quote(out_key)} (use ... to group)")
                     else:
-                        object_out[out_key] = out_value
+                        object_out[out_key] = budget.add(out_value)
                     _check_size(object_out)
                 else:
-                    tuple_out.append(self.ev(node.value_expr))
+                    tuple_out.append(budget.add(self.ev(node.value_expr)))
                     _check_size(tuple_out)
             finally:
                 self.scopes.pop()
@@ -1473,7 +1544,13 @@ class _Evaluator:
                 name = str(child.identifier.serialize(_LABEL_OPTIONS))
                 out.lines[name] = _line(child)
                 try:
-                    out[name] = _output(self.ev(child.expression))
+                    result = self.ev(child.expression)
+                    self.document_size += self.size(result)
+                    if self.document_size > MAX_DOCUMENT_SIZE:
+                        raise EvalError(
+                            f"the job is larger than {MAX_DOCUMENT_SIZE} characters", _line(child)
+                        )
+                    out[name] = _output(result)
                 except EvalError as exc:
                     if not exc.echo:
                         self.errors.append(EvalError(exc.message, exc.line or _line(child)))
@@ -1498,6 +1575,21 @@ class _Evaluator:
 
 
 _NO_VALUE: Final = object()
+
+
+@dataclass(slots=True)
+class _SizeBudget:
+    """The running size of a list or map being built, refused as soon as it is too big
+    (not once a loop has built all of it)."""
+
+    evaluator: _Evaluator
+    total: int = 1
+
+    def add(self, value: Any) -> Any:
+        self.total += self.evaluator.size(value)
+        if self.total > MAX_VALUE_SIZE:
+            raise _FnError(f"a value larger than {MAX_VALUE_SIZE} characters")
+        return value
 
 
 def _number_literal(text: str) -> int | float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -425,7 +426,7 @@ def test_file__without_a_job_file__refused() -> None:
     [
         ("range(100000)", f"more than {MAX_ITEMS} items"),
         ("[for a in range(9999) : [for b in range(9999) : a * b]]", "too much to evaluate"),
-        ('join("", [for i in range(9000) : format("%0900d", i)])', "a string longer than"),
+        ('join("", [for i in range(9000) : format("%0900d", i)])', "a value larger than"),
         ('parseint("' + "9" * 70 + '", 10)', "parseint: cannot read"),
     ],
 )
@@ -434,6 +435,40 @@ def test_bounds__refused(expression: str, message: str) -> None:
         parse_jobspec(job_with(f"meta = {{ v = {expression} }}"))
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+_BIG = (
+    'locals {\n  k = join("", [for i in range(10000) : "0123456789"])\n'
+    '  s = join("", [for i in range(10) : local.k])\n'
+)
+_DOUBLINGS = "".join(f"  l{i} = concat(local.l{i - 1}, local.l{i - 1})\n" for i in range(1, 14))
+_SHARED = "".join(f"  a{i} = [local.a{i - 1}, local.a{i - 1}]\n" for i in range(1, 60))
+
+BOMBS = {
+    # 2**59 leaves from 60 small lists: sized as shared parts, refused at once.
+    "shared-lists": ('locals {\n  a0 = ["xxxxxxxxxx"]\n' + _SHARED + "}\n", "jsonencode(local.a59)"),
+    "doubling-concat": (_BIG + "  l0 = [local.s]\n" + _DOUBLINGS + "}\n", 'join("", local.l13)'),
+    "replace-growth": (_BIG + "}\n", 'replace(local.s, "0", local.s)'),
+    "regex-growth": (_BIG + "}\n", 'regex_replace(local.s, "", "ab")'),
+    "format-width": ("", 'format("%0900000000d", 1)'),
+    "loop-of-copies": (_BIG + "}\n", '[for i in range(1000) : "${local.s}${i}"]'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_bounds__growth_bombs__refused_quickly(name: str) -> None:
+    prelude, expression = BOMBS[name]
+    started = time.monotonic()
+    with pytest.raises(JobspecError) as info:
+        parse_jobspec(job_with(f"meta = {{ v = {expression} }}", prelude=prelude))
+    assert time.monotonic() - started < 10, "a bound that is reached only after the work is no bound"
+    assert any(word in str(info.value) for word in ("larger than", "longer than", "at most")), str(info.value)
+
+
+def test_bounds__distinct_of_many_is_linear() -> None:
+    started = time.monotonic()
+    assert value("length(distinct(concat(range(5000), range(5000))))") == 5000
+    assert time.monotonic() - started < 5
 
 
 def test_bounds__numbers_cannot_grow_without_limit() -> None:
