@@ -8,6 +8,8 @@ the snapshot, a time and the thresholds, so each test moves ``now`` across one t
 from __future__ import annotations
 
 import re
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,8 +31,8 @@ from drover.scheduler.structs import (
     ParameterizedConfig,
 )
 from drover.server.config import ConfigError, load_server_config
-from drover.server.fsm import FSM, encode_entry
-from drover.server.gc.runner import GCSettings, gc_entry, gc_settings
+from drover.server.fsm import FSM, ApplyResult, encode_entry
+from drover.server.gc.runner import GarbageCollector, GCSettings, gc_entry, gc_settings
 from drover.server.gc.select import (
     FORCE,
     Garbage,
@@ -45,7 +47,7 @@ from drover.server.snapshot import from_snapshot, to_snapshot
 from drover.server.state_store import StateStore, Tables, Txn
 from drover.v1 import raft_pb2
 from tests.fixtures import mock
-from tests.fixtures.mock import HOUR, NOW
+from tests.fixtures.mock import HOUR, NOW, SECOND
 
 T = Thresholds()  # Nomad's defaults: eval 1h, batch eval 24h, job 4h, node 24h, deployment 1h
 
@@ -426,3 +428,64 @@ def test_gc_dispatch_tokens__an_index_lookup__left_by_a_collected_child(cluster:
     cluster.run_job(again, "running")
     found = cluster.store.snapshot().dispatched_child("default", "encode", "tok-1")
     assert found is not None and found.id == "encode/dispatch-again"
+
+
+# -- the leader's collector ---------------------------------------------------------------
+
+
+class _Raft:
+    """Proposes straight into the test cluster's FSM, as a one-server raft would."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.entries = 0
+
+    def propose(self, data: bytes, timeout: float) -> ApplyResult:
+        self.entries += 1
+        self.cluster.index += 1
+        return self.cluster.fsm.apply(data, self.cluster.index)
+
+
+class _Clock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def now_ns(self) -> int:
+        return self.now
+
+
+def test_gc_collector__forced_run__one_entry_and_counts(cluster: Cluster) -> None:
+    for n in range(3):
+        cluster.run_job(mock.batch_job(id=f"report-{n}"), "complete")
+    raft = _Raft(cluster)
+    collector = GarbageCollector(cluster.store, raft, _Clock(NOW), GCSettings(Thresholds(), SECOND))
+    assert collector.collect(T) == (dict.fromkeys(("evals", "allocs", "jobs", "nodes", "deployments"), 0), 0)
+    assert raft.entries == 0  # nothing old enough: no entry at all
+
+    deleted, index = collector.collect(FORCE)
+
+    assert deleted == {"evals": 3, "allocs": 3, "jobs": 3, "nodes": 0, "deployments": 0}
+    assert (raft.entries, index) == (1, cluster.index)
+    assert len(cluster.tables.jobs) == 0
+
+
+def test_gc_collector__periodic_run__collects_past_the_threshold_while_leading(cluster: Cluster) -> None:
+    cluster.run_job(mock.batch_job(id="report"), "complete")
+    raft = _Raft(cluster)
+    clock = _Clock(NOW + 4 * HOUR)
+    collector = GarbageCollector(cluster.store, raft, clock, GCSettings(Thresholds(), 10_000_000))
+    stop = threading.Event()
+
+    # Not the leader (any more): the loop ends at its first wake-up, having written nothing.
+    collector.run(lambda: False, stop)
+    assert raft.entries == 0
+
+    runner = threading.Thread(target=collector.run, args=(lambda: True, stop), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while ("default", "report") in cluster.tables.jobs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    runner.join(5)
+    assert ("default", "report") not in cluster.tables.jobs
+    assert not runner.is_alive()
