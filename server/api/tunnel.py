@@ -341,7 +341,10 @@ def _forward_logs(
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=api_pb2.AllocLogsResponse.FromString,
         )
-        stream: Any = open_stream(request, metadata=_forward_metadata(core, context))
+        # A followed log may run for ever; a plain read is bounded, so a paused server that
+        # accepts the connection and never answers can not hold the caller.
+        timeout = None if request.follow else _forward_timeout(context) * 2
+        stream: Any = open_stream(request, timeout=timeout, metadata=_forward_metadata(core, context))
         # The caller going away ends the relayed stream too (and so the node's follow).
         context.add_callback(stream.cancel)
         relayed = False
