@@ -4,8 +4,8 @@ and no duplicate, the CLI's ``event stream`` against a dev agent, and ACL filter
 The resume test pins the stream to the leader at first (the survivors' addresses go
 through proxies that refuse connections until the stream is open there), so the SIGKILL
 breaks the very stream under test; the SDK must then resume it on a survivor. What it
-delivered is compared with a fresh read from index 1 of each survivor's own buffer: every
-server derives the same events from the same log.
+delivered is compared with a fresh read from index 1 of each survivor's own buffer, and of
+the killed leader's once restarted: every server derives the same events from the same log.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def _full_read(address: str, through: int) -> list[EventId]:
 def _responses_through(
     stub: api_pb2_grpc.EventsStub, start: int, through: int
 ) -> Iterator[api_pb2.EventStreamResponse]:
-    for response in stub.Stream(api_pb2.EventStreamRequest(index=start), timeout=60):
+    request = api_pb2.EventStreamRequest(index=start)
+    for response in stub.Stream(request, timeout=60, wait_for_ready=True):
         yield response
         if response.index >= through:
             return
@@ -141,7 +142,9 @@ def test_events__stream_resumed_across_a_leader_kill__no_gap_no_duplicate(cluste
     keys = {key for _, _, _, key, _ in streamed}
     assert {f"before-{n}" for n in range(5)} <= keys and {f"after-{n}" for n in range(5)} <= keys
     through = indexes[-1]
-    for i in survivors:
+    # The killed leader, restarted, derives the same events again as it replays its log.
+    cluster.restart(leader)
+    for i in (*survivors, leader):
         fresh = _full_read(addresses[i], through)
         assert fresh, f"server {i} holds no events"
         expected = [e for e in streamed if e[0] >= fresh[0][0]]
