@@ -10,13 +10,16 @@ reads a clock (server/fsm.py ``apply_gc``).
 
 - **Evals**: terminal, older than ``eval`` (``batch_eval`` for batch jobs' evals), and every
   alloc of the eval collectable too; the eligible allocs of an eval that stays are collected
-  anyway, as Nomad's gcEval returns them. A batch eval of a job still present is kept with
-  its allocs: without them the scheduler would run the batch work again. Evals of a dead
-  job are left to job GC, which takes the job with them (deleting them alone would turn the
-  dead job back to pending in the store's status rule).
+  anyway, as Nomad's gcEval returns them. A batch eval of a live batch job keeps its
+  current version's allocs (without them the scheduler would run the batch work again):
+  only the finished allocs of older versions go, and the eval once it has no other. Evals of
+  a dead job are left to job GC, which takes the job with them (Nomad lets eval GC take a
+  stopped one's; here deleting them alone could turn the dead job pending in the store's
+  status rule, which has no "evals were reaped" case).
 - **Allocs** (Nomad's allocGCEligible): terminal, older than the threshold, not running on
-  the client; and if the job is still live and not stopped, a failed alloc still wanting to
-  run only once it has been replaced (``next_allocation``), so rescheduling is not lost.
+  the client; and if the job is still live and not stopped, a failed alloc the group would
+  reschedule only once replaced (``next_allocation``) or, with limited attempts, once its
+  last reschedule is older than the policy's interval.
 - **Jobs**: dead (stopped with nothing running, or every alloc terminal), older than
   ``job``, every eval terminal and every alloc collectable, no active deployment. Periodic
   and parameterized parents only once stopped: their children are what runs. Dead periodic
@@ -46,7 +49,16 @@ from drover.scheduler.structs import (
 )
 from drover.server.state_store import Snapshot
 
-__all__ = ["FORCE", "Garbage", "JobGarbage", "Ref", "Thresholds", "batches", "select_garbage"]
+__all__ = [
+    "FORCE",
+    "Garbage",
+    "JobGarbage",
+    "Ref",
+    "Thresholds",
+    "alloc_collectable",
+    "batches",
+    "select_garbage",
+]
 
 HOUR_NS: Final = 3_600_000_000_000
 # Objects per raft entry: an entry of this many IDs stays far below raft's message size and
@@ -118,7 +130,7 @@ class Garbage:
 def select_garbage(snap: Snapshot, now_ns: int, thresholds: Thresholds) -> Garbage:
     """Everything collectable in ``snap`` at ``now_ns``, each kind sorted (the same state
     gives the same entries on any leader)."""
-    jobs = _dead_jobs(snap, now_ns - thresholds.job_ns)
+    jobs = _dead_jobs(snap, now_ns - thresholds.job_ns, now_ns)
     collected = {(j.namespace, j.job_id) for j in jobs}
     evals, allocs = _evals_and_allocs(snap, now_ns, thresholds, collected)
     return Garbage(
@@ -173,17 +185,38 @@ class _Piece:
 # ---------------------------------------------------------------------------------------
 
 
-def alloc_collectable(alloc: Allocation, job: Job | None, cutoff_ns: int) -> bool:
-    """Nomad's allocGCEligible."""
+def alloc_collectable(alloc: Allocation, job: Job | None, cutoff_ns: int, now_ns: int) -> bool:
+    """Nomad's allocGCEligible: terminal and old, and not a failed alloc the rescheduler
+    still reads (its reschedule history is carried forward only to its replacement)."""
     if not alloc.terminal() or alloc.modify_time_ns > cutoff_ns:
         return False
     if alloc.client_status == ALLOC_CLIENT_RUNNING:
         return False  # told to stop, still stopping on its node
     if job is None or job.stop or job.status == JOB_STATUS_DEAD:
         return True
+    group = job.lookup_group(alloc.task_group)
+    if group is None:
+        return True
     if alloc.desired_status != ALLOC_DESIRED_RUN or alloc.client_status != ALLOC_CLIENT_FAILED:
         return True
-    return bool(alloc.next_allocation)  # failed and not yet replaced: the rescheduler needs it
+    policy = group.reschedule
+    if policy is None or (not policy.unlimited and policy.attempts == 0):
+        return True  # never rescheduled
+    if alloc.next_allocation:
+        return True  # replaced: the history went with it
+    if policy.unlimited or not alloc.reschedule_events:
+        return False
+    return now_ns - alloc.reschedule_events[-1].reschedule_time_ns > policy.interval_ns
+
+
+def _older_version_terminal(allocs: list[Allocation], job: Job, cutoff_ns: int) -> list[Allocation]:
+    """Nomad's olderVersionTerminalAllocs: a live batch job's finished allocs of versions
+    before its current one (the current version's must stay, or they would run again)."""
+    return [
+        a
+        for a in allocs
+        if a.create_index < job.job_modify_index and a.modify_time_ns <= cutoff_ns and a.terminal()
+    ]
 
 
 def _eval_collectable(ev: Evaluation, cutoff_ns: int) -> bool:
@@ -203,11 +236,18 @@ def _evals_and_allocs(
         if not _eval_collectable(ev, cutoff):
             continue
         job = snap.job(*key) if ev.job_id else None
-        if job is not None and (job.status == JOB_STATUS_DEAD or ev.type == JOB_TYPE_BATCH):
+        if job is not None and job.status == JOB_STATUS_DEAD:
+            continue
+        eval_allocs = snap.allocs_by_eval(ev.id)
+        if job is not None and ev.type == JOB_TYPE_BATCH:
+            older = _older_version_terminal(eval_allocs, job, cutoff)
+            allocs.extend(Ref(a.id, a.modify_index) for a in older)
+            if len(older) == len(eval_allocs):
+                evals.append(Ref(ev.id, ev.modify_index))
             continue
         whole = True
-        for alloc in snap.allocs_by_eval(ev.id):
-            if alloc_collectable(alloc, job, cutoff):
+        for alloc in eval_allocs:
+            if alloc_collectable(alloc, job, cutoff, now_ns):
                 allocs.append(Ref(alloc.id, alloc.modify_index))
             else:
                 whole = False
@@ -216,7 +256,7 @@ def _evals_and_allocs(
     return evals, allocs
 
 
-def _dead_jobs(snap: Snapshot, cutoff_ns: int) -> list[JobGarbage]:
+def _dead_jobs(snap: Snapshot, cutoff_ns: int, now_ns: int) -> list[JobGarbage]:
     found: list[JobGarbage] = []
     for job in snap.jobs():
         if job.status != JOB_STATUS_DEAD or (job.is_template() and not job.stop):
@@ -227,7 +267,7 @@ def _dead_jobs(snap: Snapshot, cutoff_ns: int) -> list[JobGarbage]:
         if not all(_eval_collectable(ev, cutoff_ns) for ev in evals):
             continue
         allocs = snap.allocs_by_job(job.namespace, job.id)
-        if not all(alloc_collectable(a, job, cutoff_ns) for a in allocs):
+        if not all(alloc_collectable(a, job, cutoff_ns, now_ns) for a in allocs):
             continue
         deployments = snap.deployments_by_job(job.namespace, job.id)
         if any(d.active() for d in deployments):

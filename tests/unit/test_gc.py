@@ -29,6 +29,8 @@ from drover.scheduler.structs import (
     JobChildrenSummary,
     Node,
     ParameterizedConfig,
+    RescheduleEvent,
+    ReschedulePolicy,
 )
 from drover.server.config import ConfigError, load_server_config
 from drover.server.fsm import FSM, ApplyResult, encode_entry
@@ -39,6 +41,7 @@ from drover.server.gc.select import (
     JobGarbage,
     Ref,
     Thresholds,
+    alloc_collectable,
     batches,
     select_garbage,
 )
@@ -151,6 +154,57 @@ def test_gc_eval__failed_alloc_not_yet_replaced__kept_with_its_eval(cluster: Clu
     garbage = cluster.select(NOW + 10 * HOUR)
     # The rescheduler still needs the failed alloc; the running one is not terminal.
     assert garbage.allocs == () and garbage.evals == ()
+
+
+@pytest.mark.parametrize(
+    ("policy", "last_reschedule_ago", "collectable"),
+    [
+        (None, 0, True),  # the group never reschedules
+        (ReschedulePolicy(attempts=0, unlimited=False), 0, True),
+        (ReschedulePolicy(unlimited=True), 10 * HOUR, False),  # it will be replaced: keep
+        (ReschedulePolicy(attempts=2, interval_ns=HOUR, unlimited=False), 2 * HOUR, True),
+        (ReschedulePolicy(attempts=2, interval_ns=HOUR, unlimited=False), HOUR // 2, False),
+    ],
+)
+def test_gc_alloc__failed_alloc_of_a_live_job__by_its_reschedule_policy(
+    policy: ReschedulePolicy | None, last_reschedule_ago: int, collectable: bool
+) -> None:
+    job = mock.job(id="web", status="running")
+    job = replace(job, groups=(replace(job.groups[0], reschedule=policy),))
+    now = NOW + 10 * HOUR
+    failed = mock.alloc(
+        job,
+        mock.node(),
+        client_status="failed",
+        reschedule_events=(RescheduleEvent(reschedule_time_ns=now - last_reschedule_ago),),
+    )
+    assert alloc_collectable(failed, job, now, now) is collectable
+    # Replaced, its history went to the replacement: collectable under every policy.
+    assert alloc_collectable(replace(failed, next_allocation="next"), job, now, now)
+    # Too new for the threshold: never.
+    assert not alloc_collectable(replace(failed, next_allocation="next"), job, NOW - 1, now)
+
+
+def test_gc_eval__live_batch_job__only_older_versions_allocs_and_their_eval_go(cluster: Cluster) -> None:
+    _, old_eval, old_alloc = cluster.run_job(mock.batch_job(id="report"), "complete")
+    # Version 1 registered: its own alloc running, the job alive.
+    v1 = mock.batch_job(id="report", meta={"v": "1"})
+    new_eval = mock.eval_for(v1, modify_time_ns=NOW)
+    cluster.apply(mock.register_job_entry(v1, new_eval))
+    stored = cluster.tables.jobs[("default", "report")]
+    current = mock.alloc(stored, cluster.node, eval_id=new_eval.id)
+    cluster.apply(mock.plan_entry([current], updated_at_ns=NOW))
+    cluster.apply(mock.eval_update_entry(replace(new_eval, status=EVAL_STATUS_COMPLETE, modify_time_ns=NOW)))
+    cluster.apply(mock.client_update_entry(current.id, "complete", updated_at_ns=NOW))
+    second = mock.alloc(stored, cluster.node, index=1, eval_id=new_eval.id)
+    cluster.apply(mock.plan_entry([second], updated_at_ns=NOW))
+    assert cluster.tables.jobs[("default", "report")].status == "running"
+
+    garbage = cluster.select(NOW, FORCE)
+
+    assert _ids(garbage.allocs) == [old_alloc.id]
+    assert _ids(garbage.evals) == [old_eval.id]
+    assert garbage.jobs == ()
 
 
 def test_gc_eval__batch_eval_of_a_live_batch_job__kept(cluster: Cluster) -> None:
