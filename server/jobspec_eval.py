@@ -1080,41 +1080,45 @@ class _Evaluator:
         return self.text_template(body, _line(node))
 
     def text_template(self, body: str, line: int) -> Any:
+        """A heredoc body's ``${...}`` evaluated, in one pass over the text (each
+        interpolation is parsed on its own, so each costs ``_PARSE_STEPS`` steps)."""
         out: list[str] = []
-        i = 0
-        pieces = 0
-        while i < len(body):
-            start = body.find("${", i)
-            directive = body.find("%{", i)
-            if directive != -1 and (start == -1 or directive < start):
-                if body.startswith("%%{", directive - 1) and directive > 0 and body[directive - 1] == "%":
-                    out.append(body[i : directive - 1] + "%{")
-                    i = directive + 2
-                    continue
+        position = 0
+        newlines = 0  # newlines in body[:position]
+        for marker in _TEMPLATE_MARKER.finditer(body):
+            start = marker.start()
+            if start < position:
+                continue  # inside an interpolation already read
+            out.append(body[position:start])
+            newlines += body.count("\n", position, start)
+            position = start
+            token = marker.group(0)
+            if token in ("$${", "%%{"):
+                out.append(token[1:])  # an escape: the literal ${ or %{
+                position = marker.end()
+                continue
+            if token == "%{":
                 raise EvalError(
                     "template directives (%{ if }, %{ for }) are not supported: "
                     "use a conditional or a for expression",
-                    line + body.count("\n", 0, directive),
+                    line + 1 + newlines,
                 )
-            if start == -1:
-                out.append(body[i:])
-                break
-            if start > 0 and body[start - 1] == "$":
-                out.append(body[i : start - 1] + "${")  # $${ is a literal ${
-                i = start + 2
-                continue
-            out.append(body[i:start])
-            end = _interpolation_end(body, start + 2)
-            here = line + body.count("\n", 0, start)
-            if end == -1:
+            here = line + 1 + newlines  # the body starts on the line after <<EOT
+            close = _interpolation_end(body, marker.end())
+            if close == -1:
                 raise EvalError("unclosed ${ in a heredoc", here)
-            value = self.ev(_parse_expression(body[start + 2 : end], here))
-            pieces += 1
-            if pieces == 1 and start == 0 and end == len(body) - 1:
-                return value
+            self.steps += _PARSE_STEPS
+            self.tick(None)
+            try:
+                value = self.ev(_parse_expression(body[marker.end() : close], here))
+            except EvalError as exc:  # the expression's own lines count from its own text
+                raise EvalError(exc.message, here, echo=exc.echo) from None
+            if start == 0 and close == len(body) - 1:
+                return value  # "${x}" alone is x itself
             out.append(str(value) if isinstance(value, _Runtime) else _to_string(value))
             _check_size(out[-1])
-            i = end + 1
+            position = close + 1
+        out.append(body[position:])
         return _check_size("".join(out))
 
     def reference(self, root: IdentifierRule, steps: list[Any]) -> Any:
@@ -1640,6 +1644,13 @@ def _output(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _output(v) for k, v in value.items()}
     return value
+
+
+# Where a heredoc's template text may change: an escape, an interpolation, a directive.
+_TEMPLATE_MARKER: Final = re.compile(r"\$\$\{|%%\{|\$\{|%\{")
+# What parsing one heredoc interpolation costs against MAX_STEPS: a parse is far dearer
+# than visiting one node, and a heredoc may hold thousands.
+_PARSE_STEPS: Final = 500
 
 
 def _interpolation_end(text: str, i: int) -> int:

@@ -702,3 +702,16 @@ def test_cli_run__invalid_values__every_one_with_its_line(
     assert code == 1 and err.count("\n") == 1, err
     assert f"{path}:4: job.groups[0].count: must be >= 0" in err
     assert f"{path}:8: job.groups[0].tasks[0].resources.memory_mb: must be > 0" in err
+
+
+def test_bounds__heredoc_of_many_interpolations__refused_quickly() -> None:
+    body = "x ${1}\n" * 5000
+    started = time.monotonic()
+    with pytest.raises(JobspecError, match="too much to evaluate"):
+        parse_jobspec(f'job "x" {{\n meta = {{ v = <<EOT\n{body}EOT\n }}\n}}\n')
+    assert time.monotonic() - started < 10
+
+
+def test_heredoc__interpolation_lines_count_from_the_heredoc() -> None:
+    _, errors = evaluate("v = <<EOT\none\ntwo ${nope}\nEOT\n")
+    assert errors == ['3: unknown variable "nope": use var.nope for a variable, or $${nope} for literal text']
