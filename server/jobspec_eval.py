@@ -16,6 +16,7 @@ What is evaluated, and what is left alone
   error_message } }`` blocks, filled in Nomad's order: the default, then ``NOMAD_VAR_x``
   from the environment, then each ``-var-file`` in turn, then each ``-var`` (later wins).
 - ``locals { ... }`` blocks (any number), evaluated on first use; a cycle is an error.
+- ``dynamic "KIND" { for_each, labels, iterator, content { ... } }`` blocks.
 - ``var.x`` and ``local.x``; operators, conditionals, ``for`` expressions, splats,
   templates and heredocs with ``${...}``, and the functions in ``FUNCTIONS``. A function
   not in that table is refused by name.
@@ -1568,14 +1569,87 @@ class _Evaluator:
                     out[name] = None
             elif isinstance(child, BlockRule):
                 labels = [str(label.serialize(_LABEL_OPTIONS)) for label in child.labels]
-                value: Located = self.body(child.body.children)
-                for label in reversed(labels[1:]):
-                    wrapper = Located({label: value})
-                    wrapper.lines[label] = _line(child)
-                    value = wrapper
-                out.setdefault(labels[0], []).append(value)
+                if labels[0] == "dynamic" and len(labels) == 2:
+                    for kind, value in self.dynamic(labels[1], child):
+                        out.setdefault(kind, []).append(value)
+                        out.lines.setdefault(kind, _line(child))
+                    continue
+                out.setdefault(labels[0], []).append(
+                    self.block_value(labels[1:], child.body.children, _line(child))
+                )
                 out.lines.setdefault(labels[0], _line(child))
         return out
+
+    def block_value(self, labels: Sequence[str], children: Sequence[Any], line: int) -> Located:
+        """A block's body, nested in its labels as python-hcl2 nests them."""
+        value: Located = self.body(children)
+        for label in reversed(labels):
+            wrapper = Located({label: value})
+            wrapper.lines[label] = line
+            value = wrapper
+        return value
+
+    def dynamic(self, kind: str, block: BlockRule) -> Iterator[tuple[str, Located]]:
+        """``dynamic "KIND" { for_each, labels, iterator, content { ... } }``: one ``KIND``
+        block per item of ``for_each``, with ``ITERATOR.key`` and ``ITERATOR.value`` (the
+        iterator is named ``KIND`` unless ``iterator`` names it)."""
+        line = _line(block)
+        settings: dict[str, Any] = {}
+        content: BlockRule | None = None
+        for child in block.body.children:
+            if isinstance(child, AttributeRule):
+                settings[str(child.identifier.serialize(_LABEL_OPTIONS))] = child.expression
+            elif isinstance(child, BlockRule) and str(child.labels[0].serialize(_LABEL_OPTIONS)) == "content":
+                content = child
+            elif isinstance(child, BlockRule):
+                self.errors.append(
+                    EvalError(f'dynamic "{kind}": only a content block may be inside', _line(child))
+                )
+        unknown = sorted(set(settings) - {"for_each", "labels", "iterator"})
+        if unknown or content is None or "for_each" not in settings:
+            why = f"unknown key {_quote(unknown[0])}" if unknown else "needs for_each and a content block"
+            self.errors.append(EvalError(f'dynamic "{kind}": {why}', line))
+            return
+        iterator = kind
+        if "iterator" in settings:
+            name = _unwrap(settings["iterator"])
+            if not isinstance(name, IdentifierRule):
+                self.errors.append(EvalError(f'dynamic "{kind}": iterator must be a name', line))
+                return
+            iterator = str(name.serialize(_LABEL_OPTIONS))
+        try:
+            collection = self.ev(settings["for_each"])
+        except EvalError as exc:
+            if not exc.echo:
+                self.errors.append(EvalError(f'dynamic "{kind}" for_each: {exc.message}', exc.line or line))
+            return
+        if isinstance(collection, dict):
+            items: list[tuple[Any, Any]] = sorted(collection.items())
+        elif isinstance(collection, list):
+            items = list(enumerate(collection))
+        else:
+            self.errors.append(
+                EvalError(
+                    f'dynamic "{kind}" for_each: needs a list or a map, got {_type_name(collection)}',
+                    _line(settings["for_each"], line),
+                )
+            )
+            return
+        for key, item in items:
+            self.scopes.append({iterator: {"key": key, "value": item}})
+            try:
+                labels: list[str] = []
+                if "labels" in settings:
+                    try:
+                        raw = self.ev(settings["labels"])
+                        labels = [_want_str(label, "each label") for label in _want_list(raw, "labels")]
+                    except (EvalError, _FnError) as exc:
+                        message = exc.message if isinstance(exc, EvalError) else str(exc)
+                        self.errors.append(EvalError(f'dynamic "{kind}" labels: {message}', line))
+                        return
+                yield kind, self.block_value(labels, content.body.children, _line(content, line))
+            finally:
+                self.scopes.pop()
 
 
 _NO_VALUE: Final = object()

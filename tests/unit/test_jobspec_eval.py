@@ -715,3 +715,60 @@ def test_bounds__heredoc_of_many_interpolations__refused_quickly() -> None:
 def test_heredoc__interpolation_lines_count_from_the_heredoc() -> None:
     _, errors = evaluate("v = <<EOT\none\ntwo ${nope}\nEOT\n")
     assert errors == ['3: unknown variable "nope": use var.nope for a variable, or $${nope} for literal text']
+
+
+# ---------------------------------------------------------------------------------------
+# dynamic blocks
+
+DYNAMIC = """
+variable "groups" {
+  default = { api = 2, web = 1 }
+}
+job "x" {
+  dynamic "group" {
+    for_each = var.groups
+    labels   = [group.key]
+    content {
+      count = group.value
+      task "t" {
+        driver = "mock"
+        dynamic "constraint" {
+          for_each = ["a", "b"]
+          iterator = c
+          content {
+            attribute = "${meta.rack}"
+            value     = c.value
+          }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def test_dynamic__one_block_per_item_with_its_key_and_value() -> None:
+    job = parse_jobspec(DYNAMIC)
+    assert [(g.name, g.count) for g in job.groups] == [("api", 2), ("web", 1)]
+    for group in job.groups:
+        assert [(c.attribute, c.value) for c in group.tasks[0].constraints] == [
+            ("${meta.rack}", "a"),
+            ("${meta.rack}", "b"),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("for_each = var.groups", "for_each = 3"),
+            'd.hcl:7: dynamic "group" for_each: needs a list or a map, got number',
+        ),
+        (("labels   = [group.key]", "labelz = []"), 'd.hcl:6: dynamic "group": unknown key "labelz"'),
+        (("iterator = c", 'iterator = "c"'), 'd.hcl:13: dynamic "constraint": iterator must be a name'),
+    ],
+)
+def test_dynamic__mistakes__named_with_their_line(change: tuple[str, str], message: str) -> None:
+    with pytest.raises(JobspecError) as info:
+        parse_jobspec(DYNAMIC.replace(*change), filename="d.hcl")
+    assert message in info.value.errors
