@@ -4,8 +4,10 @@ The root package (proto/drover/) is the API and its clients; the implementation 
 top-level folders and is mapped in (pyproject.toml, ``[tool.setuptools.package-dir]``):
 
 - ``drover.v1``: the wire contract, generated from proto/drover/v1/*.proto (``make proto``).
-- ``drover.sdk``: the typed client of that API (leader failover, retries); imports only
-  ``drover.v1``.
+- ``drover.sdk``: the typed client of that API (leader failover, retries); at import it
+  needs only ``drover.v1`` and ``drover.common``. Its job-file reader uses the servers'
+  own parser and rules (``drover.server.jobspec``, ``drover.scheduler.validate``),
+  imported on its first call.
 - ``drover.cli``: the ``drover`` command, one module per command group, over the SDK.
 - ``drover.common`` (proto/drover/common/): what every process shares: the logging setup,
   Go durations. Imports no other part of drover.

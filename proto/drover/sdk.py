@@ -1,8 +1,13 @@
-"""A typed client for drover's gRPC API (proto/drover/v1/api.proto), used by the CLI and agents.
+"""A typed client for drover's gRPC API (proto/drover/v1/api.proto): what the CLI uses, and
+what a script uses (README, "Scripting drover from Python"; deploy/examples/sdk_example.py).
 
-One method per RPC; each takes plain values or protobuf messages and returns the response
-message. Errors come out as one type, :class:`DroverError`, carrying the gRPC status code
-and the server's message (``job.groups[0].count: must be >= 0``).
+:class:`Client` has one method per RPC; each takes plain values or protobuf messages and
+returns the response message (``drover.v1``). Errors come out as one type,
+:class:`DroverError`, carrying the gRPC status code and the server's message
+(``job.groups[0].count: must be >= 0``). Beside it: :func:`parse_job_file` and
+:func:`parse_job` read a jobspec as ``drover job run`` does (:class:`JobFileError`);
+:func:`blocking` and the ``watch_*`` methods turn a read into an iterator of each new
+answer (Nomad's blocking queries); :meth:`Client.stream_events` follows the event stream.
 
 Reaching a server: until one of its addresses has answered, a client waits at most
 ``connect_timeout`` (2 s) for one to: an address that refuses connections, whose name does
@@ -30,6 +35,7 @@ token does not allow fails with ``PERMISSION_DENIED`` (never retried).
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -37,7 +43,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -46,7 +52,16 @@ from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import TLSFiles, TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
-__all__ = ["Client", "DroverClient", "DroverError", "TLSFiles"]
+__all__ = [
+    "Client",
+    "DroverClient",
+    "DroverError",
+    "JobFileError",
+    "TLSFiles",
+    "blocking",
+    "parse_job",
+    "parse_job_file",
+]
 
 # The gRPC metadata key of the ACL token (server/acl/resolve.py reads the same key).
 TOKEN_METADATA_KEY: Final = "x-drover-token"
@@ -65,6 +80,16 @@ _RETRY_READ: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEA
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
+
+
+class QueryAnswer(Protocol):
+    """What every read answers with: ``meta.index``, the index a blocking query waits past."""
+
+    @property
+    def meta(self) -> api_pb2.QueryMeta: ...
+
+
+Answer = TypeVar("Answer", bound=QueryAnswer)
 
 
 class DroverError(Exception):
@@ -191,6 +216,11 @@ class _Reach:
             self._reasons[stubs.address] = _transport_reason(err.message, self._closed_hint)
             return True
 
+    def every_address_failed(self) -> bool:
+        """Whether a call to each address has failed to connect (each has a reason)."""
+        with self.changed:
+            return all(stubs.address in self._reasons for stubs in self._stubs)
+
     def nobody_answered(self, waited_s: float) -> DroverError:
         """The one error for a client none of whose addresses answered: each address with
         what went wrong there, addresses with the same reason together."""
@@ -210,6 +240,94 @@ def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
     if not out:
         raise ValueError("no server address given")
     return out
+
+
+class JobFileError(ValueError):
+    """A job that cannot be read or parsed, or (with ``validate``) that breaks a rule. The
+    message is one line and names the place (``web.hcl:3,5: ...``); ``errors`` lists every
+    rule broken (``job.groups[0].count: must be >= 0``), none for a parse error."""
+
+    def __init__(self, message: str, errors: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors)
+
+
+def parse_job(text: str, *, filename: str = "", validate: bool = True) -> structs_pb2.Job:
+    """The job an HCL or JSON jobspec describes, as :meth:`Client.register_job` takes it:
+    the reading ``drover job run`` does, so a script and the CLI send the same job.
+
+    ``validate``: check it against the rules the servers apply, so every mistake is found
+    at once, before any call (all of them in one :class:`JobFileError`). ``filename``
+    starts each message. The parser is drover's own (``drover.server.jobspec``), imported
+    on the first call, so importing the SDK does not load it.
+    """
+    try:
+        from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
+            JobspecError,
+            parse_jobspec,
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name != "drover.server.jobspec":
+            raise
+        raise JobFileError("cannot read job files: drover.server.jobspec is not available") from exc
+    from drover.scheduler.validate import ValidationError, canonicalize_job, validate_job
+    from drover.server.codec import to_proto
+
+    try:
+        job = parse_jobspec(text, filename=filename)
+    except JobspecError as exc:
+        raise JobFileError(str(exc)) from exc
+    if validate:
+        try:
+            validate_job(canonicalize_job(job))
+        except ValidationError as exc:
+            errors = [str(error) for error in exc.errors]
+            raise JobFileError("; ".join(errors), errors) from exc
+    # The servers canonicalize too: the job goes as written.
+    return to_proto(job, structs_pb2.Job())
+
+
+def parse_job_file(path: str | os.PathLike[str], *, validate: bool = True) -> structs_pb2.Job:
+    """:func:`parse_job` of a file (named in every message); a file that cannot be opened
+    raises the ``OSError``, one that is not UTF-8 a :class:`JobFileError`."""
+    name = os.fspath(path)
+    with open(name, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JobFileError(
+            f"{name}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from exc
+    return parse_job(text, filename=name, validate=validate)
+
+
+def blocking(
+    query: Callable[[int], Answer], *, index: int = 0, timeout: float | None = None
+) -> Iterator[Answer]:
+    """Each new answer of a blocking query, for as long as the caller iterates.
+
+    ``query(min_index)`` is one read (``lambda i: client.job_summary("web", min_index=i)``):
+    the server holds it until what it reads changes past ``min_index``, or its wait ends.
+    Each answer whose ``meta.index`` differs from the last is yielded and the next query
+    waits past it; an answer at the same index (the wait ended, nothing changed) is not.
+    ``index`` 0 yields the current answer first; an index from an earlier answer resumes.
+    An index that went backwards (a snapshot restored, a server that knows less) is yielded
+    and waited past, as Nomad advises, rather than waiting for an index that may not come.
+    ``timeout``: the iteration ends once this many seconds have passed, checked each time
+    a query returns (so at most one query's wait later).
+    """
+    shown: int | None = index or None
+    min_index = index
+    end = None if timeout is None else time.monotonic() + timeout
+    while end is None or time.monotonic() < end:
+        answer = query(min_index)
+        seen = answer.meta.index
+        if seen != shown:
+            yield answer
+            shown = seen
+        # 0 would ask for an answer at once, again and again: wait past 1 at least.
+        min_index = max(seen, 1)
 
 
 class Client:
@@ -321,6 +439,66 @@ class Client:
         opts = _options(stale, min_index, wait_ns)
         req = api_pb2.JobSummaryRequest(job_id=job_id, namespace=namespace, options=opts)
         return self._call(lambda s: s.jobs.Summary, req, options=opts)
+
+    # Watches: each is :func:`blocking` over one read. ``wait_ns`` bounds each query's wait
+    # on the server (0: its default, 5 minutes), and so how late ``timeout`` ends the watch.
+
+    def watch_job(
+        self,
+        job_id: str,
+        *,
+        namespace: str = "",
+        index: int = 0,
+        stale: bool = False,
+        wait_ns: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[api_pb2.JobGetResponse]:
+        """The job, then again each time it changes."""
+        return blocking(
+            lambda i: self.get_job(job_id, namespace=namespace, stale=stale, min_index=i, wait_ns=wait_ns),
+            index=index,
+            timeout=timeout,
+        )
+
+    def watch_job_summary(
+        self,
+        job_id: str,
+        *,
+        namespace: str = "",
+        index: int = 0,
+        stale: bool = False,
+        wait_ns: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[api_pb2.JobSummaryResponse]:
+        """The job's summary (allocs per group and client status), then again each time it
+        changes: how a script waits for ``running`` to reach a count."""
+        return blocking(
+            lambda i: self.job_summary(
+                job_id, namespace=namespace, stale=stale, min_index=i, wait_ns=wait_ns
+            ),
+            index=index,
+            timeout=timeout,
+        )
+
+    def watch_allocs(
+        self,
+        *,
+        job_id: str = "",
+        node_id: str = "",
+        namespace: str = "",
+        index: int = 0,
+        stale: bool = False,
+        wait_ns: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[api_pb2.AllocListResponse]:
+        """The allocations (of one job or node), then again each time any changes."""
+        return blocking(
+            lambda i: self.list_allocs(
+                job_id=job_id, node_id=node_id, namespace=namespace, stale=stale, min_index=i, wait_ns=wait_ns
+            ),
+            index=index,
+            timeout=timeout,
+        )
 
     def dispatch_job(
         self,
@@ -741,9 +919,9 @@ class Client:
         attempt = 0
         out_of_range = 0
         failing_since: float | None = None
-        give_up_at = time.monotonic() + min(self.connect_timeout, self.retry_deadline)
+        started = time.monotonic()
         while True:
-            stubs = self._pick() if self._reach.answered else self._first_contact(give_up_at)
+            stubs = self._pick() if self._reach.answered else self._first_contact(started)
             start = covered + 1 if covered >= 0 else 0
             request = api_pb2.EventStreamRequest(topics=filters, index=start, namespace=namespace)
             stream = stubs.events.Stream(request, metadata=self._metadata)
@@ -856,11 +1034,16 @@ class Client:
                 raise DroverError(grpc.StatusCode.CANCELLED, "client is closed")
             return self._stubs[self._current]
 
-    def _first_contact(self, give_up_at: float) -> _Stubs:
-        """While no address has answered: the address to call next, waiting (until
-        ``give_up_at``) for one to connect or to fail; then the error naming them all."""
+    def _first_contact(self, started: float) -> _Stubs:
+        """While no address has answered: the address to call next, waiting for one to
+        connect or to fail. Gives up with the error naming them all ``connect_timeout``
+        after ``started`` (the call's start), or sooner once ``retry_deadline`` has passed
+        and every address has failed once: a deadline shorter than a connection takes
+        (``retry_deadline=0``, "one attempt") still tries each address."""
         reach = self._reach
         reach.watch()
+        hard = started + self.connect_timeout
+        soft = started + min(self.connect_timeout, self.retry_deadline)
         with reach.changed:
             while True:
                 if self._closed:
@@ -868,10 +1051,10 @@ class Client:
                 pick = reach.callable_now(self._current)
                 if pick is not None:
                     break
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
-                    raise reach.nobody_answered(min(self.connect_timeout, self.retry_deadline))
-                reach.changed.wait(remaining)
+                now = time.monotonic()
+                if now >= hard or (now >= soft and reach.every_address_failed()):
+                    raise reach.nobody_answered(self.connect_timeout)
+                reach.changed.wait((soft if now < soft else hard) - now)
         with self._lock:
             self._current = self._stubs.index(pick)
         return pick
@@ -902,10 +1085,9 @@ class Client:
         attempt_timeout = self.timeout + _blocking_wait_s(options)
         started = time.monotonic()
         deadline = started + self.retry_deadline
-        give_up_at = started + min(self.connect_timeout, self.retry_deadline)
         attempt = 0
         while True:
-            stubs = self._pick() if self._reach.answered else self._first_contact(give_up_at)
+            stubs = self._pick() if self._reach.answered else self._first_contact(started)
             try:
                 response = method(stubs)(request, timeout=attempt_timeout, metadata=self._metadata)
             except grpc.RpcError as exc:

@@ -127,3 +127,15 @@ def test_sdk__a_first_address_refused__the_next_one_answers() -> None:
     ):
         assert client.state_digest().applied_index == 7
     assert servicer.calls == 1
+
+
+def test_sdk__retry_deadline_0__still_one_try_at_each_address() -> None:
+    # "No retries" must not mean "no attempt": the first connection takes a moment.
+    servicer = _LeaderlessOperator(refusals=0)
+    refused = _refused_address()
+    with serving((api_pb2_grpc.add_OperatorServicer_to_server, servicer), max_workers=2) as address:
+        with Client(address, retry_deadline=0) as client:
+            assert client.state_digest().digest == "abc"
+        with Client(refused, retry_deadline=0) as client, pytest.raises(DroverError) as err:
+            client.state_digest()
+    assert err.value.message == f"no drover server at {refused}: connection refused"
