@@ -24,7 +24,9 @@ What is evaluated, and what is left alone
   ``attr``, ``meta``, ``env`` or a ``NOMAD_*`` name comes out as ``${node.unique.name}``,
   inside a template or alone. Only a template may hold one: ``upper(node.class)`` is an
   error, since its value is known only on the node.
-- Template directives (``%{ if }``, ``%{ for }``) are refused rather than left as text.
+- Template directives (``%{ if }``, ``%{ for }``, ``~`` strip markers), in strings and in
+  heredocs (whose body python-hcl2 leaves as one token: it is re-read as the quoted
+  template it means, ``text_template``).
 
 Hostile input: nothing here calls Python's ``eval``; every node visited costs one step
 of a fixed budget (``MAX_STEPS``), every string and collection built is bounded
@@ -58,6 +60,7 @@ import hcl2
 import re2
 from hcl2.rules.base import AttributeRule, BlockRule, BodyRule
 from hcl2.rules.containers import ObjectElemKeyExpressionRule, ObjectElemKeyRule, ObjectRule, TupleRule
+from hcl2.rules.directives import TemplateForRule, TemplateIfRule
 from hcl2.rules.expressions import BinaryOpRule, ConditionalRule, ExprTermRule, UnaryOpRule
 from hcl2.rules.for_expressions import ForObjectExprRule, ForTupleExprRule
 from hcl2.rules.functions import FunctionCallRule
@@ -933,13 +936,20 @@ class _Evaluator:
     # Every string an expression gave, summed (a reference to a big one counts each time):
     # what bounds the text a loop can build.
     string_chars: int = 0
+    # Added to the lines of a heredoc's template, parsed on its own.
+    line_offset: int = 0
     # Inside a variable's default or an input value: no var or local may be used.
     literal_only: bool = False
 
     def tick(self, node: Any) -> None:
         self.steps += 1
         if self.steps > MAX_STEPS:
-            raise EvalError(f"too much to evaluate (more than {MAX_STEPS} steps)", _line(node))
+            raise EvalError(f"too much to evaluate (more than {MAX_STEPS} steps)", self.at(node))
+
+    def at(self, node: Any) -> int:
+        """``node``'s line in the job file (a heredoc's template counts from the heredoc)."""
+        line = _line(node)
+        return line + self.line_offset if line else 0
 
     # -- expressions -------------------------------------------------------------------
 
@@ -955,7 +965,7 @@ class _Evaluator:
                 raise _FnError(f"a value larger than {MAX_VALUE_SIZE} characters")
             return result
         except _FnError as exc:
-            raise EvalError(str(exc), _line(node)) from None
+            raise EvalError(str(exc), self.at(node)) from None
 
     def size(self, value: Any) -> int:
         if isinstance(value, str):
@@ -1041,26 +1051,86 @@ class _Evaluator:
         if len(contents) == 1 and isinstance(contents[0], InterpolationRule):
             # "${x}" alone is x itself, not its string: "${var.count}" stays a number.
             return self.ev(contents[0].expression)
-        out: list[str] = []
-        for content in contents:
+        pieces: list[Any] = []
+        self.render(parts, pieces)
+        return _check_size(_strip_and_join(pieces))
+
+    def render(self, parts: Sequence[Any], pieces: list[Any]) -> None:
+        """A template's parts as text pieces (``_Literal`` for the file's own text, which
+        ``~`` strip markers may trim) and ``_STRIP_LEFT``/``_STRIP_RIGHT`` markers."""
+        for part in parts:
+            content = part.content if isinstance(part, StringPartRule) else part
+            self.tick(content)
             if isinstance(content, InterpolationRule):
                 value = self.ev(content.expression)
-                out.append(str(value) if isinstance(value, _Runtime) else _to_string(value))
+                pieces.append(str(value) if isinstance(value, _Runtime) else _to_string(value))
+            elif isinstance(content, TemplateIfRule):
+                self.render_if(content, pieces)
+            elif isinstance(content, TemplateForRule):
+                self.render_for(content, pieces)
             else:
                 name = content.lark_name() if hasattr(content, "lark_name") else ""
                 text = str(getattr(content, "value", ""))
                 if name == "STRING_CHARS":
-                    out.append(process_escape_sequences(text))
+                    pieces.append(_Literal(process_escape_sequences(text)))
                 elif name in ("ESCAPED_INTERPOLATION", "ESCAPED_DIRECTIVE"):
-                    out.append(text[1:])
+                    pieces.append(_Literal(text[1:]))
                 else:
                     raise EvalError(
-                        "template directives (%{ if }, %{ for }) are not supported: "
-                        "use a conditional or a for expression",
-                        _line(content, _line(node)),
+                        "a template directive out of place (an else or end without its start)",
+                        self.at(content),
                     )
-            _check_size(out[-1])
-        return _check_size("".join(out))
+            if sum(len(p) for p in pieces if isinstance(p, str)) > MAX_STRING_CHARS:
+                raise EvalError(f"a string longer than {MAX_STRING_CHARS} characters", self.at(content))
+
+    def render_if(self, node: TemplateIfRule, pieces: list[Any]) -> None:
+        start, else_rule, endif = node._if_start, node._else_rule, node._endif
+        condition = self.ev(start.condition)
+        if not isinstance(condition, bool):
+            raise EvalError(f"%{{ if }} needs true or false, got {_type_name(condition)}", self.at(start))
+        if start.strip_open:
+            pieces.append(_STRIP_LEFT)
+        if condition:
+            if start.strip_close:
+                pieces.append(_STRIP_RIGHT)
+            self.render(node._if_body, pieces)
+            if else_rule.strip_open if else_rule is not None else endif.strip_open:
+                pieces.append(_STRIP_LEFT)
+        elif else_rule is not None:
+            if else_rule.strip_close:
+                pieces.append(_STRIP_RIGHT)
+            self.render(node._else_body, pieces)
+            if endif.strip_open:
+                pieces.append(_STRIP_LEFT)
+        if endif.strip_close:
+            pieces.append(_STRIP_RIGHT)
+
+    def render_for(self, node: TemplateForRule, pieces: list[Any]) -> None:
+        start, endfor = node._for_start, node._endfor
+        names = [
+            str(n.serialize(_LABEL_OPTIONS)) for n in (start.iterator, start.key_iterator) if n is not None
+        ]
+        collection = self.ev(start.collection)
+        if isinstance(collection, dict):
+            items: list[tuple[Any, Any]] = sorted(collection.items())
+        elif isinstance(collection, list):
+            items = list(enumerate(collection))
+        else:
+            raise EvalError(f"%{{ for }} needs a list or a map, got {_type_name(collection)}", self.at(start))
+        if start.strip_open:
+            pieces.append(_STRIP_LEFT)
+        for key, item in items:
+            self.scopes.append({names[0]: item} if len(names) == 1 else {names[0]: key, names[1]: item})
+            try:
+                if start.strip_close:
+                    pieces.append(_STRIP_RIGHT)
+                self.render(node._body, pieces)
+                if endfor.strip_open:
+                    pieces.append(_STRIP_LEFT)
+            finally:
+                self.scopes.pop()
+        if endfor.strip_close:
+            pieces.append(_STRIP_RIGHT)
 
     def heredoc(self, node: HeredocTemplateRule) -> Any:
         """A heredoc's body is one token to python-hcl2: its ``${...}`` are found here."""
@@ -1081,46 +1151,38 @@ class _Evaluator:
         return self.text_template(body, _line(node))
 
     def text_template(self, body: str, line: int) -> Any:
-        """A heredoc body's ``${...}`` evaluated, in one pass over the text (each
-        interpolation is parsed on its own, so each costs ``_PARSE_STEPS`` steps)."""
-        out: list[str] = []
+        """A heredoc body with ``${...}`` or ``%{...}`` in it, evaluated as the quoted
+        template it means: its own text escaped, its interpolations and directives kept,
+        parsed once (its lines counted from the heredoc's first) and rendered like any."""
+        quoted: list[str] = []
         position = 0
-        newlines = 0  # newlines in body[:position]
         for marker in _TEMPLATE_MARKER.finditer(body):
             start = marker.start()
             if start < position:
-                continue  # inside an interpolation already read
-            out.append(body[position:start])
-            newlines += body.count("\n", position, start)
-            position = start
+                continue  # inside an interpolation or directive already copied
+            quoted.append(body[position:start].replace("\\", "\\\\").replace('"', '\\"'))
             token = marker.group(0)
             if token in ("$${", "%%{"):
-                out.append(token[1:])  # an escape: the literal ${ or %{
+                quoted.append(token)
                 position = marker.end()
                 continue
-            if token == "%{":
-                raise EvalError(
-                    "template directives (%{ if }, %{ for }) are not supported: "
-                    "use a conditional or a for expression",
-                    line + 1 + newlines,
-                )
-            here = line + 1 + newlines  # the body starts on the line after <<EOT
             close = _interpolation_end(body, marker.end())
             if close == -1:
-                raise EvalError("unclosed ${ in a heredoc", here)
+                raise EvalError(f"unclosed {token} in a heredoc", line + 1 + body.count("\n", 0, start))
+            quoted.append(body[start : close + 1])
+            position = close + 1
+            # Charged before the parse: a heredoc of thousands is refused, not parsed.
             self.steps += _PARSE_STEPS
             self.tick(None)
-            try:
-                value = self.ev(_parse_expression(body[marker.end() : close], here))
-            except EvalError as exc:  # the expression's own lines count from its own text
-                raise EvalError(exc.message, here, echo=exc.echo) from None
-            if start == 0 and close == len(body) - 1:
-                return value  # "${x}" alone is x itself
-            out.append(str(value) if isinstance(value, _Runtime) else _to_string(value))
-            _check_size(out[-1])
-            position = close + 1
-        out.append(body[position:])
-        return _check_size("".join(out))
+        quoted.append(body[position:].replace("\\", "\\\\").replace('"', '\\"'))
+        template = _unwrap(_parse_expression('"' + "".join(quoted) + '"', line + 1))
+        if not isinstance(template, StringRule):
+            raise EvalError("cannot read the heredoc as a template", line + 1)
+        saved, self.line_offset = self.line_offset, line
+        try:
+            return self.template(template.string_parts, template)
+        finally:
+            self.line_offset = saved
 
     def reference(self, root: IdentifierRule, steps: list[Any]) -> Any:
         """``name`` followed by ``steps`` (``.attr``, ``[index]``)."""
@@ -1160,6 +1222,7 @@ class _Evaluator:
         if entry.state == "new":
             entry.state = "busy"
             saved, self.scopes = self.scopes, []
+            saved_offset, self.line_offset = self.line_offset, 0
             try:
                 entry.value = self.ev(entry.node)
             except EvalError:
@@ -1167,6 +1230,7 @@ class _Evaluator:
                 raise
             finally:
                 self.scopes = saved
+                self.line_offset = saved_offset
             entry.state = "done"
         return entry.value
 
@@ -1655,6 +1719,39 @@ class _Evaluator:
 _NO_VALUE: Final = object()
 
 
+class _Literal(str):
+    """Template text written in the file: what a ``~`` strip marker may trim."""
+
+    __slots__ = ()
+
+
+_STRIP_LEFT: Final = object()  # trim the whitespace of the literal text before
+_STRIP_RIGHT: Final = object()  # trim the whitespace of the literal text after
+
+
+def _strip_and_join(pieces: Sequence[Any]) -> str:
+    out: list[str] = []
+    strip_next = False
+    for piece in pieces:
+        if piece is _STRIP_LEFT:
+            while out and isinstance(out[-1], _Literal):
+                out[-1] = _Literal(out[-1].rstrip())
+                if out[-1]:
+                    break
+                out.pop()
+            continue
+        if piece is _STRIP_RIGHT:
+            strip_next = True
+            continue
+        if strip_next and isinstance(piece, _Literal):
+            piece = _Literal(piece.lstrip())
+            if not piece:
+                continue
+        strip_next = False
+        out.append(piece)
+    return "".join(out)
+
+
 @dataclass(slots=True)
 class _SizeBudget:
     """The running size of a list or map being built, refused as soon as it is too big
@@ -1722,8 +1819,8 @@ def _output(value: Any) -> Any:
 
 # Where a heredoc's template text may change: an escape, an interpolation, a directive.
 _TEMPLATE_MARKER: Final = re.compile(r"\$\$\{|%%\{|\$\{|%\{")
-# What parsing one heredoc interpolation costs against MAX_STEPS: a parse is far dearer
-# than visiting one node, and a heredoc may hold thousands.
+# What parsing one heredoc interpolation or directive costs against MAX_STEPS: a parse is
+# far dearer than visiting one node, and a heredoc may hold thousands.
 _PARSE_STEPS: Final = 500
 
 

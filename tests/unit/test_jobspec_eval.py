@@ -220,8 +220,40 @@ def test_heredoc__interpolates_and_keeps_runtime_text() -> None:
     assert data["v"] == "name: web\nnode: ${node.unique.name}\nkeep: ${PATH}"
 
 
-def test_template_directive__refused_not_left_as_text() -> None:
-    assert "template directives" in error_of('"%{ if true }x%{ endif }"')
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ('"%{ if true }yes%{ else }no%{ endif }"', "yes"),
+        ('"%{ if 1 > 2 }yes%{ else }no%{ endif }"', "no"),
+        ('"%{ if false }x%{ endif }!"', "!"),
+        ('"%{ for s in ["a", "b"] }<${s}>%{ endfor }"', "<a><b>"),
+        ('"%{ for k, v in {x = 1, y = 2} }${k}=${v};%{ endfor }"', "x=1;y=2;"),
+        ('"a  %{~ if true ~}  b  %{~ endif ~}  c"', "abc"),
+        ('"%%{ literal }"', "%{ literal }"),
+    ],
+)
+def test_template_directive__evaluated(expression: str, expected: str) -> None:
+    assert value(expression) == expected
+
+
+def test_template_directive__in_a_heredoc_with_strip_markers() -> None:
+    data, errors = evaluate(
+        """
+        v = <<-EOT
+          %{ for port in [80, 443] ~}
+          listen ${port};
+          %{ endfor ~}
+          done
+        EOT
+        """
+    )
+    assert errors == []
+    assert data["v"] == "listen 80;\nlisten 443;\ndone"
+
+
+def test_template_directive__condition_not_bool__error_with_its_line() -> None:
+    _, errors = evaluate('v = <<EOT\nfirst\n%{ if "x" }y%{ endif }\nEOT\n')
+    assert errors == ["3: %{ if } needs true or false, got string"]
 
 
 # ---------------------------------------------------------------------------------------
