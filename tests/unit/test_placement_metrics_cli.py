@@ -253,6 +253,25 @@ def test_eval_status__failed_group_metrics(
     assert failed[6] == '  * Constraint "missing drivers": 3 nodes excluded by filter'
 
 
+def test_eval_status_json__failed_group_metrics_with_every_count(
+    fake: tuple[FakeState, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, addr = fake
+    code, lines = run(capsys, "eval", "status", "-json", "-address", addr, EVAL_ID)
+    assert code == 0
+    doc = json.loads("\n".join(lines))
+    assert doc["eval"]["failed_tg_allocs"] == {"web": "no node is feasible"}
+    metric = doc["eval"]["failed_tg_metrics"]["web"]
+    # The zeros a script asks about are there too: none exhausted, no class filtered.
+    assert (metric["nodes_evaluated"], metric["nodes_filtered"], metric["nodes_exhausted"]) == (3, 3, 0)
+    assert metric["constraint_filtered"] == {"missing drivers": 3}
+    assert (metric["class_filtered"], metric["dimension_exhausted"], metric["coalesced_failures"]) == (
+        {},
+        {},
+        1,
+    )
+
+
 def test_job_plan__names_missing_drivers_and_the_nodes_filtered(
     fake: tuple[FakeState, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
