@@ -1051,11 +1051,11 @@ class _Evaluator:
         if len(contents) == 1 and isinstance(contents[0], InterpolationRule):
             # "${x}" alone is x itself, not its string: "${var.count}" stays a number.
             return self.ev(contents[0].expression)
-        pieces: list[Any] = []
+        pieces = _Pieces()
         self.render(parts, pieces)
         return _check_size(_strip_and_join(pieces))
 
-    def render(self, parts: Sequence[Any], pieces: list[Any]) -> None:
+    def render(self, parts: Sequence[Any], pieces: _Pieces) -> None:
         """A template's parts as text pieces (``_Literal`` for the file's own text, which
         ``~`` strip markers may trim) and ``_STRIP_LEFT``/``_STRIP_RIGHT`` markers."""
         for part in parts:
@@ -1080,10 +1080,10 @@ class _Evaluator:
                         "a template directive out of place (an else or end without its start)",
                         self.at(content),
                     )
-            if sum(len(p) for p in pieces if isinstance(p, str)) > MAX_STRING_CHARS:
+            if pieces.chars > MAX_STRING_CHARS:
                 raise EvalError(f"a string longer than {MAX_STRING_CHARS} characters", self.at(content))
 
-    def render_if(self, node: TemplateIfRule, pieces: list[Any]) -> None:
+    def render_if(self, node: TemplateIfRule, pieces: _Pieces) -> None:
         start, else_rule, endif = node._if_start, node._else_rule, node._endif
         condition = self.ev(start.condition)
         if not isinstance(condition, bool):
@@ -1105,7 +1105,7 @@ class _Evaluator:
         if endif.strip_close:
             pieces.append(_STRIP_RIGHT)
 
-    def render_for(self, node: TemplateForRule, pieces: list[Any]) -> None:
+    def render_for(self, node: TemplateForRule, pieces: _Pieces) -> None:
         start, endfor = node._for_start, node._endfor
         names = [
             str(n.serialize(_LABEL_OPTIONS)) for n in (start.iterator, start.key_iterator) if n is not None
@@ -1717,6 +1717,21 @@ class _Evaluator:
 
 
 _NO_VALUE: Final = object()
+
+
+class _Pieces(list[Any]):
+    """A template's pieces so far, with their characters counted as they come."""
+
+    __slots__ = ("chars",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = 0
+
+    def append(self, piece: Any) -> None:
+        if isinstance(piece, str):
+            self.chars += len(piece)
+        super().append(piece)
 
 
 class _Literal(str):

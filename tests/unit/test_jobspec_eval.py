@@ -804,3 +804,10 @@ def test_dynamic__mistakes__named_with_their_line(change: tuple[str, str], messa
     with pytest.raises(JobspecError) as info:
         parse_jobspec(DYNAMIC.replace(*change), filename="d.hcl")
     assert message in info.value.errors
+
+
+def test_bounds__template_loop_is_linear() -> None:
+    started = time.monotonic()
+    text = value('"%{ for i in range(9000) }<${i}>%{ endfor }"')
+    assert len(text) == sum(len(str(i)) + 2 for i in range(9000))
+    assert time.monotonic() - started < 5
