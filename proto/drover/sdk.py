@@ -40,7 +40,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Protocol, TypeVar
@@ -252,7 +252,16 @@ class JobFileError(ValueError):
         self.errors = tuple(errors)
 
 
-def parse_job(text: str, *, filename: str = "", validate: bool = True) -> structs_pb2.Job:
+def parse_job(
+    text: str,
+    *,
+    filename: str = "",
+    validate: bool = True,
+    variables: Mapping[str, str] | None = None,
+    var_files: Sequence[str | os.PathLike[str]] = (),
+    environ: Mapping[str, str] | None = None,
+    base_dir: str = "",
+) -> structs_pb2.Job:
     """The job an HCL or JSON jobspec describes, as :meth:`Client.register_job` takes it:
     the reading ``drover job run`` does, so a script and the CLI send the same job.
 
@@ -260,6 +269,10 @@ def parse_job(text: str, *, filename: str = "", validate: bool = True) -> struct
     at once, before any call (all of them in one :class:`JobFileError`). ``filename``
     starts each message. The parser is drover's own (``drover.server.jobspec``), imported
     on the first call, so importing the SDK does not load it.
+
+    ``variables``, ``var_files`` and ``environ`` fill the file's ``variable`` blocks as
+    ``-var NAME=VALUE``, ``-var-file`` and ``NOMAD_VAR_NAME`` do (nothing is read from
+    ``os.environ`` unless passed); ``base_dir`` is where ``file()`` reads from.
     """
     try:
         from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
@@ -272,9 +285,24 @@ def parse_job(text: str, *, filename: str = "", validate: bool = True) -> struct
         raise JobFileError("cannot read job files: drover.server.jobspec is not available") from exc
     from drover.scheduler.validate import ValidationError, canonicalize_job, validate_job
     from drover.server.codec import to_proto
+    from drover.server.jobspec_eval import (  # type: ignore[import-not-found, unused-ignore]
+        EvalError,
+        VariableInputs,
+    )
 
     try:
-        job = parse_jobspec(text, filename=filename)
+        inputs = VariableInputs.from_args(
+            [f"{name}={value}" for name, value in (variables or {}).items()],
+            [os.fspath(path) for path in var_files],
+            environ,
+            base_dir,
+        )
+    except EvalError as exc:
+        raise JobFileError(str(exc)) from exc
+    except (OSError, UnicodeError) as exc:
+        raise JobFileError(f"{getattr(exc, 'filename', '')}: cannot read the variables file: {exc}") from exc
+    try:
+        job = parse_jobspec(text, filename=filename, variables=inputs)
     except JobspecError as exc:
         raise JobFileError(str(exc)) from exc
     if validate:
@@ -287,9 +315,17 @@ def parse_job(text: str, *, filename: str = "", validate: bool = True) -> struct
     return to_proto(job, structs_pb2.Job())
 
 
-def parse_job_file(path: str | os.PathLike[str], *, validate: bool = True) -> structs_pb2.Job:
-    """:func:`parse_job` of a file (named in every message); a file that cannot be opened
-    raises the ``OSError``, one that is not UTF-8 a :class:`JobFileError`."""
+def parse_job_file(
+    path: str | os.PathLike[str],
+    *,
+    validate: bool = True,
+    variables: Mapping[str, str] | None = None,
+    var_files: Sequence[str | os.PathLike[str]] = (),
+    environ: Mapping[str, str] | None = None,
+) -> structs_pb2.Job:
+    """:func:`parse_job` of a file (named in every message; ``file()`` reads beside it); a
+    file that cannot be opened raises the ``OSError``, one that is not UTF-8 a
+    :class:`JobFileError`."""
     name = os.fspath(path)
     with open(name, "rb") as fh:
         raw = fh.read()
@@ -299,7 +335,15 @@ def parse_job_file(path: str | os.PathLike[str], *, validate: bool = True) -> st
         raise JobFileError(
             f"{name}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
         ) from exc
-    return parse_job(text, filename=name, validate=validate)
+    return parse_job(
+        text,
+        filename=name,
+        validate=validate,
+        variables=variables,
+        var_files=var_files,
+        environ=environ,
+        base_dir=os.path.dirname(os.path.abspath(name)),
+    )
 
 
 def blocking(

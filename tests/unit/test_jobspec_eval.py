@@ -811,3 +811,24 @@ def test_bounds__template_loop_is_linear() -> None:
     text = value('"%{ for i in range(9000) }<${i}>%{ endfor }"')
     assert len(text) == sum(len(str(i)) + 2 for i in range(9000))
     assert time.monotonic() - started < 5
+
+
+def test_sdk_parse_job__variables_as_the_cli_gives_them(tmp_path: Path) -> None:
+    from drover.sdk import JobFileError, parse_job, parse_job_file
+
+    text = job_with('env {\n N = "${var.env}:${var.replicas}"\n F = file("f.txt")\n }', prelude=PRELUDE)
+    (tmp_path / "f.txt").write_text("beside")
+    (tmp_path / "job.hcl").write_text(text)
+    (tmp_path / "vars.json").write_text('{"replicas": 4}')
+
+    job = parse_job_file(
+        tmp_path / "job.hcl",
+        variables={"env": "prod"},
+        var_files=[tmp_path / "vars.json"],
+        environ={"NOMAD_VAR_env": "staging"},
+    )
+    assert dict(job.groups[0].tasks[0].env) == {"N": "prod:4", "F": "beside"}
+    with pytest.raises(JobFileError, match="only a job file read from disk may read files"):
+        parse_job(text)
+    with pytest.raises(JobFileError, match='variable "replicas" \\(-var replicas\\): expected number'):
+        parse_job_file(tmp_path / "job.hcl", variables={"replicas": "many"})
