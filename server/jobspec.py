@@ -320,6 +320,9 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}(\[\d{1,9}\])?")
+
+
 @dataclass(frozen=True, slots=True)
 class _Body:
     """One block's attributes, with ``where`` naming it as ``job "web" group "api"``.
@@ -357,7 +360,9 @@ class _Body:
 
     def fail(self, key: str, expected: str, got: Any) -> None:
         where = key.split("[", 1)[0]
-        self.report(f"{self.where} {key}: expected {expected}, got {_describe(got)}".strip(), where)
+        # A map's key is the user's text (meta { "a b\n" = ... }): quoted unless a plain name.
+        shown = key if _PLAIN_KEY.fullmatch(key) else _quote(key)
+        self.report(f"{self.where} {shown}: expected {expected}, got {_describe(got)}".strip(), where)
 
     def child(self, where: str, data: Mapping[str, Any], line: int) -> _Body:
         return _Body(where, data, self.problems, line or self.line)

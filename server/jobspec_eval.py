@@ -192,6 +192,15 @@ def _quote(text: str) -> str:
     return json.dumps(text if len(text) <= 64 else text[:64] + "...", ensure_ascii=False)
 
 
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def _one_line(text: str) -> str:
+    """A user's text (an error_message) as one line of at most 200 characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 200 else flat[:200] + "..."
+
+
 def _line(node: Any, default: int = 0) -> int:
     line = getattr(getattr(node, "_meta", None), "line", None)
     return line if isinstance(line, int) else default
@@ -310,7 +319,7 @@ def _convert(value: Any, want: _Type, where: str) -> Any:
         if not isinstance(value, dict):
             raise mismatch
         element = want.element or _ANY
-        return {k: _convert(v, element, f"{where}.{k}") for k, v in value.items()}
+        return {k: _convert(v, element, f"{where}[{_quote(k)}]") for k, v in value.items()}
     if want.kind == "tuple":
         if not isinstance(value, list) or len(value) != len(want.fields):
             raise mismatch
@@ -1444,6 +1453,12 @@ class _Evaluator:
                 )
                 continue
             name = labels[1]
+            if not _NAME.fullmatch(name):
+                # Names reach every message about the variable: a plain name keeps them one line.
+                self.errors.append(
+                    EvalError(f"variable {_quote(name)}: a variable's name must be a name like env", line)
+                )
+                continue
             if name in declared:
                 self.errors.append(EvalError(f'variable "{name}" is declared twice', line))
                 continue
@@ -1596,6 +1611,7 @@ class _Evaluator:
                     )
                 if not passed:
                     text = _want_str(self.ev(message)) if message is not None else "the value is not valid"
+                    text = _one_line(text)
                     self.errors.append(EvalError(f'variable "{name}": {text}', _line(condition, line)))
             except _FnError as exc:
                 self.errors.append(EvalError(f'variable "{name}" validation: {exc}', _line(condition, line)))
@@ -1667,25 +1683,27 @@ class _Evaluator:
                 content = child
             elif isinstance(child, BlockRule):
                 self.errors.append(
-                    EvalError(f'dynamic "{kind}": only a content block may be inside', _line(child))
+                    EvalError(f"dynamic {_quote(kind)}: only a content block may be inside", _line(child))
                 )
         unknown = sorted(set(settings) - {"for_each", "labels", "iterator"})
         if unknown or content is None or "for_each" not in settings:
             why = f"unknown key {_quote(unknown[0])}" if unknown else "needs for_each and a content block"
-            self.errors.append(EvalError(f'dynamic "{kind}": {why}', line))
+            self.errors.append(EvalError(f"dynamic {_quote(kind)}: {why}", line))
             return
         iterator = kind
         if "iterator" in settings:
             name = _unwrap(settings["iterator"])
             if not isinstance(name, IdentifierRule):
-                self.errors.append(EvalError(f'dynamic "{kind}": iterator must be a name', line))
+                self.errors.append(EvalError(f"dynamic {_quote(kind)}: iterator must be a name", line))
                 return
             iterator = str(name.serialize(_LABEL_OPTIONS))
         try:
             collection = self.ev(settings["for_each"])
         except EvalError as exc:
             if not exc.echo:
-                self.errors.append(EvalError(f'dynamic "{kind}" for_each: {exc.message}', exc.line or line))
+                self.errors.append(
+                    EvalError(f"dynamic {_quote(kind)} for_each: {exc.message}", exc.line or line)
+                )
             return
         if isinstance(collection, dict):
             items: list[tuple[Any, Any]] = sorted(collection.items())
@@ -1694,7 +1712,7 @@ class _Evaluator:
         else:
             self.errors.append(
                 EvalError(
-                    f'dynamic "{kind}" for_each: needs a list or a map, got {_type_name(collection)}',
+                    f"dynamic {_quote(kind)} for_each: needs a list or a map, got {_type_name(collection)}",
                     _line(settings["for_each"], line),
                 )
             )
@@ -1709,7 +1727,7 @@ class _Evaluator:
                         labels = [_want_str(label, "each label") for label in _want_list(raw, "labels")]
                     except (EvalError, _FnError) as exc:
                         message = exc.message if isinstance(exc, EvalError) else str(exc)
-                        self.errors.append(EvalError(f'dynamic "{kind}" labels: {message}', line))
+                        self.errors.append(EvalError(f"dynamic {_quote(kind)} labels: {message}", line))
                         return
                 yield kind, self.block_value(labels, content.body.children, _line(content, line))
             finally:

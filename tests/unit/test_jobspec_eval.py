@@ -832,3 +832,23 @@ def test_sdk_parse_job__variables_as_the_cli_gives_them(tmp_path: Path) -> None:
         parse_job(text)
     with pytest.raises(JobFileError, match='variable "replicas" \\(-var replicas\\): expected number'):
         parse_job_file(tmp_path / "job.hcl", variables={"replicas": "many"})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Found by the fuzzer: a meta block labelled "\n", once every error was listed.
+        ('job "x" {\n  meta "\\n" {\n  }\n  job = []\n}\n', 'job "x" meta "\\n": expected a string'),
+        ('variable "a\\nb" {}\njob "x" {}\n', "a variable's name must be a name"),
+        (
+            'variable "v" {\n  default = 1\n  validation {\n    condition = false\n'
+            '    error_message = "two\\nlines"\n  }\n}\njob "x" {}\n',
+            'variable "v": two lines',
+        ),
+        ('job "x" {\n  dynamic "a\\nb" {\n    for_each = 1\n  }\n}\n', 'dynamic "a\\nb"'),
+    ],
+)
+def test_messages__users_text_with_newlines__stays_one_line(text: str, expected: str) -> None:
+    with pytest.raises(JobspecError) as info:
+        parse_jobspec(text)
+    assert expected in str(info.value) and "\n" not in str(info.value), str(info.value)
