@@ -14,8 +14,13 @@ status from then on. A new ``deployment_id`` from the servers (an in-place updat
 newer deployment) cancels the tracker and starts a fresh one; a verdict the servers already
 hold for the current deployment (an operator's, or ours from before a restart) is final.
 
+Task order: which task may start, and when the others must be stopped (a prestart task
+first, the leader's exit, a failed sibling, only sidecars left), is decided by
+``lifecycle.plan_steps`` from all task states after every change (``_advance_locked``), and
+done here: a task is started at most once, a stop is sent at most once per task.
+
 Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them (dead, not failed: the
-alloc ends ``complete``); ``detach()`` leaves them running for the next agent, which
+alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them running for the next agent, which
 builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` stops
 the tasks and forgets the alloc (the servers garbage-collected it).
 """
@@ -23,6 +28,7 @@ the tasks and forgets the alloc (the servers garbage-collected it).
 from __future__ import annotations
 
 import random
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -35,6 +41,7 @@ from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_confi
 from drover.client.errors import DriverConfigError, StateError
 from drover.client.health import DeploymentHealth, HealthTracker, health_policy, recorded_health, with_health
 from drover.client.interpolate import interpolate_config
+from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of
 from drover.client.restarts import RestartPolicy, default_restart_policy
 from drover.client.state import AllocRecord, StateDB, TaskRecord
 from drover.client.taskenv import dir_env, node_values, task_env
@@ -68,10 +75,16 @@ def find_group(job: structs_pb2.Job | None, name: str) -> structs_pb2.TaskGroup 
     return next((g for g in job.groups if g.name == name), None)
 
 
-def restart_policy_of(job: structs_pb2.Job, group: structs_pb2.TaskGroup) -> RestartPolicy:
-    if not group.HasField("restart"):
+def restart_policy_of(
+    job: structs_pb2.Job, group: structs_pb2.TaskGroup, task: structs_pb2.Task | None = None
+) -> RestartPolicy:
+    """The task's own restart block (the jobspec laid it over the group's), else the group's."""
+    if task is not None and task.HasField("restart"):
+        r = task.restart
+    elif group.HasField("restart"):
+        r = group.restart
+    else:
         return default_restart_policy(job.type)
-    r = group.restart
     return RestartPolicy(
         attempts=r.attempts, interval_ns=r.interval_ns, delay_ns=r.delay_ns, mode=r.mode or "fail"
     )
@@ -111,6 +124,9 @@ class AllocRunner:
         self._log = log.bind(node_id=alloc.node_id, alloc_id=alloc.id, job_id=alloc.job_id)
         self._error = ""
         self._tasks: dict[str, TaskRunner] = {}
+        self._roles: tuple[TaskRole, ...] = ()
+        # Tasks already told to stop by their siblings' fate (each is told once).
+        self._told_to_stop: set[str] = set()
         self._verdict: DeploymentHealth | None = recorded_health(alloc)
         self._tracker: HealthTracker | None = None
         # Cancelled trackers whose thread may still finish a check: joined by join().
@@ -151,10 +167,11 @@ class AllocRunner:
     def _build_tasks(
         self, job: structs_pb2.Job, group: structs_pb2.TaskGroup, record: AllocRecord | None
     ) -> None:
-        policy = restart_policy_of(job, group)
         now = self._clock.now_ns()
         node_names = node_values(self._node)
+        self._roles = roles_of(group.tasks)
         for task in group.tasks:
+            policy = restart_policy_of(job, group, task)
             task_dir = self._store.alloc_dirs_root / self._alloc.id / task.name
             env = task_env(self._alloc, job, group, task, node=self._node, task_dir=task_dir)
             setup_error = ""
@@ -173,6 +190,9 @@ class AllocRunner:
                 kill_timeout_ns=task.kill_timeout_ns or DEFAULT_KILL_TIMEOUT_NS,
                 job_id=job.id,
                 group=group.name,
+                kill_signal=_signal_number(task.kill_signal),
+                shutdown_delay_ns=max(task.shutdown_delay_ns, 0),
+                user=task.user,
             )
             previous = record.tasks.get(task.name) if record else None
             recovered: TaskHandle | None = None
@@ -269,7 +289,9 @@ class AllocRunner:
             return bool(self._error) or all(t.snapshot().state.is_dead for t in self._tasks.values())
 
     def longest_kill_timeout_ns(self) -> int:
-        return max((t.spec.kill_timeout_ns for t in self._tasks.values()), default=0)
+        return max(
+            (t.spec.kill_timeout_ns + t.spec.shutdown_delay_ns for t in self._tasks.values()), default=0
+        )
 
     def task_runners(self) -> dict[str, TaskRunner]:
         """The alloc's tasks by name, for what an operator asks of one (logs, restart,
@@ -288,10 +310,15 @@ class AllocRunner:
                 return
             self._started = True
             self._persist_and_report()
-            for task in self._tasks.values():
-                if self._stop_requested:
-                    task.kill()
-                task.start()
+            if self._stop_requested:
+                self._stop_tasks_locked()
+            else:
+                # Tasks a previous agent started are re-attached (or judged) whatever
+                # their hook: the plan below only gates the first start.
+                for task in self._tasks.values():
+                    if task.snapshot().state.started_at_ns > 0:
+                        task.start()
+            self._advance_locked()
             self._watch_health_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
@@ -319,8 +346,38 @@ class AllocRunner:
             # Tasks killed on purpose say nothing about the version's health.
             self._cancel_tracker_locked()
             self._persist()
-            for task in self._tasks.values():
+            if self._started:
+                self._stop_tasks_locked()
+                self._advance_locked()
+
+    def _stop_tasks_locked(self) -> None:
+        """Kill every task but the poststop ones, which run once the others are dead; a
+        task that never started is started only to end it at once (dead, not pending)."""
+        poststop = {r.name for r in self._roles if r.hook == HOOK_POSTSTOP}
+        for name, task in self._tasks.items():
+            if name not in poststop:
                 task.kill()
+                task.start()
+
+    def _advance_locked(self) -> None:
+        """Start what the lifecycle now allows and stop what it says must stop."""
+        if not self._started or self._destroyed or self._error:
+            return
+        states = {n: t.snapshot().state for n, t in self._tasks.items()}
+        steps = plan_steps(self._roles, states, stopping=self._stop_requested)
+        now = self._clock.now_ns()
+        for name in steps.stop:
+            if name in self._told_to_stop:
+                continue
+            self._told_to_stop.add(name)
+            self._log.info("alloc.task_stopped_by_siblings", task=name, reason=steps.stop_reason)
+            task = self._tasks[name]
+            task.add_event(TaskEvent(steps.stop_reason, steps.stop_message, now))
+            task.kill()
+            task.start()
+        for name in steps.start:
+            if name not in self._told_to_stop:
+                self._tasks[name].start()
 
     def reconnect(self) -> None:
         """The servers saw this alloc as unknown while disconnected: note it, report again."""
@@ -443,6 +500,7 @@ class AllocRunner:
             if self._destroyed:
                 return
             self._persist_and_report()
+            self._advance_locked()
             if self._tracker is not None:
                 self._tracker.poke()
 
@@ -470,3 +528,13 @@ class AllocRunner:
     def _persist_and_report(self) -> None:
         self._persist()
         self._on_update(self._status_locked())
+
+
+def _signal_number(name: str) -> int:
+    """A validated kill_signal name ("SIGINT") as this OS's number; "" is SIGTERM."""
+    if not name:
+        return signal.SIGTERM
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return signal.SIGTERM

@@ -5,8 +5,10 @@ decide". Every change of the task's state goes through ``_set``, which stores it
 calls ``on_change`` (the alloc runner persists the alloc record and reports its status from
 all tasks at once). Three flags steer the thread from outside, and each also wakes it:
 
-- ``kill()``: stop the task (SIGTERM, then SIGKILL after kill_timeout); the task ends dead
-  and not failed, and is never restarted.
+- ``kill()``: stop the task (wait its shutdown_delay, send its kill_signal (SIGTERM by
+  default), then SIGKILL after kill_timeout); the task ends dead and not failed, and is
+  never restarted. A task killed before it was ever started (its lifecycle kept it
+  waiting: client_agent/lifecycle.py) ends dead once ``start()`` is called.
 - ``detach()``: leave the task running and end the thread, for an agent restart or
   upgrade. The driver handle stays in the record so the next agent can re-attach.
 - restart delays wait on the same wake-up, so a kill during a delay is immediate.
@@ -286,19 +288,28 @@ class TaskRunner:
             if self._detach.is_set():
                 return None
             if self._kill.is_set():
+                delay_s = max(self.spec.shutdown_delay_ns, 0) / 1e9
+                if delay_s > 0:
+                    self.add_event(
+                        TaskEvent(EVENT_KILLING, f"Waiting for shutdown_delay of {delay_s:g}s", self._now())
+                    )
+                    # The task may end by itself meanwhile: then that is how it ended.
+                    early = handle.wait(delay_s)
+                    if early is not None:
+                        return early
                 timeout_s = max(self.spec.kill_timeout_ns, 0) / 1e9
                 now = self._now()
                 event = TaskEvent(
                     EVENT_KILLING, f"Sent interrupt. Waiting {timeout_s:g}s before force killing", now
                 )
                 self.add_event(event)
-                return handle.stop(timeout_s)
+                return handle.stop(timeout_s, self.spec.kill_signal)
             if self._restart.is_set():
                 timeout_s = max(self.spec.kill_timeout_ns, 0) / 1e9
                 self.add_event(
                     TaskEvent(EVENT_RESTART_SIGNALED, "User requested task to restart", self._now())
                 )
-                return handle.stop(timeout_s)
+                return handle.stop(timeout_s, self.spec.kill_signal)
             result = handle.wait(POLL_S)
             if result is not None:
                 return result

@@ -293,6 +293,21 @@ class Service:
     checks: tuple[ServiceCheck, ...] = ()
 
 
+# Task lifecycle hooks (Nomad's): a task without a lifecycle block is a main task.
+HOOK_PRESTART: Final = "prestart"
+HOOK_POSTSTART: Final = "poststart"
+HOOK_POSTSTOP: Final = "poststop"
+LIFECYCLE_HOOKS: Final = (HOOK_PRESTART, HOOK_POSTSTART, HOOK_POSTSTOP)
+# The signals a task's kill_signal may name (the client maps the name to the OS's number).
+KILL_SIGNALS: Final = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLifecycle:
+    hook: str = ""
+    sidecar: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     name: str = ""
@@ -305,6 +320,11 @@ class Task:
     leader: bool = False
     meta: Mapping[str, str] = field(default_factory=dict)
     services: tuple[Service, ...] = ()
+    lifecycle: TaskLifecycle | None = None
+    kill_signal: str = ""
+    shutdown_delay_ns: int = 0
+    restart: RestartPolicy | None = None
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,8 @@ from drover.scheduler.structs import (
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
     JOB_TYPES,
+    KILL_SIGNALS,
+    LIFECYCLE_HOOKS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     NODE_ELIGIBILITIES,
@@ -712,6 +714,14 @@ def _task_errors(task: Task, path: str, limits: Limits) -> Iterator[FieldError]:
         yield from _resources_errors(task.resources, f"{path}.resources", require_positive=True)
     if task.kill_timeout_ns < 0:
         yield FieldError(f"{path}.kill_timeout_ns", f"must be >= 0, got {task.kill_timeout_ns}")
+    if task.shutdown_delay_ns < 0:
+        yield FieldError(f"{path}.shutdown_delay_ns", f"must be >= 0, got {task.shutdown_delay_ns}")
+    if task.kill_signal and task.kill_signal not in KILL_SIGNALS:
+        yield FieldError(f"{path}.kill_signal", _one_of(KILL_SIGNALS, task.kill_signal))
+    if task.lifecycle is not None and task.lifecycle.hook not in LIFECYCLE_HOOKS:
+        yield FieldError(f"{path}.lifecycle.hook", _one_of(LIFECYCLE_HOOKS, task.lifecycle.hook))
+    if task.restart is not None:
+        yield from _restart_errors(task.restart, f"{path}.restart")
     if task.env:
         yield from _meta_errors(task.env, f"{path}.env")
     if task.meta:

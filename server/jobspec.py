@@ -66,6 +66,7 @@ from drover.scheduler.structs import (
     Spread,
     Task,
     TaskGroup,
+    TaskLifecycle,
     UpdateStrategy,
 )
 from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
@@ -642,10 +643,12 @@ def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | N
     disk = body.block("ephemeral_disk")
     if disk is not None:
         disk.check_keys(frozenset({"size"}))
+    group_restart = _restart(restart, default_restart_policy(job_type)) if restart else None
+    task_restart_base = group_restart or default_restart_policy(job_type)
     return TaskGroup(
         name=name,
         count=body.get_int("count", 1),
-        tasks=tuple(_task(task_name, b) for task_name, b in body.labelled("task")),
+        tasks=tuple(_task(task_name, b, task_restart_base) for task_name, b in body.labelled("task")),
         constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
         affinities=tuple(_affinity(b) for b in body.blocks("affinity")),
         spreads=tuple(_spread(b) for b in body.blocks("spread")),
@@ -656,7 +659,7 @@ def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | N
             if reschedule
             else None
         ),
-        restart=_restart(restart, default_restart_policy(job_type)) if restart else None,
+        restart=group_restart,
         disconnect=_optional(body.block("disconnect"), _disconnect),
         ephemeral_disk_mb=disk.get_int("size", _GROUP_DEFAULTS.ephemeral_disk_mb)
         if disk
@@ -668,12 +671,15 @@ def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | N
 
 _TASK_KEYS: Final = frozenset(
     {"driver", "config", "env", "meta", "resources", "constraint", "kill_timeout", "leader", "service"}
+    | {"lifecycle", "kill_signal", "shutdown_delay", "restart", "user"}
 )
 
 
-def _task(name: str, body: _Body) -> Task:
+def _task(name: str, body: _Body, group_restart: RestartPolicy) -> Task:
+    """A task's ``restart`` block is laid over its group's policy, as Nomad merges them."""
     body.check_keys(_TASK_KEYS)
     config = body.block("config")
+    restart = body.block("restart")
     return Task(
         name=name,
         driver=body.get_str("driver"),
@@ -686,7 +692,17 @@ def _task(name: str, body: _Body) -> Task:
         kill_timeout_ns=body.get_duration("kill_timeout", _TASK_DEFAULTS.kill_timeout_ns),
         leader=body.get_bool("leader", False),
         services=tuple(_service(b) for b in body.blocks("service")),
+        lifecycle=_optional(body.block("lifecycle"), _lifecycle),
+        kill_signal=body.get_str("kill_signal"),
+        shutdown_delay_ns=body.get_duration("shutdown_delay", 0),
+        restart=_restart(restart, group_restart) if restart else None,
+        user=body.get_str("user"),
     )
+
+
+def _lifecycle(body: _Body) -> TaskLifecycle:
+    body.check_keys(frozenset({"hook", "sidecar"}))
+    return TaskLifecycle(hook=body.get_str("hook"), sidecar=body.get_bool("sidecar", False))
 
 
 def _resources(body: _Body) -> Resources:

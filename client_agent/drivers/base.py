@@ -10,9 +10,11 @@ the runner then treats the task as exited with an unknown code.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from signal import SIGTERM
 from typing import Any, Protocol, runtime_checkable
 
 from drover.client.errors import DriverConfigError
@@ -32,6 +34,11 @@ class TaskSpec:
     kill_timeout_ns: int = 5_000_000_000
     job_id: str = ""
     group: str = ""
+    # What a stop sends first (the job's kill_signal), and how long it waits before that.
+    kill_signal: int = signal.SIGTERM
+    shutdown_delay_ns: int = 0
+    # The OS user to run as ("": the agent's own); a driver that cannot refuses at start.
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +68,8 @@ class TaskHandle(Protocol):
         """The exit once the task has ended, or None if it still runs after ``timeout_s``."""
         ...
 
-    def stop(self, timeout_s: float) -> ExitResult:
-        """Ask the task to end, force it after ``timeout_s``, and return how it ended."""
+    def stop(self, timeout_s: float, signum: int = SIGTERM) -> ExitResult:
+        """Ask the task to end (``signum``), force it after ``timeout_s``, and return how it ended."""
         ...
 
 

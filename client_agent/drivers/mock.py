@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from signal import SIGTERM
 from typing import Any, Final
 
 from drover.client.clock import Clock, SystemClock
@@ -104,7 +105,7 @@ class MockHandle:
     def signal(self, signum: int) -> None:
         self.signals.append(signum)
 
-    def stop(self, timeout_s: float) -> ExitResult:
+    def stop(self, timeout_s: float, signum: int = SIGTERM) -> ExitResult:
         self._stopped.set()
         return ExitResult(0, message="stopped")
 

@@ -5,8 +5,16 @@ is laid over the agent's environment plus the ``DROVER_*``/``NOMAD_*`` variables
 (client_agent/taskenv.py) naming the alloc, task, node and directories. stdout and stderr are appended to ``stdout.log`` / ``stderr.log`` in the task
 directory (``data_dir/allocs/<alloc_id>/<task>/``), which is also the working directory.
 
-Stopping sends SIGTERM to the whole process group, then SIGKILL once the task's
-kill_timeout has passed: a shell that ignores TERM cannot keep its children alive.
+Stopping sends SIGTERM (or the task's ``kill_signal``) to the whole process group, then
+SIGKILL once the task's kill_timeout has passed: a shell that ignores TERM cannot keep its
+children alive.
+
+``user``: the task runs as that OS user (its primary group, no supplementary groups), and
+its task directory and ``secrets/`` are given to it. Only an agent running as root can
+switch users; any other agent refuses the task at start (a task event, the task failed)
+rather than run it as itself, which would be the silent key the job file did not ask for.
+The shared alloc directory stays the agent's: a task with a ``user`` reaches it only if
+the agent's data_dir lets that user in.
 
 Re-attaching. ``state()`` records the PID and the process's ``create_time``. A new agent
 re-attaches only if ``psutil.Process(pid).create_time()`` still matches, so a reused PID is
@@ -22,12 +30,14 @@ the child is still reaped and its real exit code is known.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from signal import SIGTERM
 from typing import Any, Final
 
 import psutil
@@ -97,6 +107,20 @@ def _parse_config(config: Mapping[str, Any], task_name: str) -> list[str]:
     if not isinstance(args, list) or not all(isinstance(a, str | int | float) for a in args):
         raise DriverConfigError(f"task {task_name!r}: config.args: expected a list of strings")
     return [command, *(str(a) for a in args)]
+
+
+def _user_ids(user: str, task_name: str) -> tuple[int, int]:
+    """The uid and gid ``user`` names; DriverConfigError if this agent cannot run as it."""
+    if os.geteuid() != 0:
+        raise DriverConfigError(
+            f"task {task_name!r}: user {user!r}: raw_exec can run a task as another user only "
+            f"when the agent runs as root (it runs as uid {os.geteuid()})"
+        )
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise DriverConfigError(f"task {task_name!r}: user {user!r}: no such user on this node") from None
+    return entry.pw_uid, entry.pw_gid
 
 
 def _exit_from_returncode(returncode: int) -> ExitResult:
@@ -183,8 +207,8 @@ class RawExecHandle:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def stop(self, timeout_s: float) -> ExitResult:
-        self._signal_group(signal.SIGTERM)
+    def stop(self, timeout_s: float, signum: int = SIGTERM) -> ExitResult:
+        self._signal_group(signum)
         result = self.wait(timeout_s)
         if result is None:
             log.info("raw_exec.kill_timeout", pid=self._pid, timeout_s=timeout_s)
@@ -202,8 +226,12 @@ class RawExecDriver:
 
     def start(self, task: TaskSpec, task_dir: Path) -> RawExecHandle:
         argv = _parse_config(task.config, task.name)
+        ids = _user_ids(task.user, task.name) if task.user else None
         task_dir.mkdir(parents=True, exist_ok=True)
         (task_dir / "secrets").mkdir(mode=0o700, exist_ok=True)
+        if ids is not None:
+            for path in (task_dir, task_dir / "secrets"):
+                os.chown(path, *ids)
         env = {
             **self._base_env,
             "DROVER_ALLOC_ID": task.alloc_id,
@@ -224,6 +252,9 @@ class RawExecDriver:
                     stderr=err,
                     start_new_session=True,
                     close_fds=True,
+                    user=ids[0] if ids is not None else None,
+                    group=ids[1] if ids is not None else None,
+                    extra_groups=[] if ids is not None else None,
                 )
         except OSError as exc:
             raise TaskStartError(f"failed to start {argv[0]!r}: {exc.strerror or exc}") from exc

@@ -5,6 +5,7 @@ examples) prestart/poststart/poststop ordering, sidecars and ``leader = true``."
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -120,3 +121,66 @@ def test_runtime_env__nomad_variables_ports_meta_and_interpolated_args(
     assert env["NOMAD_META_tier"] == env["NOMAD_META_TIER"] == "task"
     assert env["NOMAD_META_zone"] == env["NOMAD_META_ZONE"] == "z1"
     assert env["NOMAD_META_owner"] == env["NOMAD_META_OWNER"] == "ops"
+
+
+def order_log(data_dir: Path, alloc_id: str) -> list[str]:
+    paths = list(data_dir.glob(f"**/allocs/{alloc_id}/order.log"))
+    assert len(paths) == 1, paths
+    return paths[0].read_text().split()
+
+
+def events(alloc: structs_pb2.Allocation, task: str) -> list[str]:
+    return [e.type for e in alloc.task_states[task].events]
+
+
+def test_lifecycle__prestart_sidecar_poststart_poststop_in_nomads_order(
+    dev_agent: str, tmp_path: Path
+) -> None:
+    run_example(dev_agent, "lifecycle.nomad.hcl")
+
+    with Client(dev_agent) as client:
+        alloc = only_alloc(client, "lifecycle", "complete")
+    order = order_log(tmp_path / "dev", alloc.id)
+
+    assert sorted(order) == sorted(
+        ["init", "proxy-start", "main", "main-done", "announce", "proxy-stop", "cleanup"]
+    )
+    at = {name: i for i, name in enumerate(order)}
+    # Main only after the ephemeral prestart completed and the sidecar started.
+    assert at["init"] < at["main"] and at["proxy-start"] < at["main"]
+    # Poststart after main started; the sidecar stopped only once main was done; poststop last.
+    assert at["announce"] > at["init"] and at["announce"] > at["proxy-start"]
+    assert at["proxy-stop"] > at["main-done"] and at["proxy-stop"] > at["announce"]
+    assert order[-1] == "cleanup"
+    states = alloc.task_states
+    assert all(s.state == "dead" and not s.failed for s in states.values()), states
+    assert "Main Tasks Dead" in events(alloc, "proxy")
+
+
+def test_leader__its_exit_stops_the_worker_with_shutdown_delay_and_kill_signal(
+    dev_agent: str, tmp_path: Path
+) -> None:
+    run_example(dev_agent, "leader.nomad.hcl")
+
+    with Client(dev_agent) as client:
+        alloc = only_alloc(client, "leader", "complete")
+    order = order_log(tmp_path / "dev", alloc.id)
+
+    # The worker ran for ever: it ended because the leader did, by SIGINT, not TERM.
+    assert order == ["worker-start", "leader-done", "worker-got-INT"]
+    worker = alloc.task_states["worker"]
+    assert worker.state == "dead" and not worker.failed
+    assert "Leader Task Dead" in events(alloc, "worker")
+    messages = [e.message for e in worker.events]
+    assert any("shutdown_delay of 1s" in m for m in messages), messages
+    # The shutdown delay was waited: the worker ended at least 1 s after the leader.
+    assert worker.finished_at_ns - alloc.task_states["leader"].finished_at_ns >= 1_000_000_000
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switching users needs root")
+def test_user__a_root_agent_runs_the_task_as_that_user(dev_agent: str, tmp_path: Path) -> None:
+    run_example(dev_agent, "user.nomad.hcl")
+
+    with Client(dev_agent) as client:
+        alloc = only_alloc(client, "user", "complete")
+    assert task_stdout(tmp_path / "dev", alloc.id, "whoami").strip() == "nobody"

@@ -511,12 +511,23 @@ class Task(_message.Message):
     LEADER_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     SERVICES_FIELD_NUMBER: _builtins.int
+    LIFECYCLE_FIELD_NUMBER: _builtins.int
+    KILL_SIGNAL_FIELD_NUMBER: _builtins.int
+    SHUTDOWN_DELAY_NS_FIELD_NUMBER: _builtins.int
+    RESTART_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     driver: _builtins.str
     config_json: _builtins.str
     """Driver configuration as a JSON object: drivers differ in shape (args lists, nested maps)."""
     kill_timeout_ns: _builtins.int
     leader: _builtins.bool
+    kill_signal: _builtins.str
+    """The signal a stop sends first ("" : SIGTERM); SIGKILL follows after kill_timeout."""
+    shutdown_delay_ns: _builtins.int
+    """How long a stop waits before sending kill_signal."""
+    user: _builtins.str
+    """The OS user the task runs as ("" : the agent's own)."""
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     @_builtins.property
@@ -527,6 +538,14 @@ class Task(_message.Message):
     def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___Service]: ...
+    @_builtins.property
+    def lifecycle(self) -> Global___TaskLifecycle:
+        """When the task runs beside the group's main tasks (absent: a main task)."""
+
+    @_builtins.property
+    def restart(self) -> Global___RestartPolicy:
+        """The task's own restart policy, laid over its group's."""
+
     def __init__(
         self,
         *,
@@ -540,14 +559,45 @@ class Task(_message.Message):
         leader: _builtins.bool = ...,
         meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         services: _abc.Iterable[Global___Service] | None = ...,
+        lifecycle: Global___TaskLifecycle | None = ...,
+        kill_signal: _builtins.str = ...,
+        shutdown_delay_ns: _builtins.int = ...,
+        restart: Global___RestartPolicy | None = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lifecycle", b"lifecycle", "resources", b"resources", "restart", b"restart"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "constraints", b"constraints", "driver", b"driver", "env", b"env", "kill_timeout_ns", b"kill_timeout_ns", "leader", b"leader", "meta", b"meta", "name", b"name", "resources", b"resources", "services", b"services"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "constraints", b"constraints", "driver", b"driver", "env", b"env", "kill_signal", b"kill_signal", "kill_timeout_ns", b"kill_timeout_ns", "leader", b"leader", "lifecycle", b"lifecycle", "meta", b"meta", "name", b"name", "resources", b"resources", "restart", b"restart", "services", b"services", "shutdown_delay_ns", b"shutdown_delay_ns", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class TaskLifecycle(_message.Message):
+    """Nomad's task lifecycle block: hook is "prestart", "poststart" or "poststop"; a sidecar
+    keeps running beside the main tasks instead of running to completion.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOOK_FIELD_NUMBER: _builtins.int
+    SIDECAR_FIELD_NUMBER: _builtins.int
+    hook: _builtins.str
+    sidecar: _builtins.bool
+    def __init__(
+        self,
+        *,
+        hook: _builtins.str = ...,
+        sidecar: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook", b"hook", "sidecar", b"sidecar"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskLifecycle: _TypeAlias = TaskLifecycle  # noqa: Y015
 
 @_typing.final
 class TaskGroup(_message.Message):
