@@ -73,6 +73,7 @@ class EmbeddedSettings:
     servers: tuple[str, ...]
     datacenter: str = "dc1"
     node_class: str = ""
+    node_pool: str = ""
     meta: Mapping[str, str] = field(default_factory=dict)
     log_json: bool = False
     log_level: str = "info"

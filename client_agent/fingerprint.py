@@ -52,6 +52,8 @@ class NodeSettings(Protocol):
     @property
     def node_class(self) -> str: ...
     @property
+    def node_pool(self) -> str: ...
+    @property
     def meta(self) -> Mapping[str, str]: ...
 
 
@@ -122,6 +124,7 @@ def build_node(node_id: str, secret_id: str, settings: NodeSettings, fp: Fingerp
         name=settings.node_name,
         datacenter=settings.datacenter or "dc1",
         node_class=settings.node_class,
+        node_pool=settings.node_pool,
         status="ready",
         scheduling_eligibility="eligible",
         attributes=dict(fp.attributes),

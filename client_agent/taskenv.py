@@ -111,6 +111,11 @@ def task_env(
         "MEMORY_LIMIT": str(resources.memory_mb if resources else _DEFAULT_MEMORY_MB),
         **_port_names(alloc, _node_ip(node)),
     }
+    # Set only when the task asks, as Nomad does: a task's hard limit and its whole cores.
+    if resources is not None and resources.memory_max_mb:
+        names["MEMORY_MAX_LIMIT"] = str(resources.memory_max_mb)
+    if resources is not None and resources.cores:
+        names["CPU_CORES"] = str(resources.cores)
     meta: dict[str, str] = {}
     for layer in (job.meta, group.meta, task.meta):
         meta.update(layer)

@@ -142,6 +142,9 @@ SCHEDULER_ALGORITHM_BINPACK: Final = "binpack"
 SCHEDULER_ALGORITHM_SPREAD: Final = "spread"
 
 DEFAULT_NAMESPACE: Final = "default"
+# Node pools (Nomad 1.6): a node without one is in "default"; a job in "all" may use any node.
+NODE_POOL_DEFAULT: Final = "default"
+NODE_POOL_ALL: Final = "all"
 DEFAULT_PRIORITY: Final = 50
 MIN_PRIORITY: Final = 1
 MAX_PRIORITY: Final = 100
@@ -152,9 +155,15 @@ MAX_PRIORITY: Final = 100
 
 @dataclass(frozen=True, slots=True)
 class Resources:
+    """``memory_max_mb`` (0: no oversubscription) is the hard limit a task may grow to; the
+    scheduler places on ``memory_mb``. ``cores`` reserves whole cores: the scheduler counts
+    them as ``cores`` times the node's per-core MHz, and a task sets cpu or cores, not both."""
+
     cpu_mhz: int = 100
     memory_mb: int = 300
     disk_mb: int = 0
+    memory_max_mb: int = 0
+    cores: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +178,8 @@ class NetworkResource:
     reserved_ports: tuple[Port, ...] = ()
     dynamic_ports: tuple[Port, ...] = ()
     mbits: int = 0
+    # Nomad's network mode: only "host" exists here ("" is the same); no network namespaces.
+    mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +198,41 @@ class Affinity:
 
 
 @dataclass(frozen=True, slots=True)
+class SpreadTarget:
+    """``target "x" { percent = N }``: N percent of the group's allocs on nodes whose
+    attribute is x (Nomad's spread.go)."""
+
+    value: str = ""
+    percent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Spread:
     attribute: str = ""
     weight: int = 50
+    targets: tuple[SpreadTarget, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateStrategy:
+    """How a draining node's allocs of a group move (Nomad's ``migrate`` block): at most
+    ``max_parallel`` at a time, each replacement healthy before the next."""
+
+    max_parallel: int = 1
+    health_check: str = "checks"
+    min_healthy_time_ns: int = 10_000_000_000
+    healthy_deadline_ns: int = 300_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """A group's ``scaling`` block: the bounds ``job scale`` keeps to. ``policy_json`` is
+    kept for an autoscaler (there is none in drover)."""
+
+    min: int = 0
+    max: int = 0
+    enabled: bool = True
+    policy_json: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +386,8 @@ class TaskGroup:
     ephemeral_disk_mb: int = 300
     meta: Mapping[str, str] = field(default_factory=dict)
     services: tuple[Service, ...] = ()
+    migrate: MigrateStrategy | None = None
+    scaling: ScalingPolicy | None = None
 
     def total_resources(self) -> Resources:
         """What one alloc of this group asks of a node: the sum of its tasks."""
@@ -395,6 +440,11 @@ class Job:
     stable: bool = False
     dispatched: bool = False
     dispatch_idempotency_token: str = ""
+    # Only nodes of this pool are fed to the scheduler ("all": any node's).
+    node_pool: str = ""
+    # The job-wide policies a group without its own inherits (canonicalize_job copies them).
+    migrate: MigrateStrategy | None = None
+    reschedule: ReschedulePolicy | None = None
     submit_time_ns: int = 0
     create_index: int = 0
     modify_index: int = 0
@@ -487,6 +537,8 @@ class Node:
     last_alloc_update_index: int = 0
     # The hash of the node's secret (drover.common.secrets); the secret itself is never kept.
     secret_hash: str = ""
+    # The client config's node_pool ("" is the "default" pool).
+    node_pool: str = ""
 
     @property
     def drain(self) -> bool:

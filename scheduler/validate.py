@@ -64,6 +64,7 @@ from drover.scheduler.structs import (
     Constraint,
     DisconnectStrategy,
     Job,
+    MigrateStrategy,
     NetworkResource,
     Node,
     NodeResources,
@@ -72,6 +73,7 @@ from drover.scheduler.structs import (
     ReschedulePolicy,
     Resources,
     RestartPolicy,
+    ScalingPolicy,
     Service,
     ServiceCheck,
     Spread,
@@ -109,6 +111,10 @@ MAX_JOB_ID_LENGTH: Final = 128
 # Dispatch payloads ride inside the raft log; Nomad caps them at 16 KiB for the same reason.
 MAX_PAYLOAD_BYTES: Final = 16 * 1024
 
+# A node pool's name: Nomad's limit.
+MAX_NODE_POOL_LENGTH: Final = 128
+# A migrate block's health_check: Nomad's ("task_states" or "checks").
+_MIGRATE_HEALTH_CHECKS: Final = ("checks", "task_states")
 CONSTRAINT_OPERATORS: Final = frozenset(
     {
         "=",
@@ -204,6 +210,9 @@ INT32_FIELDS: Final = frozenset(
         ("Port", "to"),
         ("Affinity", "weight"),
         ("Spread", "weight"),
+        ("SpreadTarget", "percent"),
+        ("MigrateStrategy", "max_parallel"),
+        ("Resources", "cores"),
         ("UpdateStrategy", "max_parallel"),
         ("UpdateStrategy", "canary"),
         ("ReschedulePolicy", "attempts"),
@@ -492,8 +501,9 @@ def canonicalize_job(job: Job) -> Job:
 
     Zero values mean "unset" because that is all protobuf can say: ``priority=0`` becomes
     50, an empty namespace ``default``, no datacenters ``("*",)``. Group policies left out
-    take the job type's defaults, and a job-level ``update`` is inherited by groups
-    without their own.
+    take the job type's defaults, and a job-level ``update``, ``reschedule`` or ``migrate``
+    is inherited by groups without their own (Nomad merges a group's partial block over
+    the job's at parse time; drover's jobspec does too).
     """
     periodic = job.periodic
     if periodic is not None and not periodic.time_zone:
@@ -513,6 +523,7 @@ def canonicalize_job(job: Job) -> Job:
 _with_time_zone = replacer(PeriodicConfig, "time_zone")
 _canonical_job = replacer(Job, "name", "namespace", "priority", "datacenters", "periodic", "groups")
 _canonical_group = replacer(TaskGroup, "update", "reschedule", "restart", "tasks")
+_inherit_migrate = replacer(TaskGroup, "migrate")
 _canonical_update = replacer(UpdateStrategy, "healthy_deadline_ns", "health_check")
 _UPDATE_DEFAULTS: Final = UpdateStrategy()
 _canonical_task = replacer(Task, "resources", "config_json")
@@ -533,7 +544,7 @@ def _canonicalize_group(job: Job, group: TaskGroup) -> TaskGroup:
         )
     elif not update.healthy_deadline_ns or not update.health_check:
         update = _canonicalize_update(update)
-    reschedule = group.reschedule
+    reschedule = group.reschedule or job.reschedule
     if reschedule is None:
         reschedule = (
             _DEFAULT_RESCHEDULE[job_type]
@@ -545,13 +556,16 @@ def _canonicalize_group(job: Job, group: TaskGroup) -> TaskGroup:
         restart = (
             _DEFAULT_RESTART[job_type] if job_type in _DEFAULT_RESTART else default_restart_policy(job_type)
         )
-    return _canonical_group(
+    canonical = _canonical_group(
         group,
         update,
         reschedule,
         restart,
         tuple([_canonicalize_task(task) for task in group.tasks]),
     )
+    if canonical.migrate is None and job.migrate is not None:
+        canonical = _inherit_migrate(canonical, job.migrate)
+    return canonical
 
 
 def _canonicalize_update(update: UpdateStrategy) -> UpdateStrategy:
@@ -618,6 +632,12 @@ def _job_errors(job: Job, limits: Limits) -> Iterator[FieldError]:
             yield FieldError("job.update.canary", _NO_SYSTEM_CANARY)
         if job.type in JOB_TYPES and job.type not in _UPDATE_JOB_TYPES:
             yield FieldError("job.update", f"job type {_q(job.type)} does not allow an update block")
+    if job.reschedule is not None:
+        yield from _reschedule_errors(job.reschedule, "job.reschedule")
+    if job.migrate is not None:
+        yield from _migrate_errors(job.migrate, "job.migrate")
+    if len(job.node_pool) > MAX_NODE_POOL_LENGTH:
+        yield FieldError("job.node_pool", f"must be at most {MAX_NODE_POOL_LENGTH} characters")
     if job.periodic is not None:
         yield from _periodic_errors(job.periodic, job.type)
     if job.parameterized is not None:
@@ -687,6 +707,10 @@ def _group_errors(group: TaskGroup, job_type: str, path: str, limits: Limits) ->
         yield from _restart_errors(group.restart, f"{path}.restart")
     if group.disconnect is not None:
         yield from _disconnect_errors(group.disconnect, f"{path}.disconnect")
+    if group.migrate is not None:
+        yield from _migrate_errors(group.migrate, f"{path}.migrate")
+    if group.scaling is not None:
+        yield from _scaling_errors(group.scaling, group.count, f"{path}.scaling")
     if not group.tasks:
         yield FieldError(f"{path}.tasks", "at least one task is required")
     names: set[str] = set()
@@ -755,14 +779,55 @@ def _config_errors(config_json: str, path: str, limits: Limits) -> Iterator[Fiel
 
 
 def _resources_errors(res: Resources, path: str, *, require_positive: bool) -> Iterator[FieldError]:
-    # A task that asks for no CPU or memory would let the bin-packer stack it without limit.
-    positive = ("cpu_mhz", "memory_mb") if require_positive else ()
-    for name in ("cpu_mhz", "memory_mb", "disk_mb"):
+    # A task that asks for no CPU or memory would let the bin-packer stack it without limit
+    # (whole cores count as CPU: such a task sets cores instead of cpu).
+    positive = ("cpu_mhz" if res.cores == 0 else "cores", "memory_mb") if require_positive else ()
+    if res.cores and res.cpu_mhz:
+        yield FieldError(f"{path}.cores", f"set cpu_mhz or cores, not both (cpu_mhz is {res.cpu_mhz})")
+    if res.memory_max_mb and res.memory_max_mb < res.memory_mb:
+        yield FieldError(
+            f"{path}.memory_max_mb", f"must be >= memory_mb ({res.memory_mb}), got {res.memory_max_mb}"
+        )
+    for name in ("cpu_mhz", "memory_mb", "disk_mb", "memory_max_mb", "cores"):
         value: int = getattr(res, name)
         if name in positive and value <= 0:
             yield FieldError(f"{path}.{name}", f"must be > 0, got {value}")
         elif value < 0:
             yield FieldError(f"{path}.{name}", f"must be >= 0, got {value}")
+
+
+def _migrate_errors(m: MigrateStrategy, path: str) -> Iterator[FieldError]:
+    if m.max_parallel < 1:
+        yield FieldError(f"{path}.max_parallel", f"must be >= 1, got {m.max_parallel}")
+    if m.health_check not in _MIGRATE_HEALTH_CHECKS:
+        yield FieldError(f"{path}.health_check", _one_of(_MIGRATE_HEALTH_CHECKS, m.health_check))
+    if m.min_healthy_time_ns < 0:
+        yield FieldError(f"{path}.min_healthy_time_ns", f"must be >= 0, got {m.min_healthy_time_ns}")
+    if m.healthy_deadline_ns <= m.min_healthy_time_ns:
+        yield FieldError(
+            f"{path}.healthy_deadline_ns",
+            f"must be longer than min_healthy_time ({m.min_healthy_time_ns} ns), got {m.healthy_deadline_ns}",
+        )
+
+
+def _scaling_errors(scaling: ScalingPolicy, count: int, path: str) -> Iterator[FieldError]:
+    """Nomad's scaling policy rules: 0 <= min <= max, and the group's count inside them, so
+    ``job scale`` (which registers a version checked here) refuses a count outside."""
+    if scaling.min < 0:
+        yield FieldError(f"{path}.min", f"must be >= 0, got {scaling.min}")
+    if scaling.max < scaling.min:
+        yield FieldError(f"{path}.max", f"must be >= min ({scaling.min}), got {scaling.max}")
+        return
+    if count > scaling.max:
+        yield FieldError(
+            path.rsplit(".", 1)[0] + ".count",
+            f"must be <= the scaling policy's max {scaling.max}, got {count}",
+        )
+    elif count < scaling.min:
+        yield FieldError(
+            path.rsplit(".", 1)[0] + ".count",
+            f"must be >= the scaling policy's min {scaling.min}, got {count}",
+        )
 
 
 def _meta_errors(meta: Mapping[str, str], path: str) -> Iterator[FieldError]:
@@ -771,6 +836,10 @@ def _meta_errors(meta: Mapping[str, str], path: str) -> Iterator[FieldError]:
 
 
 def _network_errors(network: NetworkResource, path: str) -> Iterator[FieldError]:
+    if network.mode not in ("", "host"):
+        yield FieldError(
+            f"{path}.mode", f'only "host" is supported (no network namespaces here), got {_q(network.mode)}'
+        )
     if network.mbits < 0:
         yield FieldError(f"{path}.mbits", f"must be >= 0, got {network.mbits}")
     labels: set[str] = set()
@@ -813,6 +882,23 @@ def _placement_errors(
             yield FieldError(f"{spread_path}.attribute", "must not be empty")
         if not 0 <= spread.weight <= 100:
             yield FieldError(f"{spread_path}.weight", f"must be between 0 and 100, got {spread.weight}")
+        yield from _spread_target_errors(spread, spread_path)
+
+
+def _spread_target_errors(spread: Spread, path: str) -> Iterator[FieldError]:
+    """Nomad's Spread.Validate: each target once, percents 0..100 summing to at most 100."""
+    seen: set[str] = set()
+    total = 0
+    for j, target in enumerate(spread.targets):
+        target_path = f"{path}.targets[{j}]"
+        if target.value in seen:
+            yield FieldError(f"{target_path}.value", f"duplicate spread target {_q(target.value)}")
+        seen.add(target.value)
+        if not 0 <= target.percent <= 100:
+            yield FieldError(f"{target_path}.percent", f"must be between 0 and 100, got {target.percent}")
+        total += target.percent
+    if total > 100:
+        yield FieldError(f"{path}.targets", f"percents must sum to at most 100, got {total}")
 
 
 def _constraint_errors(c: Constraint, path: str) -> Iterator[FieldError]:

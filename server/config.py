@@ -93,6 +93,8 @@ class ClientConfig:
     http_port: int = DEFAULT_HTTP_PORT
     datacenter: str = "dc1"
     node_class: str = ""
+    # The node pool the node registers in ("" : "default"); jobs place only in their pool.
+    node_pool: str = ""
     meta: dict[str, str] = field(default_factory=dict)
     log_json: bool = False
     log_level: str = "info"

@@ -54,6 +54,7 @@ from drover.scheduler.structs import (
     Constraint,
     DisconnectStrategy,
     Job,
+    MigrateStrategy,
     NetworkResource,
     ParameterizedConfig,
     PeriodicConfig,
@@ -61,9 +62,11 @@ from drover.scheduler.structs import (
     ReschedulePolicy,
     Resources,
     RestartPolicy,
+    ScalingPolicy,
     Service,
     ServiceCheck,
     Spread,
+    SpreadTarget,
     Task,
     TaskGroup,
     TaskLifecycle,
@@ -71,6 +74,7 @@ from drover.scheduler.structs import (
 )
 from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
 from drover.server.codec import from_proto
+from drover.server.jobspec_api import is_nomad_api_json, nomad_api_to_jobspec
 from drover.server.jobspec_eval import EvalError, Located, VariableInputs, evaluate_document
 from drover.v1 import structs_pb2
 
@@ -134,6 +138,7 @@ _PERIODIC_DEFAULTS: Final = PeriodicConfig()
 _PARAMETERIZED_DEFAULTS: Final = ParameterizedConfig()
 _SERVICE_DEFAULTS: Final = Service()
 _CHECK_DEFAULTS: Final = ServiceCheck()
+_MIGRATE_DEFAULTS: Final = MigrateStrategy()
 
 # Blocks that carry exactly one label; every other block in the jobspec carries none.
 _LABELLED_BLOCKS: Final = frozenset({"job", "group", "task", "port"})
@@ -167,6 +172,8 @@ def _parse(text: str, variables: VariableInputs) -> Job:
             raise JobspecError(f"invalid JSON: {_parser_failure(exc)}") from exc
         if isinstance(data, dict) and "job" in data:
             return _root(data)
+        if is_nomad_api_json(data):
+            return _root(*nomad_api_to_jobspec(data))
         return _proto_json(text)
     data, problems = _load_hcl(text, variables)
     return _root(data, problems)
@@ -589,8 +596,99 @@ def _root(data: Mapping[str, Any], problems: Sequence[tuple[int, str]] = ()) -> 
 
 _JOB_KEYS: Final = frozenset(
     {"name", "type", "priority", "datacenters", "namespace", "meta", "constraint", "affinity", "spread"}
-    | {"update", "periodic", "parameterized", "group"}
+    | {"update", "periodic", "parameterized", "group", "node_pool", "migrate", "reschedule"}
 )
+
+# Nomad jobspec keys drover does not support, by the block they are written in, each with
+# why. They are refused by name ("is not supported by drover"), apart from a typo's
+# "unknown key", so a Nomad file says what it needs instead of running without it. (A
+# service's Consul keys, connect and canary_tags among them, stay "unknown key"s of
+# ``_SERVICE_KEYS``, as before.)
+_NO_NETWORK_NAMESPACES: Final = "no network namespaces here: tasks share the host's network"
+_NOT_SUPPORTED: Final[Mapping[str, Mapping[str, str]]] = {
+    "job": {
+        "vault": "no Vault here",
+        "consul": "no Consul here",
+        "multiregion": "one region only",
+        "region": "one region only",
+        "all_at_once": "placements are always made group by group",
+        "ui": "no web UI",
+        "vault_token": "no Vault here",
+        "consul_token": "no Consul here",
+    },
+    "group": {
+        "vault": "no Vault here",
+        "consul": "no Consul here",
+        "volume": "no host or CSI volumes here",
+        "prevent_reschedule_on_lost": "use disconnect { replace = false }",
+    },
+    "task": {
+        "vault": "no Vault here",
+        "consul": "no Consul here",
+        "identity": "no workload identities here",
+        "csi_plugin": "no CSI here",
+        "volume_mount": "no host or CSI volumes here",
+        "scaling": "no vertical autoscaler here",
+        "kind": "no Consul Connect here",
+    },
+    "resources": {
+        "device": "no device plugins here",
+        "numa": "no NUMA-aware placement here",
+        "network": "write network { ... } in the group (Nomad's old place for it)",
+        "iops": "removed from Nomad too",
+    },
+    "network": {
+        "dns": _NO_NETWORK_NAMESPACES,
+        "hostname": f'it needs mode = "bridge"; {_NO_NETWORK_NAMESPACES}',
+    },
+    "port": {
+        "host_network": "no host networks here: ports bind the node's address",
+    },
+}
+# Task drivers of Nomad's that drover has not, and the raw_exec config keys that are
+# other drivers' (Docker's mostly): refused when the file is read, not when a node tries.
+_NOT_SUPPORTED_DRIVERS: Final[Mapping[str, str]] = {
+    name: "no container or VM drivers here: raw_exec runs a command on the node"
+    for name in ("docker", "podman", "containerd-driver", "exec", "exec2", "java", "qemu", "lxc")
+}
+_RAW_EXEC_FOREIGN_CONFIG: Final = frozenset(
+    {"image", "ports", "volumes", "mount", "mounts", "network_mode", "entrypoint", "auth", "labels"}
+    | {"privileged", "cap_add", "cap_drop", "devices", "dns_servers", "extra_hosts", "hostname"}
+    | {"image_pull_timeout", "force_pull", "logging", "work_dir", "pid_mode", "ipc_mode", "shm_size"}
+    | {"cgroup_v2_cpuset", "oom_score_adj", "cpu_hard_limit", "security_opt", "sysctl", "ulimit"}
+)
+# Network modes drover runs ("" is "host").
+_NETWORK_MODES: Final = frozenset({"", "host"})
+
+
+def _refuse_unsupported_driver(task: _Body) -> None:
+    driver = task.get("driver")
+    if isinstance(driver, str) and driver in _NOT_SUPPORTED_DRIVERS:
+        task.report(
+            f"{task.where} driver: {_quote(driver)} is not supported by drover ({_NOT_SUPPORTED_DRIVERS[driver]})",
+            "driver",
+        )
+        return
+    config = task.get("config")
+    configs = config if isinstance(config, list) else [config]
+    for item in configs:
+        if driver == "raw_exec" and isinstance(item, dict):
+            for key in sorted(set(item) & _RAW_EXEC_FOREIGN_CONFIG):
+                task.report(
+                    f"{task.where} config: {_quote(key)} is not supported by drover "
+                    "(another driver's option: raw_exec takes command and args)",
+                    "config",
+                )
+
+
+def _check_keys(body: _Body, block: str, allowed: frozenset[str]) -> None:
+    """``body.check_keys``, with the keys of ``_NOT_SUPPORTED[block]`` refused by name."""
+    unsupported = _NOT_SUPPORTED.get(block, {})
+    for key in body.data:
+        reason = unsupported.get(key)
+        if reason is not None and key not in allowed:
+            body.report(f"{_place(body.where)}: {_quote(key)} is not supported by drover ({reason})", key)
+    body.check_keys(allowed | frozenset(unsupported))
 
 
 def _job(job_id: str, body: _Body) -> Job:
@@ -602,10 +700,17 @@ def _job(job_id: str, body: _Body) -> Job:
             f"group {_quote(name)} {{ task {_quote(name)} {{ ... }} }}",
             "task",
         )
-    body.check_keys(_JOB_KEYS | {"task"})
+    _check_keys(body, "job", _JOB_KEYS | {"task"})
     job_type = body.get_str("type", JOB_TYPE_SERVICE)
     update_body = body.block("update")
     update = _update(update_body, UpdateStrategy()) if update_body else None
+    reschedule_body = body.block("reschedule")
+    reschedule = (
+        _reschedule(reschedule_body, default_reschedule_policy(job_type) or ReschedulePolicy())
+        if reschedule_body
+        else None
+    )
+    migrate = _optional(body.block("migrate"), _migrate)
     return Job(
         id=job_id,
         name=body.get_str("name"),
@@ -620,7 +725,13 @@ def _job(job_id: str, body: _Body) -> Job:
         periodic=_optional(body.block("periodic"), _periodic),
         parameterized=_optional(body.block("parameterized"), _parameterized),
         meta=body.str_map("meta"),
-        groups=tuple(_group(name, b, job_type, update) for name, b in body.labelled("group")),
+        node_pool=body.get_str("node_pool"),
+        migrate=migrate,
+        reschedule=reschedule,
+        groups=tuple(
+            _group(name, b, job_type, update, job_reschedule=reschedule, job_migrate=migrate)
+            for name, b in body.labelled("group")
+        ),
     )
 
 
@@ -630,19 +741,30 @@ def _optional(body: _Body | None, convert: Callable[[_Body], T]) -> T | None:
 
 _GROUP_KEYS: Final = frozenset(
     {"count", "constraint", "affinity", "spread", "update", "reschedule", "restart", "disconnect"}
-    | {"ephemeral_disk", "network", "meta", "task", "service"}
+    | {"ephemeral_disk", "network", "meta", "task", "service", "migrate", "scaling"}
+    | {"max_client_disconnect", "stop_after_client_disconnect"}
 )
 
 
-def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | None) -> TaskGroup:
-    """Policies a group sets partly are filled from the job's (update) or the type's defaults."""
-    body.check_keys(_GROUP_KEYS)
+def _group(
+    name: str,
+    body: _Body,
+    job_type: str,
+    job_update: UpdateStrategy | None,
+    *,
+    job_reschedule: ReschedulePolicy | None = None,
+    job_migrate: MigrateStrategy | None = None,
+) -> TaskGroup:
+    """Policies a group sets partly are filled from the job's (update, reschedule, migrate)
+    or the type's defaults."""
+    _check_keys(body, "group", _GROUP_KEYS)
     update = body.block("update")
     reschedule = body.block("reschedule")
     restart = body.block("restart")
     disk = body.block("ephemeral_disk")
     if disk is not None:
         disk.check_keys(frozenset({"size"}))
+    migrate = body.block("migrate")
     group_restart = _restart(restart, default_restart_policy(job_type)) if restart else None
     task_restart_base = group_restart or default_restart_policy(job_type)
     return TaskGroup(
@@ -655,12 +777,16 @@ def _group(name: str, body: _Body, job_type: str, job_update: UpdateStrategy | N
         network=_optional(body.block("network"), _network),
         update=_update(update, job_update or UpdateStrategy()) if update else None,
         reschedule=(
-            _reschedule(reschedule, default_reschedule_policy(job_type) or ReschedulePolicy())
+            _reschedule(
+                reschedule, job_reschedule or default_reschedule_policy(job_type) or ReschedulePolicy()
+            )
             if reschedule
             else None
         ),
         restart=group_restart,
-        disconnect=_optional(body.block("disconnect"), _disconnect),
+        disconnect=_group_disconnect(body),
+        migrate=_migrate(migrate, job_migrate or _MIGRATE_DEFAULTS) if migrate else None,
+        scaling=_optional(body.block("scaling"), lambda b: _scaling(b, body.get_int("count", 1))),
         ephemeral_disk_mb=disk.get_int("size", _GROUP_DEFAULTS.ephemeral_disk_mb)
         if disk
         else _GROUP_DEFAULTS.ephemeral_disk_mb,
@@ -677,7 +803,8 @@ _TASK_KEYS: Final = frozenset(
 
 def _task(name: str, body: _Body, group_restart: RestartPolicy) -> Task:
     """A task's ``restart`` block is laid over its group's policy, as Nomad merges them."""
-    body.check_keys(_TASK_KEYS)
+    _check_keys(body, "task", _TASK_KEYS)
+    _refuse_unsupported_driver(body)
     config = body.block("config")
     restart = body.block("restart")
     return Task(
@@ -706,28 +833,43 @@ def _lifecycle(body: _Body) -> TaskLifecycle:
 
 
 def _resources(body: _Body) -> Resources:
-    body.check_keys(frozenset({"cpu", "memory", "disk"}))
+    """``cores`` replaces ``cpu`` (the scheduler counts whole cores); both is refused, as Nomad."""
+    _check_keys(body, "resources", frozenset({"cpu", "memory", "disk", "memory_max", "cores"}))
+    cores = body.get_int("cores", 0)
+    if cores and body.get("cpu") is not None:
+        body.report(f"{body.where}: set cpu or cores, not both", "cores")
     return Resources(
-        cpu_mhz=body.get_int("cpu", _RESOURCES_DEFAULTS.cpu_mhz),
+        cpu_mhz=0 if cores else body.get_int("cpu", _RESOURCES_DEFAULTS.cpu_mhz),
         memory_mb=body.get_int("memory", _RESOURCES_DEFAULTS.memory_mb),
         disk_mb=body.get_int("disk", _RESOURCES_DEFAULTS.disk_mb),
+        memory_max_mb=body.get_int("memory_max", 0),
+        cores=cores,
     )
 
 
 def _network(body: _Body) -> NetworkResource:
     """``port "x" { static = N }`` reserves N; a port without ``static`` is picked by the scheduler."""
-    body.check_keys(frozenset({"mbits", "port"}))
+    _check_keys(body, "network", frozenset({"mbits", "port", "mode"}))
+    mode = body.get_str("mode")
+    if mode not in _NETWORK_MODES:
+        body.report(
+            f'{body.where} mode: {_quote(mode)} is not supported by drover ({_NO_NETWORK_NAMESPACES}; use "host")',
+            "mode",
+        )
     reserved: list[Port] = []
     dynamic: list[Port] = []
     for label, port in body.labelled("port"):
-        port.check_keys(frozenset({"static", "to"}))
+        _check_keys(port, "port", frozenset({"static", "to"}))
         to = port.get_int("to", 0)
         if port.get("static") is not None:
             reserved.append(Port(label=label, value=port.get_int("static", 0), to=to))
         else:
             dynamic.append(Port(label=label, value=0, to=to))
     return NetworkResource(
-        reserved_ports=tuple(reserved), dynamic_ports=tuple(dynamic), mbits=body.get_int("mbits", 0)
+        reserved_ports=tuple(reserved),
+        dynamic_ports=tuple(dynamic),
+        mbits=body.get_int("mbits", 0),
+        mode=mode if mode in _NETWORK_MODES else "",
     )
 
 
@@ -751,8 +893,40 @@ def _affinity(body: _Body) -> Affinity:
 
 
 def _spread(body: _Body) -> Spread:
-    body.check_keys(frozenset({"attribute", "weight"}))
-    return Spread(attribute=body.get_str("attribute"), weight=body.get_int("weight", _SPREAD_DEFAULTS.weight))
+    """``target "VALUE" { percent = N }`` blocks say what share of the group each value gets."""
+    body.check_keys(frozenset({"attribute", "weight", "target"}))
+    targets = []
+    for value, target in body.labelled("target"):
+        target.check_keys(frozenset({"percent"}))
+        targets.append(SpreadTarget(value=value, percent=target.get_int("percent", 0)))
+    return Spread(
+        attribute=body.get_str("attribute"),
+        weight=body.get_int("weight", _SPREAD_DEFAULTS.weight),
+        targets=tuple(targets),
+    )
+
+
+def _migrate(body: _Body, base: MigrateStrategy = _MIGRATE_DEFAULTS) -> MigrateStrategy:
+    body.check_keys(frozenset({"max_parallel", "health_check", "min_healthy_time", "healthy_deadline"}))
+    return MigrateStrategy(
+        max_parallel=body.get_int("max_parallel", base.max_parallel),
+        health_check=body.get_str("health_check", base.health_check),
+        min_healthy_time_ns=body.get_duration("min_healthy_time", base.min_healthy_time_ns),
+        healthy_deadline_ns=body.get_duration("healthy_deadline", base.healthy_deadline_ns),
+    )
+
+
+def _scaling(body: _Body, count: int) -> ScalingPolicy:
+    """``min`` defaults to the group's count, as Nomad's; ``policy`` is kept as JSON for an
+    autoscaler (drover has none)."""
+    body.check_keys(frozenset({"min", "max", "enabled", "policy"}))
+    policy = body.block("policy")
+    return ScalingPolicy(
+        min=body.get_int("min", count),
+        max=body.get_int("max", 0),
+        enabled=body.get_bool("enabled", True),
+        policy_json=json.dumps(dict(policy.data), sort_keys=True, separators=(",", ":")) if policy else "",
+    )
 
 
 _UPDATE_KEYS: Final = frozenset(
@@ -787,11 +961,13 @@ _PROVIDER_NOMAD: Final = "nomad"
 
 
 def _service(body: _Body) -> Service:
-    body.check_keys(_SERVICE_KEYS)
+    _check_keys(body, "service", _SERVICE_KEYS)
     provider = body.get_str("provider", _SERVICE_DEFAULTS.provider)
     if provider != _PROVIDER_NOMAD:
+        consul = ': "consul" is not supported by drover (no Consul here)' if provider == "consul" else ""
         body.report(
-            f'{body.where} provider: only "nomad" is supported (the client runs the checks), got {_quote(provider)}',
+            f'{body.where} provider: only "nomad" is supported (the client runs the checks), got {_quote(provider)}'
+            + consul,
             "provider",
         )
     return Service(
@@ -842,6 +1018,32 @@ def _restart(body: _Body, base: RestartPolicy) -> RestartPolicy:
         interval_ns=body.get_duration("interval", base.interval_ns),
         delay_ns=body.get_duration("delay", base.delay_ns),
         mode=body.get_str("mode", base.mode),
+    )
+
+
+def _group_disconnect(body: _Body) -> DisconnectStrategy | None:
+    """The ``disconnect`` block, or Nomad's older names for two of its keys:
+    ``max_client_disconnect`` (lost_after) and ``stop_after_client_disconnect``
+    (stop_on_client_after). Old and new together are refused: which one meant what?"""
+    block = body.block("disconnect")
+    old = [
+        key for key in ("max_client_disconnect", "stop_after_client_disconnect") if body.get(key) is not None
+    ]
+    if block is not None:
+        for key in old:
+            body.report(
+                f"{body.where}: {_quote(key)} is the old name of a disconnect key: set one, not both", key
+            )
+        return _disconnect(block)
+    if not old:
+        return None
+    base = DisconnectStrategy()
+    return replace(
+        base,
+        lost_after_ns=body.get_duration("max_client_disconnect", base.lost_after_ns),
+        stop_on_client_after_ns=body.get_duration(
+            "stop_after_client_disconnect", base.stop_on_client_after_ns
+        ),
     )
 
 

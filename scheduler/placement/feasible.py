@@ -43,17 +43,19 @@ from typing import Final
 
 from drover.scheduler.interfaces import State
 from drover.scheduler.regexp import RegexpError, compile_regexp, matches
-from drover.scheduler.structs import Constraint, Job, Node, TaskGroup
+from drover.scheduler.structs import NODE_POOL_ALL, NODE_POOL_DEFAULT, Constraint, Job, Node, TaskGroup
 
 __all__ = [
     "DISTINCT_HOSTS",
     "DISTINCT_HOSTS_GROUP",
     "DISTINCT_HOSTS_JOB",
     "DISTINCT_PROPERTY",
+    "REASON_CORES",
     "REASON_DATACENTER",
     "REASON_DISTINCT_HOSTS",
     "REASON_DISTINCT_PROPERTY",
     "REASON_MISSING_DRIVERS",
+    "REASON_NODE_POOL",
     "REASON_NOT_READY",
     "DistinctProperty",
     "Feasibility",
@@ -62,9 +64,11 @@ __all__ = [
     "Version",
     "check_operator",
     "compare_versions",
+    "compile_cores",
     "compile_datacenters",
     "compile_drivers",
     "compile_feasibility",
+    "compile_node_pool",
     "compile_predicate",
     "compile_target",
     "distinct_hosts_scope",
@@ -450,6 +454,8 @@ def _group_constraints(job: Job, group: TaskGroup) -> list[tuple[Constraint, boo
 REASON_MISSING_DRIVERS: Final = "missing drivers"
 REASON_NOT_READY: Final = "node not ready"
 REASON_DATACENTER: Final = "datacenter"
+REASON_NODE_POOL: Final = "node pool"
+REASON_CORES: Final = "cpu cores"
 REASON_DISTINCT_HOSTS: Final = DISTINCT_HOSTS
 REASON_DISTINCT_PROPERTY: Final = DISTINCT_PROPERTY
 # A driver attribute counts when it parses as true, as Go's strconv.ParseBool reads it
@@ -515,6 +521,12 @@ def compile_feasibility(job: Job, group: TaskGroup) -> Feasibility:
             job_level.add(c)
     described = [(c, f"{c.attribute} {c.operator} {c.value}".strip(), p) for c, p in checks.items()]
     ordered = [(f"constraint {text}", p) for c, text, p in described if c in job_level]
+    pool = job.node_pool or NODE_POOL_DEFAULT
+    if pool != NODE_POOL_ALL:
+        ordered.insert(0, (REASON_NODE_POOL, compile_node_pool(pool)))
+    cores = max((t.resources.cores for t in group.tasks if t.resources is not None), default=0)
+    if cores:
+        ordered.append((REASON_CORES, compile_cores(cores)))
     drivers = {t.driver for t in group.tasks}
     if drivers:
         ordered.append((REASON_MISSING_DRIVERS, compile_drivers(drivers)))
@@ -523,6 +535,26 @@ def compile_feasibility(job: Job, group: TaskGroup) -> Feasibility:
         datacenter_ok=compile_datacenters(job.datacenters),
         checks=tuple(ordered),
     )
+
+
+def compile_node_pool(pool: str) -> Predicate:
+    """Nodes of ``pool`` only; a node that names none is in the default pool."""
+
+    def in_pool(node: Node) -> bool:
+        return (node.node_pool or NODE_POOL_DEFAULT) == pool
+
+    return in_pool
+
+
+def compile_cores(cores: int) -> Predicate:
+    """Nodes with at least ``cores`` cores (the fingerprint's ``cpu.numcores``): a task
+    reserving whole cores cannot run on fewer."""
+
+    def has_cores(node: Node) -> bool:
+        numcores = node.attributes.get("cpu.numcores", "")
+        return numcores.isdigit() and int(numcores) >= cores
+
+    return has_cores
 
 
 def _enabled(c: Constraint) -> bool:

@@ -308,7 +308,12 @@ class PreparedGroup:
         spreads = [s for s in job.spreads + group.spreads if s.weight > 0]
         weights = sum(s.weight for s in spreads)
         self.spreads = tuple(
-            (views.counter(ns, job.id, group.name, s.attribute), s.weight / weights) for s in spreads
+            (
+                views.counter(ns, job.id, group.name, s.attribute),
+                s.weight / weights,
+                scores.spread_desired(s, group.count),
+            )
+            for s in spreads
         )
         self.wide = self.affinity is not None or bool(self.spreads)
         self.rings: list[CandidateRing] = []
@@ -382,7 +387,10 @@ class PreparedGroup:
 
     def spread_of(self, node: Node) -> float:
         total = 0.0
-        for counter, weight in self.spreads:
+        for counter, weight, desired in self.spreads:
+            if desired is not None:
+                total += weight * scores.spread_target_boost(desired, counter.value_of(node), counter.counts)
+                continue
             bounds = counter.bounds()
             if bounds is None:
                 continue

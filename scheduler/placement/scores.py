@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from drover.scheduler.placement.feasible import compile_predicate
-from drover.scheduler.structs import Affinity, Node
+from drover.scheduler.structs import Affinity, Node, Spread
 
 __all__ = [
     "BINPACK_MAX_FIT",
@@ -40,6 +40,7 @@ __all__ = [
     "SCORE_NODE_AFFINITY",
     "SCORE_RESCHEDULE_PENALTY",
     "SCORE_SPREAD",
+    "SPREAD_IMPLICIT_TARGET",
     "WIDE_LIMIT",
     "anti_affinity_penalty",
     "binpack_score",
@@ -48,6 +49,8 @@ __all__ = [
     "mean_score",
     "spread_boost",
     "spread_boost_between",
+    "spread_desired",
+    "spread_target_boost",
 ]
 
 BINPACK_MAX_FIT: Final = 18.0
@@ -113,6 +116,40 @@ def spread_boost_between(count: int, lowest: int, highest: int) -> float:
     if highest <= lowest:
         return -1.0
     return 1.0 - 2.0 * (count - lowest) / (highest - lowest)
+
+
+# A spread target's value for "every value not named" (Nomad's implicit target).
+SPREAD_IMPLICIT_TARGET: Final = "*"
+
+
+def spread_desired(spread: Spread, count: int) -> dict[str, float] | None:
+    """How many of the group's ``count`` allocs each value of a spread with targets should
+    hold (None: no targets, spread evenly). Percentages summing under 100 leave the rest to
+    the values not named, as Nomad's ``*`` target."""
+    if not spread.targets:
+        return None
+    desired = {t.value: t.percent / 100 * count for t in spread.targets}
+    named = sum(t.percent for t in spread.targets)
+    if named < 100 and SPREAD_IMPLICIT_TARGET not in desired:
+        desired[SPREAD_IMPLICIT_TARGET] = (100 - named) / 100 * count
+    return desired
+
+
+def spread_target_boost(desired: Mapping[str, float], value: str | None, counts: Mapping[str, int]) -> float:
+    """Nomad's spread.go: ``(desired - used) / desired`` for the node's value, from +1 (none
+    of its share placed) down to -1 (at or past twice its share); -1 for a value with no
+    share or a node without the attribute."""
+    if value is None:
+        return -1.0
+    want = desired.get(value, desired.get(SPREAD_IMPLICIT_TARGET))
+    if not want:
+        return -1.0
+    if value not in desired:
+        # The values outside the targets share the implicit target's count.
+        used = sum(c for v, c in counts.items() if v not in desired)
+    else:
+        used = counts.get(value, 0)
+    return max(-1.0, (want - used) / want)
 
 
 def spread_boost(counts: Mapping[str, int], value: str | None) -> float:

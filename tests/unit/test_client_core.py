@@ -276,6 +276,7 @@ class _Settings:
     node_name = "c1"
     datacenter = "dc2"
     node_class = "edge"
+    node_pool = "gpu"
     meta = {"rack": "r1"}
 
 
@@ -295,6 +296,7 @@ def test_fingerprint__known_clock_speed__cores_times_mhz() -> None:
 
 def test_build_node__ready_eligible_with_dynamic_port_range() -> None:
     node = build_node("id-1", "secret-1", _Settings(), fingerprint(FACTS, "c1", ["mock"]))
+    assert node.node_pool == "gpu"
     assert (node.id, node.secret_id, node.name, node.datacenter, node.node_class) == (
         "id-1",
         "secret-1",

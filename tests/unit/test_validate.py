@@ -823,11 +823,12 @@ def reference_canonicalize_job(job: Job) -> Job:
         )
 
     def group_of(group: TaskGroup) -> TaskGroup:
-        reschedule = group.reschedule
+        reschedule = group.reschedule or job.reschedule
         if reschedule is None:
             reschedule = default_reschedule_policy(job.type)
         return replace(
             group,
+            migrate=group.migrate or job.migrate,
             update=update_of(group.update or job.update or default_update_strategy(job.type)),
             reschedule=reschedule,
             restart=group.restart or default_restart_policy(job.type),

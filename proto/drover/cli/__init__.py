@@ -21,7 +21,8 @@ its commands to the parser, and the handlers that run them:
   ``revert``, ``scale``, ``inspect``, ``validate``, ``deployments``.
 - ``deployment``: ``list``, ``status``, ``promote``, ``pause``, ``resume``, ``fail``,
   ``alloc-health``.
-- ``node``: ``status``, ``drain``, ``eligibility``; ``meta apply|read`` (``_node_meta``).
+- ``node``: ``status``, ``drain``, ``eligibility``; ``meta apply|read`` (``_node_meta``);
+  ``pool list|info`` (``node_pool``).
 - ``eval``: ``list``, ``status``.
 - ``alloc``: ``status``, ``stop``; ``logs``, ``restart``, ``signal`` through the node's
   tunnel (``_alloc_control``).

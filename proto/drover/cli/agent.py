@@ -29,6 +29,7 @@ def register(top: Subcommands) -> None:
     flag(p, "servers", help="servers' gRPC addresses, comma-separated")
     flag(p, "datacenter")
     flag(p, "node-class")
+    flag(p, "node-pool", help='client: the node pool this node is in ("default")')
     flag(p, "meta", action="append", metavar="KEY=VALUE", help="client node metadata (repeatable)")
     flag(
         p,
@@ -113,6 +114,7 @@ _AGENT_KEYS: Final = {
         "http_port",
         "datacenter",
         "node_class",
+        "node_pool",
         "meta",
         "enable_raw_exec",
         "log_json",

@@ -29,6 +29,7 @@ from drover.cli._format import (
     print_table,
 )
 from drover.cli._node_meta import register_meta
+from drover.cli.node_pool import register_pool
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 
@@ -61,6 +62,7 @@ def register(top: Subcommands) -> None:
     write_flags(p)
     _enable_or_disable(p)
     register_meta(nodes)
+    register_pool(nodes)
 
 
 def _enable_or_disable(p: argparse.ArgumentParser) -> None:

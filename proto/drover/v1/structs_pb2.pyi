@@ -32,19 +32,27 @@ class Resources(_message.Message):
     CPU_MHZ_FIELD_NUMBER: _builtins.int
     MEMORY_MB_FIELD_NUMBER: _builtins.int
     DISK_MB_FIELD_NUMBER: _builtins.int
+    MEMORY_MAX_MB_FIELD_NUMBER: _builtins.int
+    CORES_FIELD_NUMBER: _builtins.int
     cpu_mhz: _builtins.int
     memory_mb: _builtins.int
     disk_mb: _builtins.int
+    memory_max_mb: _builtins.int
+    """The hard memory limit a task may grow to (0: memory_mb); placement counts memory_mb."""
+    cores: _builtins.int
+    """Whole cores reserved, counted as cores * the node's per-core MHz; cpu or cores, not both."""
     def __init__(
         self,
         *,
         cpu_mhz: _builtins.int = ...,
         memory_mb: _builtins.int = ...,
         disk_mb: _builtins.int = ...,
+        memory_max_mb: _builtins.int = ...,
+        cores: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_mhz", b"cpu_mhz", "disk_mb", b"disk_mb", "memory_mb", b"memory_mb"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores", b"cores", "cpu_mhz", b"cpu_mhz", "disk_mb", b"disk_mb", "memory_max_mb", b"memory_max_mb", "memory_mb", b"memory_mb"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -84,7 +92,10 @@ class NetworkResource(_message.Message):
     RESERVED_PORTS_FIELD_NUMBER: _builtins.int
     DYNAMIC_PORTS_FIELD_NUMBER: _builtins.int
     MBITS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     mbits: _builtins.int
+    mode: _builtins.str
+    """"host" (or ""): drover has no network namespaces."""
     @_builtins.property
     def reserved_ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___Port]: ...
     @_builtins.property
@@ -95,10 +106,11 @@ class NetworkResource(_message.Message):
         reserved_ports: _abc.Iterable[Global___Port] | None = ...,
         dynamic_ports: _abc.Iterable[Global___Port] | None = ...,
         mbits: _builtins.int = ...,
+        mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dynamic_ports", b"dynamic_ports", "mbits", b"mbits", "reserved_ports", b"reserved_ports"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dynamic_ports", b"dynamic_ports", "mbits", b"mbits", "mode", b"mode", "reserved_ports", b"reserved_ports"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -163,21 +175,109 @@ class Spread(_message.Message):
 
     ATTRIBUTE_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    TARGETS_FIELD_NUMBER: _builtins.int
     attribute: _builtins.str
     weight: _builtins.int
+    @_builtins.property
+    def targets(self) -> _containers.RepeatedCompositeFieldContainer[Global___SpreadTarget]: ...
     def __init__(
         self,
         *,
         attribute: _builtins.str = ...,
         weight: _builtins.int = ...,
+        targets: _abc.Iterable[Global___SpreadTarget] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribute", b"attribute", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribute", b"attribute", "targets", b"targets", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Spread: _TypeAlias = Spread  # noqa: Y015
+
+@_typing.final
+class SpreadTarget(_message.Message):
+    """percent of a group's allocs wanted on nodes whose spread attribute is value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUE_FIELD_NUMBER: _builtins.int
+    PERCENT_FIELD_NUMBER: _builtins.int
+    value: _builtins.str
+    percent: _builtins.int
+    def __init__(
+        self,
+        *,
+        value: _builtins.str = ...,
+        percent: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["percent", b"percent", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SpreadTarget: _TypeAlias = SpreadTarget  # noqa: Y015
+
+@_typing.final
+class MigrateStrategy(_message.Message):
+    """How a draining node's allocs of a group move (Nomad's migrate block)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_PARALLEL_FIELD_NUMBER: _builtins.int
+    HEALTH_CHECK_FIELD_NUMBER: _builtins.int
+    MIN_HEALTHY_TIME_NS_FIELD_NUMBER: _builtins.int
+    HEALTHY_DEADLINE_NS_FIELD_NUMBER: _builtins.int
+    max_parallel: _builtins.int
+    health_check: _builtins.str
+    min_healthy_time_ns: _builtins.int
+    healthy_deadline_ns: _builtins.int
+    def __init__(
+        self,
+        *,
+        max_parallel: _builtins.int = ...,
+        health_check: _builtins.str = ...,
+        min_healthy_time_ns: _builtins.int = ...,
+        healthy_deadline_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["health_check", b"health_check", "healthy_deadline_ns", b"healthy_deadline_ns", "max_parallel", b"max_parallel", "min_healthy_time_ns", b"min_healthy_time_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrateStrategy: _TypeAlias = MigrateStrategy  # noqa: Y015
+
+@_typing.final
+class ScalingPolicy(_message.Message):
+    """A group's scaling bounds (job scale keeps to min..max); policy_json is kept, not run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_FIELD_NUMBER: _builtins.int
+    MAX_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    POLICY_JSON_FIELD_NUMBER: _builtins.int
+    min: _builtins.int
+    max: _builtins.int
+    enabled: _builtins.bool
+    policy_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        min: _builtins.int = ...,
+        max: _builtins.int = ...,
+        enabled: _builtins.bool = ...,
+        policy_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "max", b"max", "min", b"min", "policy_json", b"policy_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScalingPolicy: _TypeAlias = ScalingPolicy  # noqa: Y015
 
 @_typing.final
 class UpdateStrategy(_message.Message):
@@ -637,6 +737,8 @@ class TaskGroup(_message.Message):
     EPHEMERAL_DISK_MB_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     SERVICES_FIELD_NUMBER: _builtins.int
+    MIGRATE_FIELD_NUMBER: _builtins.int
+    SCALING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     count: _builtins.int
     ephemeral_disk_mb: _builtins.int
@@ -662,6 +764,10 @@ class TaskGroup(_message.Message):
     def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___Service]: ...
+    @_builtins.property
+    def migrate(self) -> Global___MigrateStrategy: ...
+    @_builtins.property
+    def scaling(self) -> Global___ScalingPolicy: ...
     def __init__(
         self,
         *,
@@ -679,10 +785,12 @@ class TaskGroup(_message.Message):
         ephemeral_disk_mb: _builtins.int = ...,
         meta: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         services: _abc.Iterable[Global___Service] | None = ...,
+        migrate: Global___MigrateStrategy | None = ...,
+        scaling: Global___ScalingPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["disconnect", b"disconnect", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["disconnect", b"disconnect", "migrate", b"migrate", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "scaling", b"scaling", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "count", b"count", "disconnect", b"disconnect", "ephemeral_disk_mb", b"ephemeral_disk_mb", "meta", b"meta", "name", b"name", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "services", b"services", "spreads", b"spreads", "tasks", b"tasks", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "count", b"count", "disconnect", b"disconnect", "ephemeral_disk_mb", b"ephemeral_disk_mb", "meta", b"meta", "migrate", b"migrate", "name", b"name", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "scaling", b"scaling", "services", b"services", "spreads", b"spreads", "tasks", b"tasks", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -739,6 +847,9 @@ class Job(_message.Message):
     MODIFY_INDEX_FIELD_NUMBER: _builtins.int
     JOB_MODIFY_INDEX_FIELD_NUMBER: _builtins.int
     DISPATCH_IDEMPOTENCY_TOKEN_FIELD_NUMBER: _builtins.int
+    NODE_POOL_FIELD_NUMBER: _builtins.int
+    MIGRATE_FIELD_NUMBER: _builtins.int
+    RESCHEDULE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     namespace: _builtins.str
@@ -758,6 +869,8 @@ class Job(_message.Message):
     job_modify_index: _builtins.int
     dispatch_idempotency_token: _builtins.str
     """A dispatched child's idempotency token: one live child per token and parent."""
+    node_pool: _builtins.str
+    """Only nodes of this pool are placed on ("" : "default"; "all" : any)."""
     @_builtins.property
     def datacenters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -776,6 +889,12 @@ class Job(_message.Message):
     def parameterized(self) -> Global___ParameterizedConfig: ...
     @_builtins.property
     def meta(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def migrate(self) -> Global___MigrateStrategy:
+        """Job-wide policies a group without its own inherits."""
+
+    @_builtins.property
+    def reschedule(self) -> Global___ReschedulePolicy: ...
     def __init__(
         self,
         *,
@@ -806,10 +925,13 @@ class Job(_message.Message):
         modify_index: _builtins.int = ...,
         job_modify_index: _builtins.int = ...,
         dispatch_idempotency_token: _builtins.str = ...,
+        node_pool: _builtins.str = ...,
+        migrate: Global___MigrateStrategy | None = ...,
+        reschedule: Global___ReschedulePolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["parameterized", b"parameterized", "periodic", b"periodic", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["migrate", b"migrate", "parameterized", b"parameterized", "periodic", b"periodic", "reschedule", b"reschedule", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "create_index", b"create_index", "datacenters", b"datacenters", "dispatch_idempotency_token", b"dispatch_idempotency_token", "dispatched", b"dispatched", "groups", b"groups", "id", b"id", "job_modify_index", b"job_modify_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "namespace", b"namespace", "parameterized", b"parameterized", "parent_id", b"parent_id", "payload", b"payload", "periodic", b"periodic", "priority", b"priority", "spreads", b"spreads", "stable", b"stable", "status", b"status", "status_description", b"status_description", "stop", b"stop", "submit_time_ns", b"submit_time_ns", "type", b"type", "update", b"update", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "create_index", b"create_index", "datacenters", b"datacenters", "dispatch_idempotency_token", b"dispatch_idempotency_token", "dispatched", b"dispatched", "groups", b"groups", "id", b"id", "job_modify_index", b"job_modify_index", "meta", b"meta", "migrate", b"migrate", "modify_index", b"modify_index", "name", b"name", "namespace", b"namespace", "node_pool", b"node_pool", "parameterized", b"parameterized", "parent_id", b"parent_id", "payload", b"payload", "periodic", b"periodic", "priority", b"priority", "reschedule", b"reschedule", "spreads", b"spreads", "stable", b"stable", "status", b"status", "status_description", b"status_description", "stop", b"stop", "submit_time_ns", b"submit_time_ns", "type", b"type", "update", b"update", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1001,6 +1123,7 @@ class Node(_message.Message):
     LAST_MISSED_HEARTBEAT_INDEX_FIELD_NUMBER: _builtins.int
     LAST_ALLOC_UPDATE_INDEX_FIELD_NUMBER: _builtins.int
     SECRET_HASH_FIELD_NUMBER: _builtins.int
+    NODE_POOL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     datacenter: _builtins.str
@@ -1026,6 +1149,8 @@ class Node(_message.Message):
     """drover.common.secrets.hash_secret of the node's secret: what every node RPC's secret
     is checked against. Read APIs clear it; snapshots hold it (it is not a credential).
     """
+    node_pool: _builtins.str
+    """The client config's node_pool ("" : "default")."""
     @_builtins.property
     def drain_strategy(self) -> Global___DrainStrategy: ...
     @_builtins.property
@@ -1059,10 +1184,11 @@ class Node(_message.Message):
         last_missed_heartbeat_index: _builtins.int = ...,
         last_alloc_update_index: _builtins.int = ...,
         secret_hash: _builtins.str = ...,
+        node_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["drain_strategy", b"drain_strategy", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attributes", b"attributes", "create_index", b"create_index", "datacenter", b"datacenter", "drain_strategy", b"drain_strategy", "events", b"events", "id", b"id", "last_alloc_update_index", b"last_alloc_update_index", "last_missed_heartbeat_index", b"last_missed_heartbeat_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "node_class", b"node_class", "resources", b"resources", "scheduling_eligibility", b"scheduling_eligibility", "secret_hash", b"secret_hash", "secret_id", b"secret_id", "status", b"status", "status_description", b"status_description", "status_updated_at_ns", b"status_updated_at_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attributes", b"attributes", "create_index", b"create_index", "datacenter", b"datacenter", "drain_strategy", b"drain_strategy", "events", b"events", "id", b"id", "last_alloc_update_index", b"last_alloc_update_index", "last_missed_heartbeat_index", b"last_missed_heartbeat_index", "meta", b"meta", "modify_index", b"modify_index", "name", b"name", "node_class", b"node_class", "node_pool", b"node_pool", "resources", b"resources", "scheduling_eligibility", b"scheduling_eligibility", "secret_hash", b"secret_hash", "secret_id", b"secret_id", "status", b"status", "status_description", b"status_description", "status_updated_at_ns", b"status_updated_at_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
