@@ -31,6 +31,7 @@ from drover.server.datadir import DataDirBusyError, DataDirLock
 from drover.server.endpoints import Endpoints
 from drover.server.events import EventBuffer
 from drover.server.fsm import FSM, encode_entry
+from drover.server.gc.runner import GarbageCollector, gc_settings
 from drover.server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from drover.server.leader import LeaderServices
 from drover.server.raft import RaftNode, RaftTuning
@@ -171,6 +172,9 @@ class ServerCore:
         self.endpoints = Endpoints(
             self.raft, self.store, self.clock, self.ids, self.heartbeats, limits=job_limits(cfg)
         )
+        # Garbage collection (server/gc/): the leader's thread runs it every interval, and
+        # Operator.GarbageCollect (forwarded to the leader) runs it at once.
+        self.gc = GarbageCollector(self.store, self.raft, self.clock, gc_settings(cfg))
         self.leader = LeaderServices(self, cfg.num_workers)
         # What Operator.Metrics and the HTTP port serve: this process's families and this
         # server's gauges (server/telemetry/); a dev agent adds its client's collector.

@@ -37,7 +37,6 @@ from drover.server.broker import EvalBroker
 from drover.server.deployments.actions import DeploymentActions
 from drover.server.deployments.watcher import DeploymentWatcher
 from drover.server.errors import ConflictError, NotFoundError, RaftError
-from drover.server.gc.runner import GarbageCollector, gc_settings
 from drover.server.invariants import INVARIANTS, check_invariants
 from drover.server.periodic import PeriodicDispatcher
 from drover.server.plan_apply import PlanApplier, PlanQueue
@@ -76,9 +75,6 @@ class LeaderServices:
         self.periodic = PeriodicDispatcher(
             core.store, self._propose_sync, core.clock, core.ids, still_leader=self.still_leader
         )
-        # Garbage collection (server/gc/): its thread runs while this server leads;
-        # `drover system gc` calls ``gc.collect`` here on the leader.
-        self.gc = GarbageCollector(core.store, core.raft, core.clock, gc_settings(core.cfg))
         self._events: queue.Queue[bool | None] = queue.Queue()
         self._thread = threading.Thread(target=self._leadership_loop, name="leadership", daemon=True)
         self._running: list[threading.Thread] = []
@@ -360,7 +356,7 @@ class LeaderServices:
 
     def _collect_garbage(self) -> None:
         """Every gc interval, collect what has been terminal longer than its threshold."""
-        self.gc.run(self.still_leader, self._stop_services)
+        self.core.gc.run(self.still_leader, self._stop_services)
 
     def _check_invariants(self) -> None:
         """Every INVARIANT_CHECK_S, check the state; violations are logged at ERROR and

@@ -86,7 +86,7 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         self, request: api_pb2.SystemGCRequest, context: grpc.ServicerContext
     ) -> api_pb2.SystemGCResponse:
         # Forwarded to the leader like every write; it selects with every threshold 0.
-        deleted, index = self.core.leader.gc.collect(FORCE)
+        deleted, index = self.core.gc.collect(FORCE)
         return api_pb2.SystemGCResponse(meta=write_meta(index or self.core.store.index), **deleted)
 
     @rpc("Operator", "local")
