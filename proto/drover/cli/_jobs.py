@@ -13,7 +13,8 @@ from drover.cli._args import flag
 from drover.cli._connect import no_unique_match
 from drover.cli._errors import CLIError
 from drover.scheduler.structs import Job
-from drover.sdk import DroverClient, DroverError
+from drover.sdk import DroverClient, DroverError, JobFileError
+from drover.sdk import parse_job_file as sdk_parse_job_file
 from drover.server.codec import to_proto
 from drover.v1 import api_pb2, structs_pb2
 
@@ -125,13 +126,16 @@ def local_errors(job: Job) -> list[str]:
 
 
 def load_job_file(path: str, args: argparse.Namespace | None = None) -> structs_pb2.Job:
-    """Parse and locally validate a job file, so mistakes get a message before any RPC."""
-    job = parse_job_file(path, args)
-    errors = local_errors(job)
-    if errors:
-        raise CLIError("; ".join(_with_lines(errors, path)))
-    # The server canonicalizes too; the job is sent as parsed.
-    return job_proto(job)
+    """Parse and locally validate a job file, so mistakes get a message before any RPC:
+    the SDK's own reading (``drover.sdk.parse_job_file``), so a script sends what the CLI
+    would."""
+    values, var_files = _variables(args)
+    try:
+        return sdk_parse_job_file(path, variables=values, var_files=var_files, environ=os.environ)
+    except JobFileError as exc:
+        if exc.errors:
+            raise CLIError("; ".join(_with_lines(exc.errors, path))) from exc
+        raise CLIError(str(exc)) from exc
 
 
 def _with_lines(errors: Sequence[str], path: str) -> list[str]:
