@@ -520,9 +520,11 @@ class Txn:
         elif (
             node.ready_for_placement()
             and old is not None
-            and (old.meta, old.attributes, old.node_class) != (node.meta, node.attributes, node.node_class)
+            and (old.meta, old.attributes, old.node_class, old.node_pool)
+            != (node.meta, node.attributes, node.node_class, node.node_pool)
         ):
-            # What constraints read changed (``node meta apply``): a blocked job may fit now.
+            # What constraints (or the node pool filter) read changed (``node meta apply``, a
+            # client restarted in another pool): a blocked job may fit now.
             self.changes.capacity = True
         self._m("nodes")[node.id] = node
         self._wrote("nodes", node.id)
