@@ -12,6 +12,7 @@ from drover.scheduler.placement import PlanBuilder, select_node
 from drover.scheduler.placement.feasible import REASON_CORES, REASON_NODE_POOL, compile_feasibility
 from drover.scheduler.placement.scores import spread_desired, spread_target_boost
 from drover.scheduler.structs import Job, Node, Resources, Spread, SpreadTarget
+from drover.server.state_store import StateStore, Txn
 from tests.fixtures import mock
 from tests.harness import Harness
 
@@ -117,3 +118,17 @@ def test_spread_target_boost__from_plus_one_to_minus_one() -> None:
 
 def _one_group(job: Job) -> tuple[Job, object]:
     return job, job.groups[0]
+
+
+def test_node_pool__a_node_moving_pools_counts_as_new_capacity() -> None:
+    store = StateStore()
+    node = mock.node(id="n1")
+    first = Txn(store.snapshot().tables, 1)
+    first.put_node(node)
+    store.commit(first.commit())
+    same = Txn(store.snapshot().tables, 2)
+    same.put_node(node)
+    assert not same.changes.capacity
+    moved = Txn(store.snapshot().tables, 2)
+    moved.put_node(replace(node, node_pool="edge"))
+    assert moved.changes.capacity
