@@ -141,7 +141,8 @@ def dispatch_parent() -> structs_pb2.Job:
 
 class AttemptCountingClient(DroverClient):
     """The SDK client, counting per thread the attempts its calls make (test-only, through
-    the SDK's private ``_pick``, called once per attempt): an error that answered a call's
+    the SDK's private ``_pick`` and, before any server has answered, ``_first_contact``:
+    one of them is called once per attempt): an error that answered a call's
     only attempt says what happened to the write; after a retry it does not (history.py)."""
 
     def __init__(self, addresses: Sequence[str], *, timeout: float, retry_deadline: float) -> None:
@@ -158,6 +159,10 @@ class AttemptCountingClient(DroverClient):
     def _pick(self) -> Any:
         self._attempts.n = self.attempts + 1
         return super()._pick()
+
+    def _first_contact(self, started: float) -> Any:
+        self._attempts.n = self.attempts + 1
+        return super()._first_contact(started)
 
 
 class Caller:
