@@ -1,5 +1,6 @@
 """Feasibility by driver and placement metrics, whole: three real servers and a real client
-agent (``mock`` and ``raw_exec``, no ``docker``), jobs planned, run and inspected with the
+agent (``mock`` and ``raw_exec``, no ``nspawn``: a community driver plugin, so the file is
+accepted where container drivers are refused), jobs planned, run and inspected with the
 ``drover`` CLI as an operator would.
 
 * A job whose task asks for a driver no node has is refused at plan time with the reason
@@ -76,7 +77,7 @@ def test_placement_metrics__driver_no_node_has__refused_at_plan_with_the_reason(
     one_client: LocalCluster, tmp_path: Path
 ) -> None:
     cluster = one_client
-    path = _write(tmp_path, "dockerized", _job("dockerized", "docker", 'image = "redis:7"'))
+    path = _write(tmp_path, "dockerized", _job("dockerized", "nspawn", 'image = "debian"'))
 
     plan = run_cli(cluster, "job", "plan", path)
     assert plan.returncode == 1, plan.stderr  # allocations would be queued: not "all can be placed"
@@ -90,7 +91,7 @@ def test_placement_metrics__driver_no_node_has__refused_at_plan_with_the_reason(
         wait_for(
             lambda: _eval_done(client, eval_id), 60, 0.2, lambda: "the eval done\n" + cluster.logs_tail()
         )
-        assert client.list_allocs(job_id="dockerized").allocs == []  # never sent to a node without docker
+        assert client.list_allocs(job_id="dockerized").allocs == []  # never sent to a node without nspawn
 
     shown = run_cli(cluster, "eval", "status", "-json", eval_id)
     assert shown.returncode == 0, shown.stderr

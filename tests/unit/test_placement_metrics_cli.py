@@ -279,7 +279,7 @@ def test_job_plan__names_missing_drivers_and_the_nodes_filtered(
     _, addr = fake
     path = tmp_path / "web.hcl"
     path.write_text(
-        'job "web" {\n  group "web" {\n    count = 2\n    task "app" {\n      driver = "docker"\n    }\n  }\n}\n'
+        'job "web" {\n  group "web" {\n    count = 2\n    task "app" {\n      driver = "nspawn"\n    }\n  }\n}\n'
     )
     code, lines = run(capsys, "job", "plan", "-address", addr, str(path))
     assert code == 1
