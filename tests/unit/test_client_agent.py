@@ -530,6 +530,7 @@ def test_run_client__sigterm__exits_zero_leaving_tasks(tmp_path: Path, server: F
             tls: None = None
             bind: str = "127.0.0.1"
             http_port: int = 0
+            node_pool: str = ""
 
         raise SystemExit(run_client(Cfg()))
         """
