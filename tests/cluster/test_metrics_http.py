@@ -271,7 +271,12 @@ def test_metrics_http__dev_agent__ports_block_sets_the_http_port(tmp_path: Path)
             "server": {"ok": True, "message": "ok"},
             "client": {"ok": True, "message": "ok"},
         }
-        assert get(address, "/v1/status/leader").json() == f"127.0.0.1:{grpc_port}"
+        # The leader's gRPC address comes from the servers table, which the new leader's
+        # own announcement fills an entry or so after it is elected: wait for it.
+        leader = wait_for(
+            lambda: get(address, "/v1/status/leader").json() or None, WAIT_S, 0.2, "the leader's address"
+        )
+        assert leader == f"127.0.0.1:{grpc_port}"
         samples = scrape(address)
         assert value(samples, "drover_raft_leader") == 1
         assert "drover_client_allocs" in names(samples)
