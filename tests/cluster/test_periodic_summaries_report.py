@@ -29,7 +29,7 @@ from drover.scheduler.periodic import SECOND_NS, launch_ns_from_id, prev_periodi
 from drover.scheduler.structs import PeriodicConfig
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from tests.cluster.conftest import wait_settled
+from tests.cluster.conftest import wait_ready_nodes, wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.replay import ReplayReport, assert_servers_agree, check_every_index
 
@@ -219,6 +219,8 @@ def test_periodic_and_dispatch__cli_end_to_end__and_offline_tools_refuse_while_r
     """One server, one client: the commands an operator types, then the offline tools."""
     with LocalCluster(tmp_path / "one", servers=1, clients=1) as cluster:
         wait_settled(cluster)
+        # The forced launch below must place at once (a placement failure exits 2).
+        wait_ready_nodes(cluster, 1)
         env = {**os.environ, "DROVER_ADDR": cluster.grpc_addresses[0]}
 
         def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
