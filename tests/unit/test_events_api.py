@@ -184,10 +184,17 @@ def _job_event(index: int, key: str) -> api_pb2.Event:
 class ScriptedEvents(api_pb2_grpc.EventsServicer):
     """Answers each Stream with the next script: (responses, then the status to end with)."""
 
-    def __init__(self, *scripts: tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]) -> None:
-        self.scripts = list(scripts)
+    def __init__(
+        self,
+        *scripts: tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None],
+        queue: list[tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]] | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
+        # ``queue``/``lock``: scripts shared with other servers, taken in the order the
+        # streams arrive, whichever server each reaches.
+        self.scripts = list(scripts) if queue is None else queue
         self.requests: list[int] = []
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()
 
     def Stream(
         self, request: api_pb2.EventStreamRequest, context: grpc.ServicerContext
@@ -204,7 +211,9 @@ class ScriptedEvents(api_pb2_grpc.EventsServicer):
 
 
 def test_sdk__stream_broken__resumes_on_the_next_address_after_the_covered_index() -> None:
-    first = ScriptedEvents(
+    # The scripts go by arrival, not by server: the client's first contact takes whichever
+    # address connects first, so which server gets the first stream is not fixed.
+    scripts: list[tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]] = [
         (
             [
                 api_pb2.EventStreamResponse(index=4),
@@ -213,12 +222,13 @@ def test_sdk__stream_broken__resumes_on_the_next_address_after_the_covered_index
                 api_pb2.EventStreamResponse(index=8),
             ],
             grpc.StatusCode.UNAVAILABLE,
-        )
-    )
-    # The second server repeats index 8 (as a server that resumed early would): dropped.
-    second = ScriptedEvents(
-        ([api_pb2.EventStreamResponse(events=[_job_event(8, "x"), _job_event(9, "c")], index=9)], None)
-    )
+        ),
+        # The resumed stream repeats index 8 (as a server that resumed early would): dropped.
+        ([api_pb2.EventStreamResponse(events=[_job_event(8, "x"), _job_event(9, "c")], index=9)], None),
+    ]
+    lock = threading.Lock()
+    first = ScriptedEvents(queue=scripts, lock=lock)
+    second = ScriptedEvents(queue=scripts, lock=lock)
     add = api_pb2_grpc.add_EventsServicer_to_server
     with (
         serving((add, first), max_workers=4) as a,
@@ -230,8 +240,8 @@ def test_sdk__stream_broken__resumes_on_the_next_address_after_the_covered_index
         stream.close()
 
     assert [(e.index, e.key) for e in got] == [(5, "a"), (5, "b"), (9, "c")]
-    assert first.requests == [5]
-    assert second.requests == [9]
+    # One server was asked from 5, the other (the next address) from 9.
+    assert sorted([first.requests, second.requests]) == [[5], [9]]
 
 
 def test_sdk__every_server_out_of_range__raised() -> None:
@@ -275,9 +285,16 @@ def test_sdk__topic_with_key__sent_as_a_filter() -> None:
 
 @pytest.mark.timeout(60)
 def test_sdk__server_silent_past_the_stall_timeout__resumed_on_the_next_address() -> None:
-    # Opens, then says nothing, without closing: a paused server, or one cut off.
-    silent = ScriptedEvents(([api_pb2.EventStreamResponse(index=4)], None))
-    live = ScriptedEvents(([api_pb2.EventStreamResponse(events=[_job_event(5, "a")], index=5)], None))
+    # The first stream opens, then says nothing, without closing: a paused server, or one
+    # cut off. Scripts go by arrival (the first contact takes whichever address connects
+    # first), so the silent one is whichever server the client reaches first.
+    scripts: list[tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]] = [
+        ([api_pb2.EventStreamResponse(index=4)], None),
+        ([api_pb2.EventStreamResponse(events=[_job_event(5, "a")], index=5)], None),
+    ]
+    lock = threading.Lock()
+    silent = ScriptedEvents(queue=scripts, lock=lock)
+    live = ScriptedEvents(queue=scripts, lock=lock)
     add = api_pb2_grpc.add_EventsServicer_to_server
     with (
         serving((add, silent), max_workers=4) as a,
@@ -289,5 +306,5 @@ def test_sdk__server_silent_past_the_stall_timeout__resumed_on_the_next_address(
         stream.close()
 
     assert (first.index, first.key) == (5, "a")
-    assert silent.requests == [5]
-    assert live.requests == [5]
+    # Each server was asked once, from 5: the silent one, then the next address.
+    assert (silent.requests, live.requests) == ([5], [5])
