@@ -70,6 +70,11 @@ class _EntryTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType.V
     """Garbage collection (server/gc/): the objects the leader's selection found collectable,
     each with the modify index it was selected at (changed since: kept).
     """
+    ENTRY_TYPE_BATCH: _EntryType.ValueType  # 27
+    """Group commit (server/write_batch.py): several writes that reached the leader together,
+    in one entry, applied in order, each in its own transaction (one refused leaves the
+    others applied), and committed to the state as one change at this entry's index.
+    """
     ENTRY_TYPE_IGNORABLE_FLOAT: _EntryType.ValueType  # 1000
     """Entry types at or above this value may be skipped by an older server (logged, not
     applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -115,6 +120,11 @@ ENTRY_TYPE_GC: EntryType.ValueType  # 26
 """Garbage collection (server/gc/): the objects the leader's selection found collectable,
 each with the modify index it was selected at (changed since: kept).
 """
+ENTRY_TYPE_BATCH: EntryType.ValueType  # 27
+"""Group commit (server/write_batch.py): several writes that reached the leader together,
+in one entry, applied in order, each in its own transaction (one refused leaves the
+others applied), and committed to the state as one change at this entry's index.
+"""
 ENTRY_TYPE_IGNORABLE_FLOAT: EntryType.ValueType  # 1000
 """Entry types at or above this value may be skipped by an older server (logged, not
 applied); below it an unknown type stops the FSM loudly, as Nomad's fsm.Apply panics.
@@ -142,6 +152,30 @@ class LogEntry(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LogEntry: _TypeAlias = LogEntry  # noqa: Y015
+
+@_typing.final
+class BatchEntry(_message.Message):
+    """The requests of an ENTRY_TYPE_BATCH entry, in the order the leader took them: each is
+    the serialized LogEntry it would have been alone (never a batch or a snapshot restore).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchEntry: _TypeAlias = BatchEntry  # noqa: Y015
 
 @_typing.final
 class JobRegisterEntry(_message.Message):
