@@ -24,6 +24,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
@@ -115,27 +116,21 @@ def _require_node(core: ServerCore, node_id: str) -> None:
 
 
 def _ask_node(
-    core: ServerCore,
-    context: grpc.ServicerContext,
-    node_id: str,
-    down: api_pb2.ClientTunnelDown,
-    *,
-    service: str,
-    method: str,
-    request: Message,
-    convert: Callable[[api_pb2.ClientTunnelUp], Message],
+    core: ServerCore, context: grpc.ServicerContext, node_id: str, rpc_name: str, request: Message
 ) -> Any:
-    """The node's one answer to ``down``: through its tunnel here, or relayed by the server
-    that holds it."""
+    """The node's one answer to ``request`` of ``rpc_name`` (a key of ``_RELAYED``): through
+    its tunnel here, or relayed by the server that holds it."""
     session = tunnels_for(core).get(node_id)
     if session is None:
-        return _forward_unary(core, context, service, method, request, node_id)
+        return _forward_unary(core, context, rpc_name, request, node_id)
     deadline = time.monotonic() + NODE_ANSWER_TIMEOUT_S
+    down = api_pb2.ClientTunnelDown()
+    getattr(down, _RELAYED[rpc_name].down_field).CopyFrom(request)
     with session.open(down) as pending:
         while True:
             answer = pending.next_answer(_POLL_S)
             if answer is not None and answer.done:
-                return convert(answer)
+                return _RELAYED[rpc_name].convert(answer)
             if not context.is_active():
                 raise TunnelError(grpc.StatusCode.CANCELLED, "the caller went away")
             if time.monotonic() > deadline:
@@ -152,21 +147,16 @@ def _forward_timeout(context: grpc.ServicerContext) -> float:
 
 
 def _forward_unary(
-    core: ServerCore,
-    context: grpc.ServicerContext,
-    service: str,
-    method: str,
-    request: Message,
-    node_id: str,
+    core: ServerCore, context: grpc.ServicerContext, rpc_name: str, request: Message, node_id: str
 ) -> Any:
     if _is_forwarded(context):
         raise _not_connected(node_id)
-    response_cls = type(_RESPONSES[f"{service}.{method}"])
+    service, _, method = rpc_name.partition(".")
     for address in _other_servers(core):
         call: grpc.UnaryUnaryMultiCallable[Message, Any] = core.channel_to(address).unary_unary(
             f"/drover.v1.{service}/{method}",
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=response_cls.FromString,
+            response_deserializer=_RELAYED[rpc_name].response.FromString,
         )
         try:
             return call(request, timeout=_forward_timeout(context), metadata=_forward_metadata(core, context))
@@ -179,20 +169,30 @@ def _forward_unary(
     raise _not_connected(node_id)
 
 
-_RESPONSES: Final[dict[str, Message]] = {
-    "Allocs.Restart": api_pb2.AllocControlResponse(),
-    "Allocs.Signal": api_pb2.AllocControlResponse(),
-    "Nodes.MetaRead": api_pb2.NodeMetaResponse(),
-    "Nodes.MetaApply": api_pb2.NodeMetaResponse(),
-}
-
-
 def _control_response(_answer: api_pb2.ClientTunnelUp) -> api_pb2.AllocControlResponse:
     return api_pb2.AllocControlResponse()
 
 
 def _meta_response(answer: api_pb2.ClientTunnelUp) -> api_pb2.NodeMetaResponse:
     return answer.meta
+
+
+@dataclass(frozen=True, slots=True)
+class _Relayed:
+    """How one unary RPC's answer comes back: from the node's tunnel (``convert``), or from
+    the server that holds the tunnel (``response``, the message it sends)."""
+
+    down_field: str  # the request's field of ClientTunnelDown
+    response: type[Message]
+    convert: Callable[[api_pb2.ClientTunnelUp], Message]
+
+
+_RELAYED: Final[dict[str, _Relayed]] = {
+    "Allocs.Restart": _Relayed("restart", api_pb2.AllocControlResponse, _control_response),
+    "Allocs.Signal": _Relayed("signal", api_pb2.AllocControlResponse, _control_response),
+    "Nodes.MetaRead": _Relayed("meta_read", api_pb2.NodeMetaResponse, _meta_response),
+    "Nodes.MetaApply": _Relayed("meta_apply", api_pb2.NodeMetaResponse, _meta_response),
+}
 
 
 def validate_meta_apply(request: api_pb2.NodeMetaApplyRequest) -> None:
@@ -254,16 +254,7 @@ class AllocTunnelMixin:
     ) -> api_pb2.AllocControlResponse:
         alloc = _find_alloc(self.core, request.alloc_id)
         _authorize_alloc(caller(), alloc, "Allocs", "Restart")
-        return _ask_node(  # type: ignore[no-any-return]
-            self.core,
-            context,
-            alloc.node_id,
-            api_pb2.ClientTunnelDown(restart=request),
-            service="Allocs",
-            method="Restart",
-            request=request,
-            convert=_control_response,
-        )
+        return _ask_node(self.core, context, alloc.node_id, "Allocs.Restart", request)  # type: ignore[no-any-return]
 
     @rpc("Allocs", "local")
     def Signal(
@@ -275,18 +266,10 @@ class AllocTunnelMixin:
             raise ValidationError(str(exc)) from None
         alloc = _find_alloc(self.core, request.alloc_id)
         _authorize_alloc(caller(), alloc, "Allocs", "Signal")
-        down = api_pb2.ClientTunnelDown(signal=request)
-        down.signal.signal = signum.name
-        return _ask_node(  # type: ignore[no-any-return]
-            self.core,
-            context,
-            alloc.node_id,
-            down,
-            service="Allocs",
-            method="Signal",
-            request=request,
-            convert=_control_response,
-        )
+        named = api_pb2.AllocSignalRequest()
+        named.CopyFrom(request)
+        named.signal = signum.name
+        return _ask_node(self.core, context, alloc.node_id, "Allocs.Signal", named)  # type: ignore[no-any-return]
 
     @stream_rpc("Allocs")
     def Logs(
@@ -407,16 +390,7 @@ class NodeTunnelMixin:
         self, request: api_pb2.NodeMetaReadRequest, context: grpc.ServicerContext
     ) -> api_pb2.NodeMetaResponse:
         _require_node(self.core, request.node_id)
-        return _ask_node(  # type: ignore[no-any-return]
-            self.core,
-            context,
-            request.node_id,
-            api_pb2.ClientTunnelDown(meta_read=request),
-            service="Nodes",
-            method="MetaRead",
-            request=request,
-            convert=_meta_response,
-        )
+        return _ask_node(self.core, context, request.node_id, "Nodes.MetaRead", request)  # type: ignore[no-any-return]
 
     @rpc("Nodes", "local")
     def MetaApply(
@@ -424,16 +398,7 @@ class NodeTunnelMixin:
     ) -> api_pb2.NodeMetaResponse:
         _require_node(self.core, request.node_id)
         validate_meta_apply(request)
-        return _ask_node(  # type: ignore[no-any-return]
-            self.core,
-            context,
-            request.node_id,
-            api_pb2.ClientTunnelDown(meta_apply=request),
-            service="Nodes",
-            method="MetaApply",
-            request=request,
-            convert=_meta_response,
-        )
+        return _ask_node(self.core, context, request.node_id, "Nodes.MetaApply", request)  # type: ignore[no-any-return]
 
 
 def _read_answers(
