@@ -245,11 +245,15 @@ def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
 class JobFileError(ValueError):
     """A job that cannot be read or parsed, or (with ``validate``) that breaks a rule. The
     message is one line and names the place (``web.hcl:3,5: ...``); ``errors`` lists every
-    rule broken (``job.groups[0].count: must be >= 0``), none for a parse error."""
+    rule broken (``job.groups[0].count: must be >= 0``), none for a parse error;
+    ``problems`` lists each problem the parser found, alone and with its line (``web.hcl:12:
+    job "web": unknown key "x"``), so a tool can show them one per line; none when the
+    file or its variables could not be read at all, or for a rule broken."""
 
-    def __init__(self, message: str, errors: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, errors: Sequence[str] = (), *, problems: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.errors = tuple(errors)
+        self.problems = tuple(problems)
 
 
 def parse_job(
@@ -304,7 +308,7 @@ def parse_job(
     try:
         job = parse_jobspec(text, filename=filename, variables=inputs)
     except JobspecError as exc:
-        raise JobFileError(str(exc)) from exc
+        raise JobFileError(str(exc), problems=getattr(exc, "errors", (str(exc),))) from exc
     if validate:
         try:
             validate_job(canonicalize_job(job))

@@ -15,7 +15,7 @@ from drover.cli._errors import CLIError
 from drover.scheduler.structs import Job
 from drover.sdk import DroverClient, DroverError, JobFileError
 from drover.sdk import parse_job_file as sdk_parse_job_file
-from drover.server.codec import to_proto
+from drover.server.codec import from_proto, to_proto
 from drover.v1 import api_pb2, structs_pb2
 
 __all__ = [
@@ -72,46 +72,23 @@ class JobFileProblems(CLIError):
 def parse_job_file(path: str, args: argparse.Namespace | None = None) -> Job:
     """The job a file describes (its variables from ``args``' ``-var`` and ``-var-file``
     and the environment's ``NOMAD_VAR_*``), not yet validated; a file that cannot be read
-    or parsed is a :class:`JobFileProblems` naming the place of each problem."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
+    or parsed is a :class:`JobFileProblems` naming the place of each problem. Read by the
+    SDK (``drover.sdk.parse_job_file``), as ``load_job_file`` reads it, so ``job validate``
+    sees the job ``job run`` would send."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CLIError(
-            f"{path}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-        ) from exc
-    try:
-        from drover.server.jobspec import (  # type: ignore[import-not-found, unused-ignore]
-            JobspecError,
-            parse_jobspec,
-        )
-    except ModuleNotFoundError as exc:
-        if exc.name != "drover.server.jobspec":
-            raise
-        raise CLIError("cannot read job files: drover.server.jobspec is not available") from exc
-    from drover.server.jobspec_eval import (  # type: ignore[import-not-found, unused-ignore]
-        EvalError,
-        VariableInputs,
-    )
-
-    values, var_files = _variables(args)
-    try:
-        inputs = VariableInputs.from_args(
-            [f"{name}={value}" for name, value in values.items()],
-            var_files,
-            os.environ,
-            os.path.dirname(os.path.abspath(path)),
-        )
-    except EvalError as exc:
+        message = _read_job_file(path, args, validate=False)
+    except JobFileError as exc:
+        if exc.problems:
+            raise JobFileProblems(str(exc), exc.problems) from exc
         raise CLIError(str(exc)) from exc
-    except (OSError, UnicodeError) as exc:
-        raise CLIError(f"{getattr(exc, 'filename', '')}: cannot read the variables file: {exc}") from exc
-    try:
-        job: Job = parse_jobspec(text, filename=path, variables=inputs)
-    except JobspecError as exc:
-        raise JobFileProblems(str(exc), getattr(exc, "errors", (str(exc),))) from exc
-    return job
+    return from_proto(message, Job)
+
+
+def _read_job_file(path: str, args: argparse.Namespace | None, *, validate: bool) -> structs_pb2.Job:
+    values, var_files = _variables(args)
+    return sdk_parse_job_file(
+        path, validate=validate, variables=values, var_files=var_files, environ=os.environ
+    )
 
 
 def local_errors(job: Job) -> list[str]:
@@ -129,9 +106,8 @@ def load_job_file(path: str, args: argparse.Namespace | None = None) -> structs_
     """Parse and locally validate a job file, so mistakes get a message before any RPC:
     the SDK's own reading (``drover.sdk.parse_job_file``), so a script sends what the CLI
     would."""
-    values, var_files = _variables(args)
     try:
-        return sdk_parse_job_file(path, variables=values, var_files=var_files, environ=os.environ)
+        return _read_job_file(path, args, validate=True)
     except JobFileError as exc:
         if exc.errors:
             raise CLIError("; ".join(_with_lines(exc.errors, path))) from exc
