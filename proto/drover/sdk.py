@@ -90,6 +90,15 @@ class QueryAnswer(Protocol):
 
 
 Answer = TypeVar("Answer", bound=QueryAnswer)
+Streamed = TypeVar("Streamed", covariant=True)
+
+
+class _ResponseStream(Protocol[Streamed]):
+    """A server-streaming call as gRPC returns it: its messages, and a way to end it."""
+
+    def __iter__(self) -> Iterator[Streamed]: ...
+
+    def cancel(self) -> bool: ...
 
 
 class DroverError(Exception):
@@ -774,27 +783,13 @@ class Client:
             tail_lines=tail_lines,
             tail_bytes=tail_bytes,
         )
-        deadline = time.monotonic() + self.retry_deadline
-        attempt = 0
-        while True:
-            stubs = self._pick()
-            stream = stubs.allocs.Logs(req, metadata=self._metadata)
-            received = False
-            try:
-                for response in stream:
-                    received = True
-                    yield response.data
-                return
-            except grpc.RpcError as exc:
-                err = _translate(exc)
-                delay = _backoff(attempt, self._rng)
-                if received or err.code not in _RETRY_READ or time.monotonic() + delay > deadline:
-                    raise err from exc
-                self._rotate(stubs)
-                attempt += 1
-                time.sleep(delay)
-            finally:
-                stream.cancel()
+        for response in self._retrying_stream(
+            lambda stubs: stubs.allocs.Logs(req, metadata=self._metadata),
+            # Only before the first chunk: a log read again would repeat what was given.
+            retry=lambda err, received: not received and err.code in _RETRY_READ,
+            gave_up=lambda err, lost: err,
+        ):
+            yield response.data
 
     def restart_alloc(self, alloc_id: str, task: str = "") -> api_pb2.AllocControlResponse:
         """Restart one task (or every running task) in place; the restart policy's attempts
@@ -964,61 +959,35 @@ class Client:
         filters = [_topic_filter(topic) for topic in topics]
         # The index every event up to which has been seen; -1 until a server says (index 0).
         covered = index - 1 if index > 0 else -1
-        attempt = 0
         out_of_range = 0
-        failing_since: float | None = None
-        started = time.monotonic()
-        while True:
-            stubs = self._pick() if self._reach.answered else self._first_contact(started)
+
+        def open_stream(stubs: _Stubs) -> _ResponseStream[api_pb2.EventStreamResponse]:
             start = covered + 1 if covered >= 0 else 0
             request = api_pb2.EventStreamRequest(topics=filters, index=start, namespace=namespace)
-            stream = stubs.events.Stream(request, metadata=self._metadata)
-            watchdog = _Watchdog(stream.cancel, stall_timeout)
-            try:
-                for response in stream:
-                    watchdog.fed()
-                    self._answered()
-                    attempt, out_of_range, failing_since = 0, 0, None
-                    for event in response.events:
-                        if event.index > covered:
-                            yield event
-                    covered = max(covered, response.index)
-                err = DroverError(grpc.StatusCode.UNAVAILABLE, f"{stubs.address} ended the event stream")
-            except grpc.RpcError as exc:
-                err = _translate(exc)
-                if watchdog.fired:
-                    err = DroverError(
-                        grpc.StatusCode.UNAVAILABLE, f"{stubs.address} sent nothing for {stall_timeout:g}s"
-                    )
-                elif not self._reach.answered:
-                    if _is_tls_failure(err):
-                        raise err from exc
-                    if self._reach.is_transport_failure(stubs, err):
-                        continue
-                self._answered()
-                if err.code == grpc.StatusCode.OUT_OF_RANGE:
-                    out_of_range += 1
-                    if out_of_range >= len(self._stubs):
-                        raise err from exc
-                elif (err.code != grpc.StatusCode.UNAVAILABLE and not _is_backoff(err)) or _is_tls_failure(
-                    err
-                ):
-                    raise err from exc
-            finally:
-                watchdog.stop()
-                stream.cancel()
-            self._rotate(stubs)
-            now = time.monotonic()
-            failing_since = now if failing_since is None else failing_since
-            delay = _backoff(attempt, self._rng)
-            attempt += 1
-            if now + delay > failing_since + self.retry_deadline:
-                raise DroverError(
-                    err.code,
-                    f"event stream lost after index {covered}: no server resumed it in "
-                    f"{self.retry_deadline:g}s ({', '.join(self.addresses)}): {err.message}",
-                )
-            time.sleep(delay)
+            return stubs.events.Stream(request, metadata=self._metadata)
+
+        def retry(err: DroverError, received: bool) -> bool:
+            nonlocal out_of_range
+            if err.code == grpc.StatusCode.OUT_OF_RANGE:
+                out_of_range += 1
+                return out_of_range < len(self._stubs)
+            return err.code == grpc.StatusCode.UNAVAILABLE or _is_backoff(err)
+
+        def gave_up(err: DroverError, lost_s: float) -> DroverError:
+            return DroverError(
+                err.code,
+                f"event stream lost after index {covered}: no server resumed it in "
+                f"{lost_s:g}s ({', '.join(self.addresses)}): {err.message}",
+            )
+
+        for response in self._retrying_stream(
+            open_stream, retry=retry, gave_up=gave_up, stall_timeout=stall_timeout, resume_on_end=True
+        ):
+            out_of_range = 0
+            for event in response.events:
+                if event.index > covered:
+                    yield event
+            covered = max(covered, response.index)
 
     # -- ACL ----------------------------------------------------------------------------
 
@@ -1120,6 +1089,69 @@ class Client:
             # Another thread may have moved on already; only advance past the failed one.
             if self._stubs[self._current] is failed:
                 self._current = (self._current + 1) % len(self._stubs)
+
+    def _retrying_stream(
+        self,
+        open_stream: Callable[[_Stubs], _ResponseStream[Streamed]],
+        *,
+        retry: Callable[[DroverError, bool], bool],
+        gave_up: Callable[[DroverError, float], DroverError],
+        stall_timeout: float | None = None,
+        resume_on_end: bool = False,
+    ) -> Iterator[Streamed]:
+        """The messages of a server-streaming call, opened again on the next address when
+        it breaks and ``retry(error, received)`` allows (``received``: this attempt gave
+        at least one message; ``open_stream`` is called anew each time, so a resumable
+        stream asks for what it has not had yet). What ``_call`` does for a unary call:
+        first contact waits for an address that connects, a TLS failure is raised at once,
+        retries back off, and a stream failing for ``retry_deadline`` without a message
+        raises ``gave_up(error, retry_deadline)``. ``stall_timeout``: a stream silent that
+        long is cancelled and counts as UNAVAILABLE. ``resume_on_end``: a stream the server
+        ends is opened again (one that never ends on its own, like events)."""
+        started = time.monotonic()
+        attempt = 0
+        failing_since: float | None = None
+        while True:
+            stubs = self._pick() if self._reach.answered else self._first_contact(started)
+            stream = open_stream(stubs)
+            watchdog = _Watchdog(stream.cancel, stall_timeout) if stall_timeout is not None else None
+            received = False
+            try:
+                for response in stream:
+                    if watchdog is not None:
+                        watchdog.fed()
+                    self._answered()
+                    received, attempt, failing_since = True, 0, None
+                    yield response
+                if not resume_on_end:
+                    return
+                err = DroverError(grpc.StatusCode.UNAVAILABLE, f"{stubs.address} ended the stream")
+            except grpc.RpcError as exc:
+                err = _translate(exc)
+                if watchdog is not None and watchdog.fired:
+                    err = DroverError(
+                        grpc.StatusCode.UNAVAILABLE, f"{stubs.address} sent nothing for {stall_timeout:g}s"
+                    )
+                elif not self._reach.answered:
+                    if _is_tls_failure(err):
+                        raise err from exc
+                    if self._reach.is_transport_failure(stubs, err):
+                        continue
+                self._answered()
+                if _is_tls_failure(err) or not retry(err, received):
+                    raise err from exc
+            finally:
+                if watchdog is not None:
+                    watchdog.stop()
+                stream.cancel()
+            self._rotate(stubs)
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            delay = _backoff(attempt, self._rng)
+            attempt += 1
+            if now + delay > failing_since + self.retry_deadline:
+                raise gave_up(err, self.retry_deadline)
+            time.sleep(delay)
 
     def _call(
         self,
