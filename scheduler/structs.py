@@ -327,6 +327,15 @@ class ServiceCheck:
     timeout_ns: int = 2_000_000_000
 
 
+# A service's address_mode (Nomad's): which address and port a registration carries. Tasks
+# share the host's network here, so "auto" and "host" both give the node's address and the
+# host port; "alloc" gives the port's ``to`` (the port the task binds) where one is set.
+ADDRESS_MODE_AUTO: Final = "auto"
+ADDRESS_MODE_HOST: Final = "host"
+ADDRESS_MODE_ALLOC: Final = "alloc"
+ADDRESS_MODES: Final = (ADDRESS_MODE_AUTO, ADDRESS_MODE_HOST, ADDRESS_MODE_ALLOC)
+
+
 @dataclass(frozen=True, slots=True)
 class Service:
     name: str = ""
@@ -334,6 +343,28 @@ class Service:
     port: str = ""
     tags: tuple[str, ...] = ()
     checks: tuple[ServiceCheck, ...] = ()
+    address_mode: str = ADDRESS_MODE_AUTO
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRegistration:
+    """One running alloc's instance of a ``service { provider = "nomad" }`` (Nomad's
+    ServiceRegistration), derived by the FSM from the alloc, its job version and its node
+    (server/services/registrations.py); ``task`` is empty for a group service."""
+
+    id: str = ""
+    service_name: str = ""
+    namespace: str = DEFAULT_NAMESPACE
+    node_id: str = ""
+    datacenter: str = ""
+    job_id: str = ""
+    alloc_id: str = ""
+    task: str = ""
+    tags: tuple[str, ...] = ()
+    address: str = ""
+    port: int = 0
+    create_index: int = 0
+    modify_index: int = 0
 
 
 # Task lifecycle hooks (Nomad's): a task without a lifecycle block is a main task.

@@ -37,6 +37,7 @@ from drover.scheduler._records import replacer
 from drover.scheduler.periodic import cron_error, time_zone_error
 from drover.scheduler.regexp import regexp_error
 from drover.scheduler.structs import (
+    ADDRESS_MODES,
     CHECK_HTTP,
     CHECK_SCRIPT,
     CHECK_TCP,
@@ -994,6 +995,10 @@ def _service_errors(
         yield FieldError(f"{path}.provider", _one_of(_SERVICE_PROVIDERS, service.provider))
     if service.port and service.port not in labels:
         yield FieldError(f"{path}.port", _port_label_error(service.port, labels))
+    if service.address_mode == "driver":
+        yield FieldError(f"{path}.address_mode", '"driver" is not supported by drover (no driver networks here)')
+    elif service.address_mode and service.address_mode not in ADDRESS_MODES:
+        yield FieldError(f"{path}.address_mode", _one_of(ADDRESS_MODES, service.address_mode))
     for i, check in enumerate(service.checks):
         yield from _check_errors(check, service, f"{path}.checks[{i}]", labels, task_names, own_task=own_task)
 

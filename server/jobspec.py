@@ -953,7 +953,7 @@ def _update(body: _Body, base: UpdateStrategy) -> UpdateStrategy:
 
 # Only the client's own checks exist in drover: Consul's keys (connect, meta, canary_tags,
 # check_restart, on_update, ...) are refused by name instead of being read and ignored.
-_SERVICE_KEYS: Final = frozenset({"name", "provider", "port", "tags", "check"})
+_SERVICE_KEYS: Final = frozenset({"name", "provider", "port", "tags", "check", "address_mode"})
 _CHECK_KEYS: Final = frozenset(
     {"name", "type", "port", "path", "method", "protocol", "command", "args", "task", "interval", "timeout"}
 )
@@ -976,6 +976,7 @@ def _service(body: _Body) -> Service:
         port=body.get_str("port"),
         tags=body.str_list("tags"),
         checks=tuple(_check(b) for b in body.blocks("check")),
+        address_mode=body.get_str("address_mode", _SERVICE_DEFAULTS.address_mode),
     )
 
 

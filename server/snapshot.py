@@ -22,6 +22,7 @@ from drover.scheduler.structs import (
     PeriodicLaunch,
     SchedulerConfig,
     ServerMember,
+    ServiceRegistration,
 )
 from drover.server.acl.records import ACLPolicy, ACLTokenRecord
 from drover.server.codec import from_proto, to_proto
@@ -60,6 +61,9 @@ def to_snapshot(tables: Tables) -> raft_pb2.StateSnapshot:
     snap.acl_bootstrap_index = tables.acl_bootstrap_index
     for deployment in _sorted(tables.deployments.values(), key=lambda d: d.id):
         to_proto(deployment, snap.deployments.add())
+    for alloc_id in sorted(tables.services.keys()):
+        for registration in tables.services[alloc_id]:
+            to_proto(registration, snap.service_registrations.add())
     snap.table_index.update(dict(tables.table_index.items()))
     return snap
 
@@ -93,6 +97,9 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
     policies = {p.name: p for p in (from_proto(m, ACLPolicy) for m in snap.acl_policies)}
     tokens = {t.accessor_id: t for t in (from_proto(m, ACLTokenRecord) for m in snap.acl_tokens)}
     deployments = {d.id: d for d in (from_proto(m, Deployment) for m in snap.deployments)}
+    services: dict[str, list[ServiceRegistration]] = {}
+    for service in (from_proto(m, ServiceRegistration) for m in snap.service_registrations):
+        services.setdefault(service.alloc_id, []).append(service)
     config = (
         from_proto(snap.scheduler_config, SchedulerConfig)
         if snap.HasField("scheduler_config")
@@ -124,6 +131,10 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
         acl_bootstrap_index=snap.acl_bootstrap_index,
         deployments=immutables.Map(deployments),
         deployments_by_job=_index(((d.namespace, d.job_id), d.id) for d in deployments.values()),
+        services=immutables.Map({k: tuple(v) for k, v in services.items()}),
+        services_by_name=_index(
+            ((r.namespace, r.service_name), r.alloc_id) for regs in services.values() for r in regs
+        ),
         table_index=immutables.Map(dict(snap.table_index)),
     )
 

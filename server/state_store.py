@@ -49,9 +49,11 @@ from drover.scheduler.structs import (
     PeriodicLaunch,
     SchedulerConfig,
     ServerMember,
+    ServiceRegistration,
     TaskGroupSummary,
 )
 from drover.server.acl.records import ACLPolicy, ACLTokenRecord
+from drover.server.services.registrations import registrations_for
 
 JobKey = tuple[str, str]  # (namespace, job id)
 K = TypeVar("K")
@@ -70,6 +72,7 @@ TABLES: Final = (
     "acl_policies",
     "acl_tokens",
     "deployments",
+    "services",
 )
 
 # Nomad keeps this many versions of a job (JobTrackedVersions).
@@ -133,6 +136,10 @@ class Tables:
     acl_bootstrap_index: int = 0
     deployments: immutables.Map[str, Deployment] = _EMPTY
     deployments_by_job: immutables.Map[JobKey, immutables.Map[str, None]] = _EMPTY
+    # Service registrations by alloc ID (server/services/registrations.py derives them as
+    # the alloc changes), and the allocs registering each (namespace, service name).
+    services: immutables.Map[str, tuple[ServiceRegistration, ...]] = _EMPTY
+    services_by_name: immutables.Map[tuple[str, str], immutables.Map[str, None]] = _EMPTY
     table_index: immutables.Map[str, int] = _EMPTY
 
 
@@ -242,6 +249,25 @@ class Snapshot:
 
     def scheduler_config(self) -> SchedulerConfig:
         return self._t.scheduler_config
+
+    # service registrations
+    def service_names(self) -> Iterator[tuple[str, str]]:
+        """Every (namespace, service name) with at least one registration, sorted."""
+        return iter(sorted(self._t.services_by_name.keys()))
+
+    def service_registrations(self, namespace: str, name: str) -> list[ServiceRegistration]:
+        """The registrations of one service, by alloc ID then registration ID."""
+        allocs = self._t.services_by_name.get((namespace, name), _EMPTY)
+        found = [
+            reg
+            for alloc_id in sorted(allocs.keys())
+            for reg in self._t.services.get(alloc_id, ())
+            if reg.service_name == name
+        ]
+        return sorted(found, key=lambda r: (r.alloc_id, r.id))
+
+    def alloc_services(self, alloc_id: str) -> tuple[ServiceRegistration, ...]:
+        return self._t.services.get(alloc_id, ())
 
     def servers(self) -> Iterator[ServerMember]:
         return iter(self._t.servers.values())
@@ -388,6 +414,16 @@ class StateStore:
 
 # ---------------------------------------------------------------------------------------
 # Writing
+
+
+def _keep_indexes(old: ServiceRegistration | None, new: ServiceRegistration) -> ServiceRegistration:
+    """``new`` as stored: the old value itself when nothing but the indexes differ, else
+    ``new`` with the old create index."""
+    if old is None:
+        return new
+    if replace(old, create_index=new.create_index, modify_index=new.modify_index) == new:
+        return old
+    return replace(new, create_index=old.create_index)
 
 
 def _alloc_bucket(alloc: Allocation) -> str:
@@ -761,6 +797,7 @@ class Txn:
             self._index_add("allocs_by_node", alloc.node_id, alloc.id)
         self._account(old_for_account, alloc)
         self._touch("allocs")
+        self._sync_services(alloc.id, alloc)
 
     def delete_alloc(self, alloc_id: str) -> None:
         old = self.alloc(alloc_id)
@@ -775,6 +812,42 @@ class Txn:
         self._index_remove("allocs_by_eval", old.eval_id, alloc_id)
         self._account(old, None)
         self._touch("allocs")
+        self._sync_services(alloc_id, None)
+
+    def _alloc_job(self, alloc: Allocation) -> Job | None:
+        """The job version ``alloc`` runs (the current job when that version is no longer
+        tracked: its services are the best known)."""
+        key = (alloc.namespace, alloc.job_id)
+        for version in self.job_versions(key):
+            if version.version == alloc.job_version:
+                return version
+        return self.job(key)
+
+    def _sync_services(self, alloc_id: str, alloc: Allocation | None) -> None:
+        """Make the alloc's service registrations what it now has: written in the same
+        transaction as the alloc, so they can never disagree with it. An unchanged
+        registration keeps its indexes (a blocking query on "services" wakes only for a
+        real change)."""
+        old = self._m("services").get(alloc_id, ())
+        if alloc is None:
+            new: tuple[ServiceRegistration, ...] = ()
+        else:
+            derived = registrations_for(alloc, self._alloc_job(alloc), self.node(alloc.node_id), self.index)
+            kept = {reg.id: reg for reg in old}
+            new = tuple(_keep_indexes(kept.get(reg.id), reg) for reg in derived)
+        if new == old:
+            return
+        old_names = {(r.namespace, r.service_name) for r in old}
+        new_names = {(r.namespace, r.service_name) for r in new}
+        for name in old_names - new_names:
+            self._index_remove("services_by_name", name, alloc_id)
+        for name in new_names - old_names:
+            self._index_add("services_by_name", name, alloc_id)
+        if new:
+            self._m("services")[alloc_id] = new
+        else:
+            del self._m("services")[alloc_id]
+        self._touch("services")
 
     def _account(self, old: Allocation | None, new: Allocation | None) -> None:
         """Move one alloc's contribution in its job's summary and live-alloc count.

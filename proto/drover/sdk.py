@@ -128,6 +128,7 @@ class _Stubs:
     acl: api_pb2_grpc.ACLStub
     deployments: api_pb2_grpc.DeploymentsStub
     events: api_pb2_grpc.EventsStub
+    services: api_pb2_grpc.ServicesStub
 
     @classmethod
     def open(cls, address: str, tls: TLSMaterial | None) -> _Stubs:
@@ -143,6 +144,7 @@ class _Stubs:
             acl=api_pb2_grpc.ACLStub(channel),
             deployments=api_pb2_grpc.DeploymentsStub(channel),
             events=api_pb2_grpc.EventsStub(channel),
+            services=api_pb2_grpc.ServicesStub(channel),
         )
 
 
@@ -639,6 +641,24 @@ class Client:
         opts = _options(stale, min_index, wait_ns)
         req = api_pb2.DeploymentListRequest(job_id=job_id, namespace=namespace, options=opts)
         return self._call(lambda s: s.deployments.List, req, options=opts)
+
+    def list_services(
+        self, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.ServiceListResponse:
+        """Every service registered by a running alloc of ``namespace`` ("*": all the token
+        may read), with its tags merged; with ``min_index``, a blocking query."""
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.ServiceListRequest(namespace=namespace, options=opts)
+        return self._call(lambda s: s.services.List, req, options=opts)
+
+    def get_service(
+        self, name: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+    ) -> api_pb2.ServiceInfoResponse:
+        """The registrations of service ``name`` (NOT_FOUND when it has none, unless
+        ``min_index`` is set: a blocking query may wait for the first one)."""
+        opts = _options(stale, min_index, wait_ns)
+        req = api_pb2.ServiceInfoRequest(namespace=namespace, service_name=name, options=opts)
+        return self._call(lambda s: s.services.Info, req, options=opts)
 
     def get_deployment(
         self, deployment_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0

@@ -24,6 +24,8 @@ Deployments.Promote/Pause/Fail    submit-job, or promote-/pause-/fail-deployment
                             the request names only the deployment)
 Deployments.SetAllocHealth  the same with set-alloc-health-deployment
 Evals.List, Allocs.List     read-job; results filtered per namespace
+Services.List/Info          read-job, checked on the namespace of what is returned
+Services.ClientInfo         no token: the node's secret, and an alloc of that node
 Evals.Get, Allocs.Get       read-job on the object's own namespace (CVE-2019-16742)
 Allocs.Stop/Restart/Signal  alloc-lifecycle on the alloc's namespace (checked by the
                             servicer once found, as for deployments)
@@ -160,6 +162,7 @@ NODE_SECRET_RPCS: Final = frozenset(
         "Nodes.WatchClientAllocs",
         "Nodes.UpdateAllocs",
         "Nodes.Connect",
+        "Services.ClientInfo",
     }
 )
 _NODE_SECRET: Final = Need(Scope.OPEN, why="a client agent's call, authenticated by the node's secret")
@@ -183,6 +186,8 @@ RIGHTS: Final[Mapping[str, Need]] = {
     "Jobs.Scale": _write("scale-job", "submit-job", namespace=_ns(lambda r: r.namespace)),
     "Jobs.Validate": _write("read-job", namespace=_ns(lambda r: r.job.namespace)),
     "Deployments.List": _read("read-job", results=("deployments",)),
+    "Services.List": _read("read-job", results=("services",)),
+    "Services.Info": _read("read-job", results=("registrations",)),
     "Deployments.Get": _read("read-job", results=("deployment",)),
     "Deployments.Allocations": _read("read-job", results=("allocs",)),
     "Deployments.Promote": _deployment_write("submit-job", "promote-deployment"),

@@ -19,6 +19,7 @@ from drover.server.api.events import EventsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
+from drover.server.api.services import ServicesServicer
 from drover.server.telemetry.rpc import RpcMetrics
 from drover.v1 import api_pb2, api_pb2_grpc
 
@@ -49,6 +50,7 @@ def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     api_pb2_grpc.add_ACLServicer_to_server(ACLServicer(core), server)
     api_pb2_grpc.add_DeploymentsServicer_to_server(DeploymentsServicer(core), server)
     api_pb2_grpc.add_EventsServicer_to_server(EventsServicer(core), server)
+    api_pb2_grpc.add_ServicesServicer_to_server(ServicesServicer(core), server)
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -14,6 +14,7 @@ from drover.server.api.events import EventsServicer
 from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
+from drover.server.api.services import ServicesServicer
 from drover.server.errors import PermissionDeniedError
 from drover.v1 import api_pb2, structs_pb2
 
@@ -26,6 +27,7 @@ SERVICERS = {
     "ACL": ACLServicer,
     "Deployments": DeploymentsServicer,
     "Events": EventsServicer,
+    "Services": ServicesServicer,
 }
 PROTO_RPCS = sorted(
     f"{service.name}.{method.name}"
@@ -68,6 +70,7 @@ def test_rights__token_exempt_rpcs__are_the_client_agents_node_rpcs_and_bootstra
         "Nodes.WatchClientAllocs",
         "Nodes.UpdateAllocs",
         "Nodes.Connect",
+        "Services.ClientInfo",
     } == NODE_SECRET_RPCS
     assert exempt == sorted({*NODE_SECRET_RPCS, "ACL.Bootstrap"})
     assert all(RIGHTS[rpc].why for rpc in exempt), "every exemption says why"
@@ -339,3 +342,19 @@ def test_check_response__management__sees_everything() -> None:
     check_response("Evals.List", RIGHTS["Evals.List"], MANAGEMENT, response)
 
     assert len(response.evals) == 1
+
+
+def test_rights__service_reads__need_read_job_and_keep_only_readable_namespaces() -> None:
+    need = need_for("Services", "List")
+    assert (need.scope, need.any_of) == (Scope.NAMESPACE, ("read-job",))
+    acl = acl_of('namespace "web" { policy = "read" }')
+    listing = api_pb2.ServiceListResponse()
+    listing.services.add(namespace="web", service_name="api")
+    listing.services.add(namespace="billing", service_name="ledger")
+    kept = check_response("Services.List", need, acl, listing)
+    assert [s.service_name for s in kept.services] == ["api"]
+    info = api_pb2.ServiceInfoResponse()
+    info.registrations.add(namespace="billing", service_name="ledger", alloc_id="a1")
+    info.registrations.add(namespace="web", service_name="ledger", alloc_id="a2")
+    kept_info = check_response("Services.Info", need_for("Services", "Info"), acl, info)
+    assert [r.alloc_id for r in kept_info.registrations] == ["a2"]

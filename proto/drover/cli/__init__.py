@@ -26,6 +26,7 @@ its commands to the parser, and the handlers that run them:
 - ``eval``: ``list``, ``status``.
 - ``alloc``: ``status``, ``stop``; ``logs``, ``restart``, ``signal`` through the node's
   tunnel (``_alloc_control``).
+- ``service``: ``list``, ``info``: native service registrations.
 - ``server``: ``members``.
 - ``event``: ``stream``, the event stream as one JSON object a line.
 - ``system``: ``reconcile summaries``.

@@ -3456,3 +3456,170 @@ class EventStreamResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EventStreamResponse: _TypeAlias = EventStreamResponse  # noqa: Y015
+
+@_typing.final
+class ServiceListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Empty: "default"; "*": every namespace the token may read."""
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "options", b"options"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceListRequest: _TypeAlias = ServiceListRequest  # noqa: Y015
+
+@_typing.final
+class ServiceSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    SERVICE_NAME_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    service_name: _builtins.str
+    registrations: _builtins.int
+    """How many registrations the service has."""
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every tag any registration of the service has, sorted."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        service_name: _builtins.str = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        registrations: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "registrations", b"registrations", "service_name", b"service_name", "tags", b"tags"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceSummary: _TypeAlias = ServiceSummary  # noqa: Y015
+
+@_typing.final
+class ServiceListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServiceSummary]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        services: _abc.Iterable[Global___ServiceSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "services", b"services"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceListResponse: _TypeAlias = ServiceListResponse  # noqa: Y015
+
+@_typing.final
+class ServiceInfoRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    SERVICE_NAME_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    service_name: _builtins.str
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        service_name: _builtins.str = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "options", b"options", "service_name", b"service_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceInfoRequest: _TypeAlias = ServiceInfoRequest  # noqa: Y015
+
+@_typing.final
+class ServiceInfoResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___QueryMeta: ...
+    @_builtins.property
+    def registrations(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.ServiceRegistration]: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___QueryMeta | None = ...,
+        registrations: _abc.Iterable[_structs_pb2.ServiceRegistration] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "registrations", b"registrations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceInfoResponse: _TypeAlias = ServiceInfoResponse  # noqa: Y015
+
+@_typing.final
+class ServiceClientInfoRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SECRET_ID_FIELD_NUMBER: _builtins.int
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    SERVICE_NAMES_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    secret_id: _builtins.str
+    alloc_id: _builtins.str
+    @_builtins.property
+    def service_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The services asked for; an unknown name answers no registrations (not an error: a
+        template may wait for a service not registered yet).
+        """
+
+    @_builtins.property
+    def options(self) -> Global___QueryOptions: ...
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        secret_id: _builtins.str = ...,
+        alloc_id: _builtins.str = ...,
+        service_names: _abc.Iterable[_builtins.str] | None = ...,
+        options: Global___QueryOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_id", b"alloc_id", "node_id", b"node_id", "options", b"options", "secret_id", b"secret_id", "service_names", b"service_names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceClientInfoRequest: _TypeAlias = ServiceClientInfoRequest  # noqa: Y015

@@ -2993,3 +2993,171 @@ class Events:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ServicesStub:
+    """Native service discovery (`service { provider = "nomad" }`): the registrations of running
+    allocs, as the FSM keeps them. Reads only: a registration is written with its alloc.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.List = channel.unary_unary(
+                '/drover.v1.Services/List',
+                request_serializer=drover_dot_v1_dot_api__pb2.ServiceListRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ServiceListResponse.FromString,
+                _registered_method=True)
+        self.Info = channel.unary_unary(
+                '/drover.v1.Services/Info',
+                request_serializer=drover_dot_v1_dot_api__pb2.ServiceInfoRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ServiceInfoResponse.FromString,
+                _registered_method=True)
+        self.ClientInfo = channel.unary_unary(
+                '/drover.v1.Services/ClientInfo',
+                request_serializer=drover_dot_v1_dot_api__pb2.ServiceClientInfoRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.ServiceInfoResponse.FromString,
+                _registered_method=True)
+
+
+class ServicesServicer:
+    """Native service discovery (`service { provider = "nomad" }`): the registrations of running
+    allocs, as the FSM keeps them. Reads only: a registration is written with its alloc.
+    """
+
+    def List(self, request, context):
+        """Every service name with its tags merged (`drover service list`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Info(self, request, context):
+        """Every registration of one service, ordered by alloc (`drover service info NAME`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClientInfo(self, request, context):
+        """A client agent's read for a template's nomadService lookups, with its node secret: the
+        namespace is the alloc's, and the alloc must be on that node. Blocking on min_index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ServicesServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ServiceListRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ServiceListResponse.SerializeToString,
+            ),
+            'Info': grpc.unary_unary_rpc_method_handler(
+                    servicer.Info,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ServiceInfoRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ServiceInfoResponse.SerializeToString,
+            ),
+            'ClientInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClientInfo,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.ServiceClientInfoRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.ServiceInfoResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'drover.v1.Services', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('drover.v1.Services', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Services:
+    """Native service discovery (`service { provider = "nomad" }`): the registrations of running
+    allocs, as the FSM keeps them. Reads only: a registration is written with its alloc.
+    """
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Services/List',
+            drover_dot_v1_dot_api__pb2.ServiceListRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ServiceListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Info(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Services/Info',
+            drover_dot_v1_dot_api__pb2.ServiceInfoRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ServiceInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClientInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Services/ClientInfo',
+            drover_dot_v1_dot_api__pb2.ServiceClientInfoRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.ServiceInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

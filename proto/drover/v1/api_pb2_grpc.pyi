@@ -910,3 +910,70 @@ class EventsServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_api_pb2.EventStreamResponse], _abc.AsyncIterator[_api_pb2.EventStreamResponse]]: ...
 
 def add_EventsServicer_to_server(servicer: EventsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ServicesStub:
+    """Native service discovery (`service { provider = "nomad" }`): the registrations of running
+    allocs, as the FSM keeps them. Reads only: a registration is written with its alloc.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ServicesAsyncStub: ...
+    List: _grpc.UnaryUnaryMultiCallable[_api_pb2.ServiceListRequest, _api_pb2.ServiceListResponse]
+    """Every service name with its tags merged (`drover service list`)."""
+    Info: _grpc.UnaryUnaryMultiCallable[_api_pb2.ServiceInfoRequest, _api_pb2.ServiceInfoResponse]
+    """Every registration of one service, ordered by alloc (`drover service info NAME`)."""
+    ClientInfo: _grpc.UnaryUnaryMultiCallable[_api_pb2.ServiceClientInfoRequest, _api_pb2.ServiceInfoResponse]
+    """A client agent's read for a template's nomadService lookups, with its node secret: the
+    namespace is the alloc's, and the alloc must be on that node. Blocking on min_index.
+    """
+
+@_typing.type_check_only
+class ServicesAsyncStub(ServicesStub):
+    """Native service discovery (`service { provider = "nomad" }`): the registrations of running
+    allocs, as the FSM keeps them. Reads only: a registration is written with its alloc.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    List: _aio.UnaryUnaryMultiCallable[_api_pb2.ServiceListRequest, _api_pb2.ServiceListResponse]  # type: ignore[assignment]
+    """Every service name with its tags merged (`drover service list`)."""
+    Info: _aio.UnaryUnaryMultiCallable[_api_pb2.ServiceInfoRequest, _api_pb2.ServiceInfoResponse]  # type: ignore[assignment]
+    """Every registration of one service, ordered by alloc (`drover service info NAME`)."""
+    ClientInfo: _aio.UnaryUnaryMultiCallable[_api_pb2.ServiceClientInfoRequest, _api_pb2.ServiceInfoResponse]  # type: ignore[assignment]
+    """A client agent's read for a template's nomadService lookups, with its node secret: the
+    namespace is the alloc's, and the alloc must be on that node. Blocking on min_index.
+    """
+
+class ServicesServicer(metaclass=_abc_1.ABCMeta):
+    """Native service discovery (`service { provider = "nomad" }`): the registrations of running
+    allocs, as the FSM keeps them. Reads only: a registration is written with its alloc.
+    """
+
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _api_pb2.ServiceListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ServiceListResponse, _abc.Awaitable[_api_pb2.ServiceListResponse]]:
+        """Every service name with its tags merged (`drover service list`)."""
+
+    @_abc_1.abstractmethod
+    def Info(
+        self,
+        request: _api_pb2.ServiceInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ServiceInfoResponse, _abc.Awaitable[_api_pb2.ServiceInfoResponse]]:
+        """Every registration of one service, ordered by alloc (`drover service info NAME`)."""
+
+    @_abc_1.abstractmethod
+    def ClientInfo(
+        self,
+        request: _api_pb2.ServiceClientInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ServiceInfoResponse, _abc.Awaitable[_api_pb2.ServiceInfoResponse]]:
+        """A client agent's read for a template's nomadService lookups, with its node secret: the
+        namespace is the alloc's, and the alloc must be on that node. Blocking on min_index.
+        """
+
+def add_ServicesServicer_to_server(servicer: ServicesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -381,9 +381,14 @@ class Service(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     CHECKS_FIELD_NUMBER: _builtins.int
+    ADDRESS_MODE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     provider: _builtins.str
     port: _builtins.str
+    address_mode: _builtins.str
+    """"auto" (the default) and "host": the node's address and the host port; "alloc": the
+    port's `to` where one is set.
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -396,14 +401,76 @@ class Service(_message.Message):
         port: _builtins.str = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
         checks: _abc.Iterable[Global___ServiceCheck] | None = ...,
+        address_mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "name", b"name", "port", b"port", "provider", b"provider", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address_mode", b"address_mode", "checks", b"checks", "name", b"name", "port", b"port", "provider", b"provider", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Service: _TypeAlias = Service  # noqa: Y015
+
+@_typing.final
+class ServiceRegistration(_message.Message):
+    """One running alloc's instance of a nomad-provider service (Nomad's ServiceRegistration):
+    derived by the FSM from the alloc, written and removed in the entry that changes the alloc.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SERVICE_NAME_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    DATACENTER_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ALLOC_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    CREATE_INDEX_FIELD_NUMBER: _builtins.int
+    MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    service_name: _builtins.str
+    namespace: _builtins.str
+    node_id: _builtins.str
+    datacenter: _builtins.str
+    job_id: _builtins.str
+    alloc_id: _builtins.str
+    task: _builtins.str
+    """The task of a task-level service; empty for a group's."""
+    address: _builtins.str
+    port: _builtins.int
+    create_index: _builtins.int
+    modify_index: _builtins.int
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        service_name: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        datacenter: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        alloc_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        address: _builtins.str = ...,
+        port: _builtins.int = ...,
+        create_index: _builtins.int = ...,
+        modify_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alloc_id", b"alloc_id", "create_index", b"create_index", "datacenter", b"datacenter", "id", b"id", "job_id", b"job_id", "modify_index", b"modify_index", "namespace", b"namespace", "node_id", b"node_id", "port", b"port", "service_name", b"service_name", "tags", b"tags", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceRegistration: _TypeAlias = ServiceRegistration  # noqa: Y015
 
 @_typing.final
 class ReschedulePolicy(_message.Message):

@@ -1,0 +1,1 @@
+"""Native service discovery: the registrations of ``service { provider = "nomad" }``."""

@@ -1,0 +1,135 @@
+"""Service registrations as state: derived by the FSM from the alloc in the same entry
+(server/services/registrations.py, server/state_store.py), kept in snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from drover.scheduler.structs import (
+    ALLOC_CLIENT_COMPLETE,
+    ALLOC_CLIENT_LOST,
+    ALLOC_CLIENT_RUNNING,
+    NetworkResource,
+    Port,
+    Service,
+)
+from drover.server.fsm import FSM
+from drover.server.services.registrations import registrations_for, service_address
+from drover.server.snapshot import from_snapshot, state_digest, to_snapshot
+from drover.server.state_store import Snapshot, StateStore
+from tests.fixtures import mock
+
+
+def _service_job(**overrides: object) -> object:
+    base = mock.job(id="web")
+    group = replace(
+        base.groups[0],
+        network=NetworkResource(dynamic_ports=(Port(label="http", to=8080),)),
+        services=(Service(name="web-http", port="http", tags=("v1", "edge")),),
+        tasks=(replace(base.groups[0].tasks[0], services=(Service(name="web-task", tags=("t",)),)),),
+    )
+    return replace(base, groups=(group,), **overrides)
+
+
+class _Cluster:
+    def __init__(self) -> None:
+        self.store = StateStore()
+        self.fsm = FSM(self.store)
+        self.index = 0
+
+    def apply(self, data: bytes) -> None:
+        self.index += 1
+        result = self.fsm.apply(data, self.index)
+        assert not result.error, result.error
+
+    @property
+    def snap(self) -> Snapshot:
+        return self.store.snapshot()
+
+
+def _running_alloc() -> tuple[_Cluster, str]:
+    cluster = _Cluster()
+    job = _service_job()
+    node = mock.node(id="n1", attributes={"unique.network.ip-address": "10.0.0.7"})
+    cluster.apply(mock.register_node_entry(node))
+    cluster.apply(mock.register_job_entry(job))
+    alloc = mock.alloc(cluster.snap.job("default", "web"), node, id="a1")
+    cluster.apply(mock.plan_entry([alloc]))
+    assert cluster.snap.alloc_services("a1") == (), "a pending alloc registers nothing"
+    cluster.apply(mock.client_update_entry("a1", ALLOC_CLIENT_RUNNING))
+    return cluster, "a1"
+
+
+def test_registrations__alloc_running__registers_group_and_task_services_in_that_entry() -> None:
+    cluster, alloc_id = _running_alloc()
+    regs = cluster.snap.service_registrations("default", "web-http")
+    assert [(r.alloc_id, r.address, r.port, r.tags, r.task) for r in regs] == [
+        (alloc_id, "192.168.0.100", 20000, ("v1", "edge"), "")
+    ]
+    assert regs[0].create_index == regs[0].modify_index == cluster.index
+    (task_reg,) = cluster.snap.service_registrations("default", "web-task")
+    assert (task_reg.task, task_reg.port, task_reg.address) == ("web", 0, "10.0.0.7")
+    assert list(cluster.snap.service_names()) == [("default", "web-http"), ("default", "web-task")]
+    assert cluster.snap.table_index("services") == cluster.index
+
+
+def test_registrations__running_again__keeps_indexes_and_does_not_touch_the_table() -> None:
+    cluster, alloc_id = _running_alloc()
+    at = cluster.index
+    cluster.apply(mock.client_update_entry(alloc_id, ALLOC_CLIENT_RUNNING, client_description="still"))
+    assert cluster.snap.table_index("services") == at
+    assert cluster.snap.service_registrations("default", "web-http")[0].create_index == at
+
+
+def test_registrations__alloc_stopped__removed_in_the_stop_entry() -> None:
+    cluster, alloc_id = _running_alloc()
+    cluster.apply(mock.plan_entry(allocs_stopped=[alloc_id]))
+    assert cluster.snap.alloc_services(alloc_id) == ()
+    assert list(cluster.snap.service_names()) == []
+    assert cluster.snap.table_index("services") == cluster.index
+
+
+def test_registrations__alloc_lost_or_complete__removed() -> None:
+    for status in (ALLOC_CLIENT_LOST, ALLOC_CLIENT_COMPLETE):
+        cluster, alloc_id = _running_alloc()
+        cluster.apply(mock.client_update_entry(alloc_id, status))
+        assert cluster.snap.service_registrations("default", "web-http") == [], status
+
+
+def test_registrations__alloc_collected__removed() -> None:
+    cluster, alloc_id = _running_alloc()
+    cluster.apply(mock.eval_delete_entry(alloc_ids=[alloc_id]))
+    assert cluster.snap.alloc(alloc_id) is None
+    assert list(cluster.snap.service_names()) == []
+
+
+def test_registrations__snapshot_round_trip__same_registrations_and_digest() -> None:
+    cluster, _ = _running_alloc()
+    tables = cluster.snap.tables
+    restored = from_snapshot(to_snapshot(tables))
+    assert restored.services == tables.services
+    assert restored.services_by_name == tables.services_by_name
+    assert state_digest(restored) == state_digest(tables)
+
+
+def test_service_address__alloc_mode__uses_the_ports_to() -> None:
+    job = _service_job()
+    node = mock.node()
+    alloc = mock.alloc(job, node)
+    service = Service(name="s", port="http")
+    assert service_address(alloc, node, service) == ("192.168.0.100", 20000)
+    assert service_address(alloc, node, replace(service, address_mode="alloc")) == ("192.168.0.100", 8080)
+    assert service_address(alloc, node, replace(service, port="")) == ("192.168.0.100", 0)
+
+
+def test_registrations_for__consul_provider_or_no_job__none() -> None:
+    job = _service_job()
+    node = mock.node()
+    alloc = mock.alloc(job, node, client_status=ALLOC_CLIENT_RUNNING)
+    assert len(registrations_for(alloc, job, node, 5)) == 2
+    assert registrations_for(alloc, None, node, 5) == ()
+    group = replace(
+        job.groups[0], services=(Service(name="c", provider="consul"),), tasks=(job.groups[0].tasks[0],)
+    )
+    consul_job = replace(job, groups=(replace(group, tasks=(replace(group.tasks[0], services=()),)),))
+    assert registrations_for(alloc, consul_job, node, 5) == ()
