@@ -1,10 +1,11 @@
-"""pysyncobj's on-disk formats, read without a running node: the journal and drover's snapshot.
+"""The raft on-disk formats, read without a running node: the journal and drover's snapshot.
 
 The offline operator tools (server/raft_tools.py: `drover operator raft logs|state`,
 `drover operator snapshot inspect`) read a stopped server's data dir through this module.
-pysyncobj's own ``FileJournal`` would open the file for writing and grow it, so the journal
-is parsed here, read-only. The live node shares one piece: ``command_bytes`` decodes a
-queued command, which the forwarding patch (patches.py) checks before appending it.
+The journal is parsed here, read-only, in either format a data dir may hold: drover's
+(server/raft/durable_journal.py) or pysyncobj's (a server not started since the upgrade).
+The live node shares one piece: ``command_bytes`` decodes a queued command, which the
+forwarding patch (patches.py) checks before appending it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET
 from pysyncobj.syncobj import _COMMAND_TYPE
 
+from drover.server.raft.durable_journal import LOG_MAGIC, scan_log
 from drover.v1 import raft_pb2
 
 __all__ = [
@@ -55,7 +57,7 @@ _RECORD_KINDS: Final = {
 
 
 class JournalError(Exception):
-    """The journal file is not one pysyncobj wrote, or it is damaged."""
+    """The journal file is not a raft journal, or it is damaged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +93,18 @@ def command_bytes(raw: bytes) -> bytes:
 
 
 def read_journal(path: str) -> list[JournalRecord]:
-    """Every entry of a pysyncobj ``FileJournal``, read-only (pysyncobj's own reader would
-    open the file for writing and grow it)."""
+    """Every entry of a journal, read-only: drover's checksummed format
+    (server/raft/durable_journal.py) or pysyncobj's own ``FileJournal`` (a data dir from
+    before it; pysyncobj's own reader would open the file for writing and grow it).
+
+    A torn or corrupt tail of drover's format is left out, as the server cuts it when it
+    starts: these are the entries it would replay."""
     with open(path, "rb") as f:
         blob = f.read()
+    if blob.startswith(LOG_MAGIC):
+        return [_record(path, *entry) for entry in scan_log(blob).entries]
     if len(blob) < FIRST_RECORD_OFFSET or not blob.startswith(JOURNAL_APP_NAME):
-        raise JournalError(f"{path}: not a pysyncobj journal")
+        raise JournalError(f"{path}: not a raft journal")
     (end,) = struct.unpack_from("<I", blob, LAST_RECORD_OFFSET_OFFSET)
     if end > len(blob):
         raise JournalError(f"{path}: truncated (records end at {end}, file has {len(blob)} bytes)")
@@ -111,17 +119,20 @@ def read_journal(path: str) -> list[JournalRecord]:
         if trailer != size:
             raise JournalError(f"{path}: damaged record at byte {offset}")
         index, term = struct.unpack_from("<QQ", body)
-        command = body[16:]
-        kind = _RECORD_KINDS.get(command[0], RECORD_UNKNOWN) if command else RECORD_UNKNOWN
-        data = command[1:]
-        if kind == RECORD_COMMAND:
-            try:
-                data = command_bytes(data)
-            except (pickle.UnpicklingError, JournalError, EOFError, ValueError) as exc:
-                raise JournalError(f"{path}: entry {index}: {exc}") from exc
-        records.append(JournalRecord(index=index, term=term, kind=kind, data=data))
+        records.append(_record(path, body[16:], index, term))
         offset += size + 8
     return records
+
+
+def _record(path: str, command: bytes, index: int, term: int) -> JournalRecord:
+    kind = _RECORD_KINDS.get(command[0], RECORD_UNKNOWN) if command else RECORD_UNKNOWN
+    data = command[1:]
+    if kind == RECORD_COMMAND:
+        try:
+            data = command_bytes(data)
+        except (pickle.UnpicklingError, JournalError, EOFError, ValueError) as exc:
+            raise JournalError(f"{path}: entry {index}: {exc}") from exc
+    return JournalRecord(index=index, term=term, kind=kind, data=data)
 
 
 def read_snapshot_file(path: str) -> raft_pb2.RaftSnapshotFile | None:

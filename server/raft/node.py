@@ -57,6 +57,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         tuning = tuning or RaftTuning()
         # Before SyncObj.__init__: its transport opens connections right away.
         patches.install_frame_guard(tuning.frame_limit_bytes())
+        patches.install_durable_journal()  # before SyncObj.__init__ reads the journal
         self._max_entry_bytes = tuning.max_entry_bytes
         private_dir(data_dir)
         self._fsm = fsm

@@ -16,6 +16,8 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | time appends (``_install_message_hook``) | ``drover_raft_append_seconds``: from the leader's oldest unanswered append to a follower until its answer, as Nomad's appendEntries timer | ``_SyncObj__transport`` (its ``send`` wrapped on the instance) |
 | elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
 | batches stop before the entry that would take them over the batch size (``_install_bounded_batches``) | pysyncobj sends the entry that crosses the batch size along with the batch, so a message could be the batch size plus one whole entry, over the frame bound below: the follower would never catch up | ``_SyncObj__getEntries`` (shadowed on the instance) |
+| durable journal (``install_durable_journal``, on the ``pysyncobj.syncobj`` module, once per process) | pysyncobj's ``FileJournal`` never syncs its mmap or its term/vote file and has no checksums; ``createJournal`` (the module function ``SyncObj.__init__`` calls) is replaced so a node with a journal file gets server/raft/durable_journal.py's ``DurableJournal`` | none (``createJournal`` is a public module function) |
+| acknowledge only what is on disk (``_install_durable_acks``) | one ``fdatasync`` at the end of every tick covers every entry that tick appended (group commit); until it returns, every ``next_node_idx`` (a follower's ack, or its retry hint, kept in order) is held, and the leader's own count happens in the next tick's commit loop, after that sync | ``_SyncObj__raftLog`` (read), ``_SyncObj__transport`` (its ``send`` wrapped on the instance), ``_onTick`` (wrapped on the instance) |
 | bounded, checked frames (``install_frame_guard``, on the ``TcpConnection`` class, once per process) | pysyncobj buffers whatever length a peer declares before checking anything (a 64 MiB frame from a socket deposed a leader) and drops bad frames silently; here a declared length over the bound (``frames.frame_limit``, or ``frames.HANDSHAKE_FRAME_BYTES`` before the session keys are exchanged) closes the connection before more is buffered, the Fernet seal is checked before anything is decompressed or unpickled, and every refusal is logged, once per peer address per minute | ``_TcpConnection__processRead``, ``_TcpConnection__processParseMessage`` (replaced), ``_TcpConnection__socket``, ``_TcpConnection__recvBufferSize``, ``_TcpConnection__readBuffer`` |
 
 Outside pysyncobj, at import:
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import _socket
 import errno
+import os
 import random
 import socket
 import struct
@@ -54,13 +57,16 @@ import structlog
 from cryptography.fernet import InvalidToken
 from pysyncobj import SyncObj
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.journal import MemoryJournal
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from drover.server.raft.append import plan_append
+from drover.server.raft.durable_journal import DurableJournal
 from drover.server.raft.frames import HANDSHAKE_FRAME_BYTES, RejectLog, batch_length
 from drover.server.raft.journal import command_bytes
 from drover.server.raft.tuning import RaftTuning
@@ -73,7 +79,9 @@ __all__ = [
     "forwardable",
     "frame_limit_installed",
     "install",
+    "install_durable_journal",
     "install_frame_guard",
+    "journal_of",
     "leader_lost_delay",
     "log_end_index",
     "noop_index",
@@ -104,7 +112,9 @@ def check_version() -> None:
 
 def install(raft: SyncObj, tuning: RaftTuning) -> None:
     """Every per-node patch in the table above, on a node whose ``SyncObj.__init__`` has run
-    (``install_frame_guard`` must run before it: connections open during ``__init__``)."""
+    (``install_frame_guard`` and ``install_durable_journal`` must run before it: connections
+    open, and the journal is read, during ``__init__``)."""
+    _install_durable_acks(raft)
     _install_message_hook(raft)
     _install_leader_lost_election(raft, tuning)
     _install_bounded_batches(raft)
@@ -135,6 +145,75 @@ def last_contact_ages(raft: SyncObj) -> dict[str, float]:
     times: dict[Any, float] = dict(raft._SyncObj__lastResponseTime)
     now = pysyncobj_monotonic()
     return {str(node.id): max(0.0, now - float(at)) for node, at in times.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Durable journal and acks
+
+
+def install_durable_journal() -> None:
+    """Make every ``SyncObj`` of this process with a journal file use ``DurableJournal``
+    (without one, pysyncobj's in-memory journal, as before). Idempotent."""
+    if pysyncobj_syncobj.createJournal is _create_journal:
+        return
+    pysyncobj_syncobj.createJournal = _create_journal
+
+
+def _create_journal(journal_file: str | None = None) -> Any:
+    if journal_file is None:
+        return MemoryJournal()
+    return DurableJournal(journal_file)
+
+
+def journal_of(raft: SyncObj) -> DurableJournal | None:
+    """The node's durable journal (None for an in-memory one)."""
+    journal = raft._SyncObj__raftLog
+    return journal if isinstance(journal, DurableJournal) else None
+
+
+def _install_durable_acks(raft: SyncObj) -> None:
+    """Sync the journal once per tick, and hold acks until the entries they cover are synced.
+
+    pysyncobj's tick (``_onTick``) counts the leader's quorum first, then appends queued
+    commands, then polls the sockets, where a follower appends and answers each
+    append_entries at once. Syncing after the whole tick makes one ``fdatasync`` cover every
+    entry of the tick, on leader and follower alike; the leader's own entries are then on
+    disk before the next tick counts it. A follower's answers (``next_node_idx``) written
+    while the journal is dirty wait for that sync, all of them, so they stay in order.
+    A failed sync ends the process: after an fsync error the kernel may have dropped the
+    pages, and a later sync that succeeds would prove nothing (PostgreSQL's "fsyncgate").
+    """
+    journal = journal_of(raft)
+    if journal is None:
+        return
+    transport = raft._SyncObj__transport
+    original_send = transport.send
+    held: list[tuple[Any, Any]] = []
+
+    def send(node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") == "next_node_idx" and (journal.dirty or held):
+            held.append((node, message))
+            return None
+        return original_send(node, message)
+
+    transport.send = send
+    original_tick = raft._onTick
+
+    def on_tick(time_to_wait: float = 0.0) -> None:
+        try:
+            original_tick(time_to_wait)
+        finally:
+            try:
+                journal.sync()
+            except OSError:
+                log.critical("raft.journal_sync_failed", exc_info=True)
+                os._exit(70)  # EX_SOFTWARE: nothing after a failed fsync can be trusted
+            released = held[:]
+            held.clear()
+            for node, message in released:
+                original_send(node, message)
+
+    raft._onTick = on_tick
 
 
 # ---------------------------------------------------------------------------------------
