@@ -8,11 +8,17 @@ module for the calls that would break that.
 Each entry type has one ``apply_<type>(txn, payload, index)`` function. ``FSM.apply``
 never raises: a failing entry is logged and leaves the state untouched (the transaction is
 dropped) on every server alike, so one bad entry cannot wedge raft's apply loop.
+
+A batch entry (``ENTRY_TYPE_BATCH``, made by server/write_batch.py) carries several
+requests. Each is applied in order in a transaction of its own on the state the one before
+it left, exactly as if it were an entry of its own at the batch's index: one refused
+request leaves the others applied. The batch reaches the store as one commit at its index,
+so a blocking query never sees half a batch at an index it would then never wake past.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final
@@ -67,6 +73,7 @@ log = structlog.get_logger("drover.fsm")
 ET = raft_pb2.EntryType
 # Looked up once: an EntryType attribute goes through the enum wrapper's __getattr__.
 _SNAPSHOT_RESTORE: Final = ET.ENTRY_TYPE_SNAPSHOT_RESTORE
+_BATCH: Final = ET.ENTRY_TYPE_BATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,13 @@ class ApplyResult:
     not_found: bool = False
     # Set by entries whose outcome the caller needs (e.g. the job version registered).
     value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchApplied:
+    """The ``value`` of a batch entry's result: one result per request, in entry order."""
+
+    results: tuple[ApplyResult, ...]
 
 
 class EntryRejected(Exception):
@@ -725,6 +739,72 @@ def encode_entry(entry_type: int, payload: Message) -> bytes:
     return raft_pb2.LogEntry(type=entry_type, payload=payload.SerializeToString()).SerializeToString()  # type: ignore[arg-type]
 
 
+def encode_batch(requests: Sequence[bytes]) -> bytes:
+    """One entry carrying ``requests`` (each an encoded LogEntry, neither a batch nor a
+    snapshot restore), applied in this order."""
+    return encode_entry(_BATCH, raft_pb2.BatchEntry(entries=requests))
+
+
+def batchable(data: bytes) -> bool:
+    """Whether an encoded entry may share a batch: not a snapshot restore (it replaces the
+    state the requests around it were decided on) and not a batch."""
+    try:
+        entry_type = raft_pb2.LogEntry.FromString(data).type
+    except DecodeError:
+        return True  # refused inside the batch as it would be alone, touching nothing
+    return entry_type not in (_BATCH, _SNAPSHOT_RESTORE)
+
+
+def requests_of(data: bytes) -> list[bytes]:
+    """The requests an encoded entry carries: a batch's, in order, or the entry itself.
+
+    For tools that look at what was written (replay checks, ``operator raft logs``); an
+    undecodable batch carries none."""
+    entry = raft_pb2.LogEntry.FromString(data)
+    if entry.type != _BATCH:
+        return [data]
+    try:
+        return list(raft_pb2.BatchEntry.FromString(entry.payload).entries)
+    except DecodeError:
+        return []
+
+
+def results_of(result: ApplyResult) -> tuple[ApplyResult, ...]:
+    """Each request's result, in the order of ``requests_of`` (a lone entry: its own)."""
+    if isinstance(result.value, BatchApplied):
+        return result.value.results
+    return (result,)
+
+
+def _apply_request(entry: raft_pb2.LogEntry, base: Tables, index: int) -> tuple[ApplyResult, Txn | None]:
+    """One request on ``base``: its result, and its transaction if it is to be committed."""
+    handler = APPLIERS.get(entry.type)
+    if handler is None:
+        if entry.type >= ET.ENTRY_TYPE_IGNORABLE_FLOAT:
+            log.warning("fsm.ignored_unknown_entry", index=index, type=entry.type, hint="upgrade drover")
+            return ApplyResult(index=index, error="ignored unknown entry type"), None
+        # Every server has the same code, so every server stops here alike: loud, not silent.
+        log.critical("fsm.unknown_entry_type", index=index, type=entry.type)
+        return ApplyResult(index=index, error=f"unknown entry type {entry.type}"), None
+    msg_cls, fn = handler
+    txn = Txn(base, index)
+    try:
+        payload = msg_cls.FromString(entry.payload)
+        value = fn(txn, payload, index)
+    except EntryRejected as exc:
+        return ApplyResult(index=index, error=str(exc), not_found=isinstance(exc, EntryTargetMissing)), None
+    except Exception as exc:  # a bug: keep raft alive, keep servers identical
+        log.exception("fsm.apply_failed", index=index, type=raft_pb2.EntryType.Name(entry.type))
+        return ApplyResult(index=index, error=f"apply failed: {exc}"), None
+    return ApplyResult(index=index, value=value), txn
+
+
+def _merge_changes(into: Changes, more: Changes) -> None:
+    into.evals |= more.evals
+    into.capacity = into.capacity or more.capacity
+    into.rescan = into.rescan or more.rescan
+
+
 class FSM:
     """Applies raft entries to a ``StateStore``; called only from raft's apply thread.
 
@@ -746,29 +826,50 @@ class FSM:
             return ApplyResult(index=index, error="undecodable log entry")
         if entry.type == _SNAPSHOT_RESTORE:
             return self._restore(entry.payload, index)
-        handler = APPLIERS.get(entry.type)
-        if handler is None:
-            if entry.type >= ET.ENTRY_TYPE_IGNORABLE_FLOAT:
-                log.warning("fsm.ignored_unknown_entry", index=index, type=entry.type, hint="upgrade drover")
-                return ApplyResult(index=index, error="ignored unknown entry type")
-            # Every server has the same code, so every server stops here alike: loud, not silent.
-            log.critical("fsm.unknown_entry_type", index=index, type=entry.type)
-            return ApplyResult(index=index, error=f"unknown entry type {entry.type}")
-        msg_cls, fn = handler
-        txn = Txn(base, index)
-        try:
-            payload = msg_cls.FromString(entry.payload)
-            value = fn(txn, payload, index)
-        except EntryRejected as exc:
-            return ApplyResult(index=index, error=str(exc), not_found=isinstance(exc, EntryTargetMissing))
-        except Exception as exc:  # a bug: keep raft alive, keep servers identical
-            log.exception("fsm.apply_failed", index=index, type=raft_pb2.EntryType.Name(entry.type))
-            return ApplyResult(index=index, error=f"apply failed: {exc}")
+        if entry.type == _BATCH:
+            return self._apply_batch(entry.payload, index, base)
+        result, txn = _apply_request(entry, base, index)
+        if txn is None:
+            return result
         tables = txn.commit()
         self.store.commit(tables, txn.changes)
         if self.events is not None:
             self.events.entry_applied(entry.type, index, base, tables, txn.written)
-        return ApplyResult(index=index, value=value)
+        return result
+
+    def _apply_batch(self, payload: bytes, index: int, base: Tables) -> ApplyResult:
+        try:
+            requests = raft_pb2.BatchEntry.FromString(payload).entries
+        except DecodeError:
+            log.error("fsm.undecodable_batch", index=index, size=len(payload))
+            return ApplyResult(index=index, error="undecodable batch entry")
+        tables = base
+        changes = Changes()
+        applied: list[tuple[int, Tables, Tables, dict[str, dict[Any, None]]]] = []
+        results: list[ApplyResult] = []
+        for data in requests:
+            try:
+                entry = raft_pb2.LogEntry.FromString(data)
+            except DecodeError:
+                results.append(ApplyResult(index=index, error="undecodable log entry"))
+                continue
+            if entry.type in (_BATCH, _SNAPSHOT_RESTORE):
+                # A restore replaces the whole state, a batch in a batch has no order of its
+                # own: the leader proposes neither inside a batch, and none applies there.
+                results.append(ApplyResult(index=index, error=f"{ET.Name(entry.type)} inside a batch"))
+                continue
+            result, txn = _apply_request(entry, tables, index)
+            results.append(result)
+            if txn is not None:
+                after = txn.commit()
+                applied.append((entry.type, tables, after, txn.written))
+                _merge_changes(changes, txn.changes)
+                tables = after
+        if applied:
+            self.store.commit(tables, changes)
+            if self.events is not None:
+                self.events.batch_applied(index, applied)
+        return ApplyResult(index=index, value=BatchApplied(tuple(results)))
 
     def _restore(self, payload: bytes, index: int) -> ApplyResult:
         try:

@@ -88,6 +88,26 @@ class EventBuffer:
             return
         self.publish(index, events)
 
+    def batch_applied(
+        self,
+        index: int,
+        requests: Sequence[tuple[int, Tables, Tables, Mapping[str, Mapping[Any, None]]]],
+    ) -> None:
+        """A batch entry's applied requests, each as (entry type, before, after, written),
+        in order: their events go in as the one batch of ``index``, so a resume from
+        ``index + 1`` still misses nothing of it."""
+        try:
+            events = [
+                event
+                for entry_type, before, after, written in requests
+                for event in derive_events(entry_type, index, before, after, written)
+            ]
+        except Exception:  # a bug: say so, and make the gap an error rather than silent
+            log.exception("events.derive_failed", index=index, entry_type="batch")
+            self.reset(index)
+            return
+        self.publish(index, events)
+
     def state_replaced(self, index: int) -> None:
         """The whole state was replaced at ``index`` (see the module docstring)."""
         self.reset(index)

@@ -1,7 +1,9 @@
 """One raft member: pysyncobj's ``SyncObj`` with drover's one replicated method.
 
 Everything a server does with raft goes through ``RaftNode``: ``propose`` (wait for the
-commit), ``propose_async`` (the plan applier's pipeline), and the status reads. It wires
+commit) and ``submit`` (a future of it), both group-committed (server/write_batch.py:
+writes that arrive together share one entry), ``propose_async`` (the plan applier's
+pipeline, one entry per plan), and the status reads. It wires
 the tuned configuration (tuning.py), the snapshot writer (snapshot_writer.py) and the
 patches (patches.py, where every private pysyncobj name lives) together.
 
@@ -16,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Final
 
 from pysyncobj import SyncObj, replicated
@@ -35,6 +38,7 @@ from drover.server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from drover.server.raft.snapshot_writer import SnapshotWriter
 from drover.server.raft.tuning import RaftTuning, tuned_conf
 from drover.server.telemetry.metrics import FSM_APPLY_SECONDS, RAFT_COMMIT_SECONDS, entry_type_label
+from drover.server.write_batch import Done, WriteBatcher
 
 __all__ = ["RaftNode"]
 
@@ -62,6 +66,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         private_dir(data_dir)
         self._fsm = fsm
         self._on_state_changed = on_state_changed
+        # Before SyncObj.__init__: it may report a state change already.
+        self._batcher = WriteBatcher(self._append, max_bytes=tuning.max_entry_bytes)
         dump_file = os.path.join(data_dir, SNAPSHOT_FILE)
         self._writer = SnapshotWriter(dump_file, fsm)
         conf = tuned_conf(
@@ -94,30 +100,44 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     # -- proposing ---------------------------------------------------------------------
     def propose(self, data: bytes, timeout: float) -> ApplyResult:
         """Append ``data`` to the log on this leader and wait until it is applied here."""
+        started = time.perf_counter()
+        future = self.submit(data)
+        try:
+            result = future.result(timeout)
+        except TimeoutError:
+            raise CommitTimeoutError(
+                f"not committed within {timeout:.1f}s; the write may still apply"
+            ) from None
+        RAFT_COMMIT_SECONDS.observe(time.perf_counter() - started)
+        return result
+
+    def submit(self, data: bytes) -> Future[ApplyResult]:
+        """``propose`` without waiting: a future of the result, for callers that await.
+
+        The future fails with NotLeaderError, ValidationError (too large), NoLeaderError
+        or RaftError as ``propose`` raises them; a batched write reports its batch entry's
+        index (server/write_batch.py)."""
         if not self._isLeader():
-            raise NotLeaderError(self.leader_address())
-        self._check_size(data)
-        done = threading.Event()
-        box: list[Any] = [None, None]
+            return _failed(NotLeaderError(self.leader_address()))
+        try:
+            self._check_size(data)
+        except ValidationError as exc:
+            return _failed(exc)
+        return self._batcher.submit(data)
+
+    def _append(self, data: bytes, done: Done) -> None:
+        """The batcher's way into the log: one entry, its outcome as a result or an error."""
+        if not self._isLeader():
+            done(None, NoLeaderError("leadership changed before the write was proposed"))
+            return
 
         def on_result(result: Any, error: int) -> None:
-            box[0], box[1] = result, error
-            done.set()
+            if error == FAIL_REASON.SUCCESS and isinstance(result, ApplyResult):
+                done(result, None)
+            else:
+                done(None, _commit_error(error))
 
-        started = time.perf_counter()
         self.apply_entry(data, callback=on_result)
-        if not done.wait(timeout):
-            raise CommitTimeoutError(f"not committed within {timeout:.1f}s; the write may still apply")
-        result, error = box
-        if error == FAIL_REASON.SUCCESS:
-            RAFT_COMMIT_SECONDS.observe(time.perf_counter() - started)
-            assert isinstance(result, ApplyResult)
-            return result
-        if error in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED):
-            raise NoLeaderError(f"leadership changed before commit ({_FAIL_NAMES.get(error, error)})")
-        if error == FAIL_REASON.QUEUE_FULL:
-            raise NoLeaderError("raft queue full, retry")
-        raise RaftError(f"raft refused the write ({_FAIL_NAMES.get(error, error)})")
 
     def propose_async(self, data: bytes, on_done: Callable[[ApplyResult | None, str], None]) -> None:
         """Append ``data`` without waiting; ``on_done(result, error)`` runs on raft's thread."""
@@ -193,10 +213,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return patches.last_contact_ages(self)
 
     def _state_changed(self, old: int, new: int) -> None:
+        self._batcher.reset(NoLeaderError("leadership changed before the write was proposed"))
         if self._on_state_changed is not None:
             self._on_state_changed(new == 2)
 
     def close(self) -> None:
+        self._batcher.reset(NoLeaderError("the server is stopping"))
         self.destroy()
         thread = patches.tick_thread(self)
         if thread is not None and thread is not threading.current_thread():
@@ -208,3 +230,18 @@ _FAIL_NAMES: Final = {
     for name, value in vars(FAIL_REASON).items()
     if not name.startswith("_") and isinstance(value, int)
 }
+
+
+def _commit_error(error: int) -> Exception:
+    """What a caller is told when raft did not apply its entry."""
+    if error in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED):
+        return NoLeaderError(f"leadership changed before commit ({_FAIL_NAMES.get(error, error)})")
+    if error == FAIL_REASON.QUEUE_FULL:
+        return NoLeaderError("raft queue full, retry")
+    return RaftError(f"raft refused the write ({_FAIL_NAMES.get(error, error)})")
+
+
+def _failed(error: Exception) -> Future[ApplyResult]:
+    future: Future[ApplyResult] = Future()
+    future.set_exception(error)
+    return future
