@@ -131,7 +131,22 @@ def decode_record(record: JournalRecord) -> dict[str, Any]:
         out["type"] = "UNDECODABLE"
         out["error"] = f"not a drover log entry: {exc}"
         return out
+    out.update(_decode_entry(entry))
+    return out
+
+
+def _decode_entry(entry: raft_pb2.LogEntry) -> dict[str, Any]:
+    """``type`` and ``body`` (or ``error``) of one entry; a batch's ``requests``, each so."""
+    out: dict[str, Any] = {}
     name = ET.Name(entry.type) if entry.type in ET.values() else str(entry.type)
+    if entry.type == ET.ENTRY_TYPE_BATCH:
+        out["type"] = name
+        try:
+            requests = raft_pb2.BatchEntry.FromString(entry.payload).entries
+            out["requests"] = [_decode_entry(raft_pb2.LogEntry.FromString(data)) for data in requests]
+        except DecodeError as exc:
+            out["error"] = f"undecodable {name} payload: {exc}"
+        return out
     out["type"] = name
     msg_cls = ENTRY_MESSAGES.get(entry.type)
     if msg_cls is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drover.scheduler.structs import JobChildrenSummary
+from drover.server.fsm import requests_of, results_of
 from drover.server.raft.journal import RECORD_COMMAND
 from drover.server.raft_tools import open_data_dir, replay
 from drover.server.snapshot import state_digest
@@ -63,8 +64,10 @@ def check_every_index(data_dir: Path, parents: list[str]) -> ReplayReport:
             problems = mock.summary_problems(tables)
             assert not problems, f"{where}:\n" + "\n".join(problems)
             report.digests[(record.index, record.term)] = state_digest(tables)
-            if record.kind == RECORD_COMMAND:
-                _note_launch(report, record.data, step.result.error if step.result else "")
+            if record.kind == RECORD_COMMAND and step.result is not None:
+                # A batch entry (group commit) carries several requests, each with its result.
+                for data, result in zip(requests_of(record.data), results_of(step.result), strict=False):
+                    _note_launch(report, data, result.error)
     return report
 
 

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from drover.server.events import EventBuffer
 from drover.server.fsm import FSM, BatchApplied, batchable, encode_batch, requests_of, results_of
+from drover.server.raft.journal import RECORD_COMMAND, JournalRecord
+from drover.server.raft_tools import decode_record
 from drover.server.snapshot import state_digest
 from drover.server.state_store import StateStore
 from drover.v1 import raft_pb2
@@ -176,3 +178,14 @@ def test_fsm_batch__tools_see_each_request_of_a_batch_and_of_a_lone_entry() -> N
     assert batchable(lone)
     assert not batchable(encode_batch(pair))
     assert not batchable(mock.snapshot_restore_entry(StateStore().snapshot().tables))
+
+
+def test_raft_logs__batch_entry__each_request_decoded_in_order() -> None:
+    requests = [mock.register_job_entry(mock.job(id="web")), mock.deregister_entry("web", purge=False)]
+    record = JournalRecord(index=12, term=3, kind=RECORD_COMMAND, data=encode_batch(requests))
+
+    out = decode_record(record)
+
+    assert (out["index"], out["term"], out["type"]) == (12, 3, "ENTRY_TYPE_BATCH")
+    assert [r["type"] for r in out["requests"]] == ["ENTRY_TYPE_JOB_REGISTER", "ENTRY_TYPE_JOB_DEREGISTER"]
+    assert out["requests"][0]["body"]["job"]["id"] == "web"
