@@ -265,6 +265,16 @@ def sync_dir(path: str) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str) -> None:
+    """fsync a file someone else wrote and renamed into place, and its directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    sync_dir(os.path.dirname(path) or ".")
+
+
 _storage: list[JournalStorage] = [OsStorage()]
 
 
@@ -294,6 +304,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         self._dirty = False
         self._meta_dirty = False
         self.syncs = 0
+        self._sync_before_clear: str | None = None
         self._term, self._voted_for, self._commit_index = self._load_meta()
         self._entries, self._offsets, self._end = self._load_log()
         self._file = self._store.open_log(path)
@@ -355,7 +366,19 @@ class DurableJournal(Journal):  # type: ignore[misc]
             self._end += len(record)
             self._dirty = True
 
+    def sync_before_clear(self, path: str) -> None:
+        """fsync ``path`` (and its directory) whenever the log is cleared.
+
+        pysyncobj clears the log only to put a snapshot's entries in it, right after it
+        renamed the snapshot it received over the dump file, unsynced. Without this, the
+        cleared log (synced at the end of the tick, then acknowledged) could survive a power
+        loss that the snapshot did not: a log starting at the snapshot's index, and no state.
+        """
+        self._sync_before_clear = path
+
     def clear(self) -> None:
+        if self._sync_before_clear is not None and os.path.exists(self._sync_before_clear):
+            fsync_file(self._sync_before_clear)
         with self._lock:
             self._file.truncate(len(LOG_MAGIC))
             self._entries, self._offsets, self._end = [], [], len(LOG_MAGIC)
@@ -372,6 +395,9 @@ class DurableJournal(Journal):  # type: ignore[misc]
             self._dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:
+        # Compaction. The snapshot it rests on was fsynced before its rename
+        # (snapshot_writer.py), and the rename is in this directory, whose fsync in
+        # ``replace`` below makes it durable before the old entries are gone.
         with self._lock:
             kept = self._entries[entryTo:]
             self._file.close()  # its un-synced writes are in ``kept`` too

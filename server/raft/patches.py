@@ -17,7 +17,7 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
 | batches stop before the entry that would take them over the batch size (``_install_bounded_batches``) | pysyncobj sends the entry that crosses the batch size along with the batch, so a message could be the batch size plus one whole entry, over the frame bound below: the follower would never catch up | ``_SyncObj__getEntries`` (shadowed on the instance) |
 | durable journal (``install_durable_journal``, on the ``pysyncobj.syncobj`` module, once per process) | pysyncobj's ``FileJournal`` never syncs its mmap or its term/vote file and has no checksums; ``createJournal`` (the module function ``SyncObj.__init__`` calls) is replaced so a node with a journal file gets server/raft/durable_journal.py's ``DurableJournal`` | none (``createJournal`` is a public module function) |
-| acknowledge only what is on disk (``_install_durable_acks``) | one ``fdatasync`` at the end of every tick covers every entry that tick appended (group commit); until it returns, every ``next_node_idx`` (a follower's ack, or its retry hint, kept in order) is held, and the leader's own count happens in the next tick's commit loop, after that sync | ``_SyncObj__raftLog`` (read), ``_SyncObj__transport`` (its ``send`` wrapped on the instance), ``_onTick`` (wrapped on the instance) |
+| acknowledge only what is on disk (``_install_durable_acks``) | one ``fdatasync`` at the end of every tick covers every entry that tick appended (group commit); until it returns, every ``next_node_idx`` (a follower's ack, or its retry hint, kept in order) is held, and the leader's own count happens in the next tick's commit loop, after that sync | ``_SyncObj__raftLog``, ``_SyncObj__conf`` (read: the dump file a received snapshot is renamed to, fsynced before the log is cleared for it), ``_SyncObj__transport`` (its ``send`` wrapped on the instance), ``_onTick`` (wrapped on the instance) |
 | bounded, checked frames (``install_frame_guard``, on the ``TcpConnection`` class, once per process) | pysyncobj buffers whatever length a peer declares before checking anything (a 64 MiB frame from a socket deposed a leader) and drops bad frames silently; here a declared length over the bound (``frames.frame_limit``, or ``frames.HANDSHAKE_FRAME_BYTES`` before the session keys are exchanged) closes the connection before more is buffered, the Fernet seal is checked before anything is decompressed or unpickled, and every refusal is logged, once per peer address per minute | ``_TcpConnection__processRead``, ``_TcpConnection__processParseMessage`` (replaced), ``_TcpConnection__socket``, ``_TcpConnection__recvBufferSize``, ``_TcpConnection__readBuffer`` |
 
 Outside pysyncobj, at import:
@@ -186,6 +186,9 @@ def _install_durable_acks(raft: SyncObj) -> None:
     journal = journal_of(raft)
     if journal is None:
         return
+    dump_file = raft._SyncObj__conf.fullDumpFile
+    if dump_file is not None:
+        journal.sync_before_clear(dump_file)
     transport = raft._SyncObj__transport
     original_send = transport.send
     held: list[tuple[Any, Any]] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -175,6 +176,28 @@ def test_term_and_vote__damaged_file__refuses_to_start(tmp_path: Path) -> None:
         _journal(path)
 
 
+def test_snapshot_install__received_snapshot_fsynced_before_the_log_is_cleared_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = _journal(tmp_path / "journal.bin")
+    _fill(journal, 1, 3)
+    dump = tmp_path / "snapshot.pb"
+    dump.write_bytes(b"a snapshot pysyncobj renamed into place, unsynced")
+    journal.sync_before_clear(str(dump))
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    journal.clear()
+
+    assert synced == [str(dump), str(tmp_path)]
+    assert len(journal) == 0 and journal.dirty
+
+
 # -- torn and corrupt tails -----------------------------------------------------------------
 
 
@@ -328,6 +351,7 @@ class _FakeRaft:
     def __init__(self, journal: DurableJournal, store: PowerLossStorage) -> None:
         self._SyncObj__raftLog = journal
         self._SyncObj__transport = _Transport(store)
+        self._SyncObj__conf = SimpleNamespace(fullDumpFile=None)
         self.next_index = 1
 
     def _onTick(self, _time_to_wait: float = 0.0) -> None:
