@@ -102,6 +102,9 @@ class ClientAgent:
         self._runners: dict[str, AllocRunner] = {}
         # Destroyed runners whose tasks may still be dying: joined on stop().
         self._retired: list[AllocRunner] = []
+        # Alloc ID -> the older server copy (alloc_modify_index) already answered by a
+        # re-registration (``_note_rewinds``); the watch thread alone reads and writes it.
+        self._rewinds_handled: dict[str, int] = {}
         self._stopping = threading.Event()
         self._registered = threading.Event()
         self._need_register = threading.Event()
@@ -390,6 +393,7 @@ class ClientAgent:
             (ServerAlloc(a.id, a.desired_status, a.client_status, a.alloc_modify_index) for a in resp.allocs),
             local,
         )
+        self._note_rewinds(diff.rewound, by_id)
         if diff.empty:
             return
         self._log.info("client.allocs_changed", index=resp.meta.index, **diff.log_fields())
@@ -430,6 +434,26 @@ class ClientAgent:
             if gone is not None:
                 self._log.info("client.alloc_removed", alloc_id=alloc_id)
                 gone.destroy()
+
+    def _note_rewinds(self, rewound: Sequence[str], by_id: Mapping[str, structs_pb2.Allocation]) -> None:
+        """The servers' state went backwards (a snapshot restore): register again, which
+        resends every alloc's status, so the clients' real states win. Once per server copy:
+        the runner keeps its newer copy, so the same answer must not trigger it twice."""
+        fresh = [
+            alloc_id
+            for alloc_id in rewound
+            if self._rewinds_handled.get(alloc_id) != by_id[alloc_id].alloc_modify_index
+        ]
+        if not fresh:
+            return
+        for alloc_id in fresh:
+            self._rewinds_handled[alloc_id] = by_id[alloc_id].alloc_modify_index
+        self._state_rewound(f"{len(fresh)} alloc(s) older on the servers than here")
+
+    def _state_rewound(self, why: str) -> None:
+        self._log.warning("client.state_rewound", why=why)
+        self._need_register.set()
+        self._wake_heartbeat.set()
 
     # -- loops -------------------------------------------------------------------------
 
@@ -546,6 +570,8 @@ class ClientAgent:
                 return
             self._apply_allocs(resp)
             new_index = max(int(resp.meta.index), 1)
+            if new_index < min_index:
+                self._state_rewound(f"state index went back from {min_index} to {new_index}")
             if new_index == min_index:
                 # Nothing moved (the wait ran out): do not spin on a server that answers early.
                 self._stopping.wait(t.sync_interval_s)

@@ -15,6 +15,12 @@ Rules, first match wins, per alloc ID:
 ``alloc_modify_index`` moves only on server-side changes (placement, desired status,
 the disconnect marks), not on the client's own status updates, so the client's reports
 coming back through the blocking query are ignored. ``reconnect`` implies ``update``.
+
+Besides the buckets, ``rewound`` names every alloc whose server copy is *older* than the one
+the runner holds (``alloc_modify_index`` went backwards): the state was put back to an
+earlier time (``operator snapshot restore``), so what it says about this node's allocs,
+their client status included, may be wrong, and the agent resends every status it has
+(the clients' real states win: server/restore_followup.py).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class AllocDiff:
     update: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    rewound: tuple[str, ...] = ()
 
     def log_fields(self) -> dict[str, int]:
         return {
@@ -61,6 +68,7 @@ class AllocDiff:
             "update": len(self.update),
             "remove": len(self.remove),
             "ignore": len(self.ignore),
+            "rewound": len(self.rewound),
         }
 
     @property
@@ -74,6 +82,7 @@ def diff_allocs(server: Iterable[ServerAlloc], local: Mapping[str, LocalAlloc]) 
     reconnect: list[str] = []
     update: list[str] = []
     ignore: list[str] = []
+    rewound: list[str] = []
     seen: set[str] = set()
     for s in server:
         seen.add(s.id)
@@ -85,6 +94,8 @@ def diff_allocs(server: Iterable[ServerAlloc], local: Mapping[str, LocalAlloc]) 
                 ignore.append(s.id)
             continue
         changed = s.alloc_modify_index > mine.alloc_modify_index
+        if s.alloc_modify_index < mine.alloc_modify_index:
+            rewound.append(s.id)
         if s.desired_status in _DESIRED_STOP:
             if not mine.stopping:
                 stop.append(s.id)
@@ -107,4 +118,5 @@ def diff_allocs(server: Iterable[ServerAlloc], local: Mapping[str, LocalAlloc]) 
         update=tuple(update),
         remove=tuple(remove),
         ignore=tuple(ignore),
+        rewound=tuple(rewound),
     )

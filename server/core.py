@@ -35,6 +35,7 @@ from drover.server.gc.runner import GarbageCollector, gc_settings
 from drover.server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from drover.server.leader import LeaderServices
 from drover.server.raft import RaftNode, RaftTuning
+from drover.server.restore_followup import RestoreWatch
 from drover.server.state_store import StateStore
 from drover.server.telemetry.metrics import ServerCollector
 from drover.v1 import raft_pb2
@@ -156,6 +157,7 @@ class ServerCore:
         # Before the raft node: it replays the log into the FSM, and so into the buffer.
         self.events = EventBuffer(cfg.event_buffer_size)
         self.fsm = FSM(self.store, events=self.events)
+        self.restore_watch = RestoreWatch(lambda: self.fsm.restored_index, self.clock.now_ns)
         self.raft_address = f"{cfg.bind}:{cfg.raft_port}"
         self.grpc_address = f"{cfg.bind}:{cfg.grpc_port}"
         os.makedirs(cfg.data_dir, exist_ok=True)

@@ -816,6 +816,10 @@ class FSM:
     def __init__(self, store: StateStore, events: EventBuffer | None = None) -> None:
         self.store = store
         self.events = events
+        # The index of the last ``operator snapshot restore`` applied here (0: none). Memory
+        # of this process, not state: the leader's restore follow-up and the live checker
+        # read it (server/restore_followup.py).
+        self.restored_index = 0
 
     def apply(self, data: bytes, index: int) -> ApplyResult:
         base = self.store.snapshot().tables
@@ -885,6 +889,7 @@ class FSM:
         )
         if self.events is not None:
             self.events.state_replaced(index)
+        self.restored_index = index
         log.warning("fsm.snapshot_restored", index=index, snapshot_index=snap.index)
         return ApplyResult(index=index)
 

@@ -9,6 +9,9 @@ What one state can tell:
 
 * docs/design.md#invariant-1 -- at most ``count`` live, desired-running allocs per (system or sysbatch
   job, group, node);
+* running-on-node -- after a snapshot restore and its grace period, no alloc the state holds
+  as running is unconfirmed on a node that registered since (needs the server's restore
+  mark and the time, so only the leader's timer and ``Operator.Invariants`` check it);
 * docs/design.md#invariant-2 -- every job summary counter equals a recount from the allocs (queued
   excluded: it comes from evals) and the children counts equal a recount of the child
   jobs; no counter is negative; every job has a summary and every summary a job. Counts
@@ -38,11 +41,13 @@ from drover.scheduler.structs import (
     JobChildrenSummary,
     TaskGroupSummary,
 )
+from drover.server.restore_followup import RESTORE_GRACE_NS, RestoreMark, unconfirmed_allocs
 from drover.server.snapshot import recount_summaries
 from drover.server.state_store import JobKey, Tables
 
 __all__ = [
     "INVARIANTS",
+    "INVARIANT_RUNNING_ON_NODE",
     "INVARIANT_SUMMARIES",
     "INVARIANT_SYSTEM_ALLOCS",
     "Violation",
@@ -51,7 +56,8 @@ __all__ = [
 
 INVARIANT_SYSTEM_ALLOCS: Final = "system-allocs-per-node"
 INVARIANT_SUMMARIES: Final = "job-summaries"
-INVARIANTS: Final = (INVARIANT_SYSTEM_ALLOCS, INVARIANT_SUMMARIES)
+INVARIANT_RUNNING_ON_NODE: Final = "running-on-node"
+INVARIANTS: Final = (INVARIANT_SYSTEM_ALLOCS, INVARIANT_SUMMARIES, INVARIANT_RUNNING_ON_NODE)
 
 _GROUP_COUNTERS: Final = tuple(f.name for f in fields(TaskGroupSummary))
 _CHILD_BUCKETS: Final = (JOB_STATUS_PENDING, JOB_STATUS_RUNNING, JOB_STATUS_DEAD)
@@ -69,10 +75,34 @@ class Violation:
         return f"{self.invariant}: {self.subject}: {self.message}"
 
 
-def check_invariants(tables: Tables) -> list[Violation]:
+def check_invariants(tables: Tables, restore: RestoreMark | None = None, now_ns: int = 0) -> list[Violation]:
     """Every system/sysbatch group with more than ``count`` live allocs on a node, and every job
-    summary that differs from a recount or is negative, in a stable order."""
-    return [*_system_allocs(tables), *_summaries(tables)]
+    summary that differs from a recount or is negative, in a stable order; with ``restore``
+    (this server's last snapshot restore) and the time, every alloc held running that its
+    node does not run."""
+    found = [*_system_allocs(tables), *_summaries(tables)]
+    if restore is not None:
+        found.extend(_running_on_node(tables, restore, now_ns))
+    return found
+
+
+def _running_on_node(tables: Tables, restore: RestoreMark, now_ns: int) -> list[Violation]:
+    """An alloc the state holds as running is running on its node: after a restore, once the
+    grace period is over, no alloc the restored state held running may still be unconfirmed
+    on a node whose client has registered (and so resent everything it runs) since. The
+    leader marks such allocs lost at the end of the grace period; one left over means that
+    follow-up did not happen (server/restore_followup.py)."""
+    if restore.age_ns(now_ns) < RESTORE_GRACE_NS:
+        return []
+    return [
+        Violation(
+            INVARIANT_RUNNING_ON_NODE,
+            f"alloc {alloc.id!r} (job {alloc.job_id!r})",
+            f"{alloc.client_status} in the state restored at index {restore.index}, but node "
+            f"{alloc.node_id!r} registered since and does not report it",
+        )
+        for alloc in unconfirmed_allocs(tables, restore)
+    ]
 
 
 def _subject(key: JobKey) -> str:

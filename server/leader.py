@@ -36,11 +36,14 @@ from drover.server.blocked import BlockedEvals
 from drover.server.broker import EvalBroker
 from drover.server.deployments.actions import DeploymentActions
 from drover.server.deployments.watcher import DeploymentWatcher
+from drover.server.endpoints import propose_write
 from drover.server.errors import ConflictError, NotFoundError, RaftError
 from drover.server.invariants import INVARIANTS, check_invariants
 from drover.server.periodic import PeriodicDispatcher
 from drover.server.plan_apply import PlanApplier, PlanQueue
+from drover.server.restore_followup import followup, followup_entry
 from drover.server.worker import Worker, write_evals
+from drover.v1 import raft_pb2
 
 if TYPE_CHECKING:
     from drover.server.core import ServerCore
@@ -58,6 +61,8 @@ TICK_S: Final = 0.05
 # differ from a recount (docs/design.md#invariant-1 and #invariant-2, server/invariants.py).
 INVARIANT_CHECK_S: Final = 30.0
 INVARIANT_LOG_LIMIT: Final = 20
+# How often the leader looks for a snapshot restore to follow up (server/restore_followup.py).
+RESTORE_CHECK_S: Final = 0.5
 INVARIANT_VIOLATIONS = Gauge(
     "drover_invariant_violations",
     "Violations of a design invariant in the leader's state at its last periodic check",
@@ -185,6 +190,7 @@ class LeaderServices:
             (self._complete_drains, "drainer"),
             (self._watch_deployments, "deployment-watcher"),
             (self._collect_garbage, "garbage-collector"),
+            (self._follow_restores, "restore-follower"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -358,6 +364,46 @@ class LeaderServices:
         """Every gc interval, collect what has been terminal longer than its threshold."""
         self.core.gc.run(self.still_leader, self._stop_services)
 
+    def _follow_restores(self) -> None:
+        """After a snapshot restore: every live node's heartbeat timer is re-armed (a node
+        the restored state holds as ready may be long gone), and once the grace period has
+        passed the unconfirmed allocs are marked lost and the restored jobs evaluated
+        (server/restore_followup.py). Done once per restore by the leader that sees it."""
+        core = self.core
+        armed = done = 0
+        while not self._stop_services.wait(RESTORE_CHECK_S):
+            mark = core.restore_watch.mark()
+            if mark is None or mark.index <= done:
+                continue
+            tables = core.store.snapshot().tables
+            now = core.clock.now_ns()
+            if mark.index != armed:
+                live = [n.id for n in tables.nodes.values() if n.status != NODE_STATUS_DOWN]
+                core.heartbeats.initialize(live, now)
+                armed = mark.index
+            plan = followup(tables, mark, now)
+            if plan is None:
+                continue
+            if not self.still_leader():
+                return
+            if not plan.empty:
+                try:
+                    propose_write(
+                        core.raft,
+                        raft_pb2.ENTRY_TYPE_ALLOC_CLIENT_UPDATE,
+                        followup_entry(tables, plan, core.ids, now),
+                    )
+                except RaftError as exc:
+                    log.warning("leader.restore_followup_not_committed", reason=str(exc))
+                    continue
+            log.info(
+                "leader.restore_followed_up",
+                restore_index=mark.index,
+                lost=len(plan.lost),
+                evaluated=len(plan.evaluate),
+            )
+            done = mark.index
+
     def _check_invariants(self) -> None:
         """Every INVARIANT_CHECK_S, check the state; violations are logged at ERROR and
         counted in the ``drover_invariant_violations`` gauge."""
@@ -366,7 +412,9 @@ class LeaderServices:
                 return
             tables = self.core.store.snapshot().tables
             try:
-                violations = check_invariants(tables)
+                violations = check_invariants(
+                    tables, self.core.restore_watch.mark(), self.core.clock.now_ns()
+                )
             except Exception:
                 log.exception("leader.invariant_check_failed", index=tables.index)
                 continue

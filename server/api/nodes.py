@@ -132,7 +132,7 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
             snap = self.core.store.wait_for(("allocs",), seen, left)
             index = _node_alloc_index(snap, node_id)
             if (
-                index > min_index
+                index != min_index
                 or time.monotonic() >= deadline
                 or self.core.store.closed
                 or not caller_waiting()

@@ -118,8 +118,9 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         self, request: api_pb2.InvariantsRequest, context: grpc.ServicerContext
     ) -> api_pb2.InvariantsResponse:
         tables = self.core.store.snapshot().tables
+        found = check_invariants(tables, self.core.restore_watch.mark(), self.core.clock.now_ns())
         return api_pb2.InvariantsResponse(
-            violations=[str(v) for v in check_invariants(tables)], index=tables.index, server=self.core.name
+            violations=[str(v) for v in found], index=tables.index, server=self.core.name
         )
 
     @rpc("Operator", "local")
