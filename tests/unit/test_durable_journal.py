@@ -10,6 +10,7 @@ the new format.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 from pathlib import Path
@@ -31,6 +32,7 @@ from drover.server.raft.durable_journal import (
     encode_record,
 )
 from drover.server.raft.journal import read_journal
+from drover.server.raft.tuning import RaftTuning
 from drover.server.state_store import StateStore
 from drover.v1 import raft_pb2
 from tests.fixtures.power_loss import PowerLossStorage
@@ -401,3 +403,40 @@ def test_raft_node__a_committed_entry_is_on_disk(tmp_path: Path, monkeypatch: py
             assert index in on_disk, f"entry {index} acknowledged but not on disk"
     finally:
         node.close()
+
+
+@pytest.mark.timeout(90)
+def test_raft_node__compacted_journal__restarts_with_every_entry(tmp_path: Path) -> None:
+    """Compaction rewrites the journal (``deleteEntriesTo``): a restart finds the snapshot
+    and the rest of the log, nothing lost, nothing twice."""
+    tuning = dataclasses.replace(RaftTuning(), compaction_min_entries=30)
+    raft_dir = str(tmp_path / "raft")
+    (port,) = pick_free_ports(1)
+    address = f"127.0.0.1:{port}"
+
+    def member(n: int) -> bytes:
+        entry = raft_pb2.ServerMemberEntry()
+        entry.member.name = f"s{n}"
+        return encode_entry(raft_pb2.ENTRY_TYPE_SERVER_MEMBER, entry)
+
+    node = RaftNode(address, [], FSM(StateStore()), raft_dir, password="k" * 32, tuning=tuning)
+    try:
+        wait_for(node.leader_ready, 30, message="a single node to lead")
+        last = 0
+        for n in range(100):
+            last = node.propose(member(n), timeout=10).index
+        journal = patches.journal_of(node)
+        assert journal is not None
+        wait_for(lambda: journal[0][1] > 1, 30, message="a compaction")
+    finally:
+        node.close()
+    first_kept = read_journal(os.path.join(raft_dir, "journal.bin"))[0].index
+    assert first_kept > 1
+
+    again = RaftNode(address, [], FSM(StateStore()), raft_dir, password="k" * 32, tuning=tuning)
+    try:
+        wait_for(again.leader_ready, 30, message="the restarted node to lead")
+        assert again.applied_index() >= last
+        assert again.propose(member(100), timeout=10).index > last
+    finally:
+        again.close()
