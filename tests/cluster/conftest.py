@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from deploy.cluster import LocalCluster, wait_for
+from deploy.cluster import (
+    LocalCluster,
+    kill_processes_working_under,
+    pick_free_ports,
+    query_state_digest,
+    wait_for,
+)
 from drover.sdk import DroverClient
 
 
@@ -57,6 +67,136 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path / "cluster", servers=3) as c:
         wait_settled(c)
         yield c
+
+
+class DevAgent:
+    """One ``drover agent -dev`` process (server and embedded client) with its data under
+    ``directory/dev`` and its output in ``directory/dev.log``.
+
+    ``stop()`` ends it by its pid (SIGTERM, then SIGKILL to its session if it hangs) and
+    then SIGKILLs every process still working under its data dir: a dev agent's SIGTERM
+    leaves its raw_exec tasks running by design (a restarted client re-attaches to them),
+    and a test must not leave them behind.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *args: str,
+        grpc_port: int | None = None,
+        http_port: int | None = None,
+        port_flags: bool = True,
+    ) -> None:
+        """``args`` go after ``agent -dev -data-dir``; with ``port_flags`` (the default) the
+        gRPC and HTTP ports (free ones unless given; ``http_port=0``: none) are passed as
+        flags, without it they are the test's to set (say in a ``-config`` file)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if grpc_port is None:
+            grpc_port = pick_free_ports(1)[0]
+        if http_port is None:
+            http_port = pick_free_ports(1)[0]
+        self.grpc_port, self.http_port = grpc_port, http_port
+        self.address = f"127.0.0.1:{grpc_port}"
+        self.data_dir = directory / "dev"
+        self.log_path = directory / "dev.log"
+        argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-data-dir", str(self.data_dir), *args]
+        if port_flags:
+            argv += ["-grpc-port", str(grpc_port), "-http-port", str(http_port)]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        """Still running; a dev agent that exited fails the caller at once, with its log."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the dev agent exited {self.proc.returncode}:\n{self.log()}")
+        return True
+
+    def wait_leading(self, timeout: float = 60) -> None:
+        def leading() -> bool:
+            answer = query_state_digest(self.address) if self.alive() else None
+            return answer is not None and answer.leader
+
+        wait_for(leading, timeout, message=lambda: f"the dev agent to lead\n{self.log()[-2000:]}")
+
+    def wait_node_ready(self, timeout: float = 60) -> None:
+        with DroverClient(self.address, retry_deadline=timeout, connect_timeout=timeout) as client:
+            wait_for(
+                lambda: self.alive() and any(n.status == "ready" for n in client.list_nodes().nodes),
+                timeout,
+                0.2,
+                lambda: f"the dev agent's node to be ready\n{self.log()[-2000:]}",
+            )
+
+    def stop(self) -> int:
+        """End the agent and its tasks; its exit code (again on a second call). An agent
+        that does not exit within 30 s of SIGTERM is killed and the call fails."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=10)
+                    raise
+        finally:
+            kill_processes_working_under([self.data_dir.resolve()])
+        self.returncode = self.proc.returncode
+        return self.returncode
+
+
+# Starts a dev agent under a fresh directory; the fixture stops every one it started.
+DevAgentFactory = Callable[..., DevAgent]
+
+
+@pytest.fixture
+def dev_agent_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevAgentFactory]:
+    """``start(*args, **kwargs)`` -> a started ``DevAgent`` (``DevAgent``'s arguments after
+    the directory); each one still running at teardown is stopped, its tasks with it."""
+    started: list[DevAgent] = []
+
+    def start(
+        *args: str, grpc_port: int | None = None, http_port: int | None = None, port_flags: bool = True
+    ) -> DevAgent:
+        agent = DevAgent(
+            tmp_path_factory.mktemp("dev-agent"),
+            *args,
+            grpc_port=grpc_port,
+            http_port=http_port,
+            port_flags=port_flags,
+        )
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in reversed(started):
+        try:
+            agent.stop()
+        except subprocess.TimeoutExpired:
+            pass  # killed; the test that started it has failed or will say so
+
+
+@pytest.fixture(scope="module")
+def dev_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevAgent]:
+    """One dev agent shared by a module's tests, once it leads and its node is ready. Each
+    test uses jobs of its own, so sharing costs nothing but a startup per module."""
+    agent = DevAgent(tmp_path_factory.mktemp("dev-agent"))
+    try:
+        agent.wait_leading()
+        agent.wait_node_ready()
+        yield agent
+    finally:
+        agent.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,9 +5,7 @@ process, real server and client agent processes, a raw_exec task, and the client
 from __future__ import annotations
 
 import json
-import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -17,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cluster import LocalCluster, pick_free_ports, wait_for
+from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.cli import drover_cli, one_error_line, run_cli, run_job_file
-from tests.cluster.conftest import wait_ready_nodes, wait_settled
+from tests.cluster.conftest import DevAgentFactory, wait_ready_nodes, wait_settled
 from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
 
 TASK = "t"
@@ -306,75 +304,47 @@ def test_tunnel__three_servers__any_server_relays_to_the_one_holding_it(tmp_path
 
 
 @pytest.mark.timeout(180)
-def test_dev_agent__alloc_and_node_meta_commands__human_json_and_errors(tmp_path: Path) -> None:
+def test_dev_agent__alloc_and_node_meta_commands__human_json_and_errors(
+    dev_agent_factory: DevAgentFactory, tmp_path: Path
+) -> None:
     """The same commands against ``drover agent -dev``: one process that is the server and
     its own client, the tunnel going from the embedded client to the server beside it."""
-    (port,) = pick_free_ports(1)
-    address = f"127.0.0.1:{port}"
-    log_path = tmp_path / "dev.log"
-    argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(port), "-http-port", "0"]
-    with open(log_path, "wb") as log:
-        agent = subprocess.Popen(
-            [*argv, "-data-dir", str(tmp_path / "dev")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    agent = dev_agent_factory(http_port=0)
+    address, log_path = agent.address, agent.log_path
     env = {"DROVER_ADDR": address}
-    try:
-        # The agent is still starting: wait for it to listen, not only for a leader.
-        with DroverClient(address, retry_deadline=60, connect_timeout=60) as client:
-            wait_for(
-                lambda: any(n.status == "ready" for n in client.list_nodes().nodes),
-                60,
-                0.2,
-                log_path.read_text,
-            )
-        path = tmp_path / "dev-chatty.hcl"
-        path.write_text(raw_exec_hcl("dev-chatty", CHATTY, restart=NO_RESTARTS, task=TASK))
-        assert drover_cli("job", "run", "-detach", str(path), env=env).returncode == 0
-        with DroverClient(address, retry_deadline=60) as client:
-            alloc = wait_for(
-                lambda: next(
-                    (
-                        a
-                        for a in client.list_allocs(job_id="dev-chatty").allocs
-                        if a.client_status == "running"
-                    ),
-                    None,
-                ),
-                60,
-                0.2,
-                log_path.read_text,
-            )
-        wait_for(
-            lambda: "out-3" in drover_cli("alloc", "logs", alloc.id, env=env).stdout,
-            30,
+    # The agent is still starting: wait for it to listen, not only for a leader.
+    agent.wait_node_ready()
+    path = tmp_path / "dev-chatty.hcl"
+    path.write_text(raw_exec_hcl("dev-chatty", CHATTY, restart=NO_RESTARTS, task=TASK))
+    assert drover_cli("job", "run", "-detach", str(path), env=env).returncode == 0
+    with DroverClient(address, retry_deadline=60) as client:
+        alloc = wait_for(
+            lambda: next(
+                (a for a in client.list_allocs(job_id="dev-chatty").allocs if a.client_status == "running"),
+                None,
+            ),
+            60,
             0.2,
-            "the task's output",
+            log_path.read_text,
         )
-        signalled = drover_cli("alloc", "signal", "-json", "-s", "USR1", alloc.id[:8], env=env)
-        assert signalled.returncode == 0, signalled.stderr
-        assert json.loads(signalled.stdout) == {}
-        wait_for(
-            lambda: "got-usr1" in drover_cli("alloc", "logs", alloc.id, env=env).stdout, 30, 0.2, "got-usr1"
-        )
+    wait_for(
+        lambda: "out-3" in drover_cli("alloc", "logs", alloc.id, env=env).stdout,
+        30,
+        0.2,
+        "the task's output",
+    )
+    signalled = drover_cli("alloc", "signal", "-json", "-s", "USR1", alloc.id[:8], env=env)
+    assert signalled.returncode == 0, signalled.stderr
+    assert json.loads(signalled.stdout) == {}
+    wait_for(lambda: "got-usr1" in drover_cli("alloc", "logs", alloc.id, env=env).stdout, 30, 0.2, "got-usr1")
 
-        applied = drover_cli("node", "meta", "apply", "-json", "rack=r7", env=env)
-        assert applied.returncode == 0, applied.stderr
-        assert json.loads(applied.stdout)["dynamic"] == {"rack": "r7"}
-        human = drover_cli("node", "meta", "read", env=env)
-        assert human.returncode == 0, human.stderr
-        assert human.stdout.startswith("All Meta:") and "rack" in human.stdout and "r7" in human.stdout
-        assert json.loads(drover_cli("node", "meta", "read", "-json", env=env).stdout)["meta"]["rack"] == "r7"
+    applied = drover_cli("node", "meta", "apply", "-json", "rack=r7", env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["dynamic"] == {"rack": "r7"}
+    human = drover_cli("node", "meta", "read", env=env)
+    assert human.returncode == 0, human.stderr
+    assert human.stdout.startswith("All Meta:") and "rack" in human.stdout and "r7" in human.stdout
+    assert json.loads(drover_cli("node", "meta", "read", "-json", env=env).stdout)["meta"]["rack"] == "r7"
 
-        assert "not found" in one_error_line(drover_cli("alloc", "restart", alloc.id, "nope", env=env))
-        assert "node" in one_error_line(drover_cli("node", "meta", "read", "-node-id", "nope", env=env))
-    finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(agent.pid, signal.SIGKILL)
-                agent.wait()
+    assert "not found" in one_error_line(drover_cli("alloc", "restart", alloc.id, "nope", env=env))
+    assert "node" in one_error_line(drover_cli("node", "meta", "read", "-node-id", "nope", env=env))

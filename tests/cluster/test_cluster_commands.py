@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +16,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deploy.cluster import LocalCluster, pick_free_ports, wait_for
+from deploy.cluster import LocalCluster, wait_for
 from drover.common.version import drover_version
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.cli import drover_cli, one_error_line, run_cli, run_job_file
-from tests.cluster.conftest import wait_ready_nodes
+from tests.cluster.conftest import DevAgentFactory, wait_ready_nodes
 from tests.cluster.jobs import running_allocs
 
 # Long enough to see a paused broker hand nothing out: an unpaused one places a job's
@@ -376,34 +373,19 @@ def test_agent_info__json_and_human(cluster: LocalCluster) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_agent_info__dev_agent__has_its_embedded_clients_section(tmp_path: Path) -> None:
-    grpc_port, http_port = pick_free_ports(2)
-    address = f"127.0.0.1:{grpc_port}"
-    with open(tmp_path / "dev.log", "wb") as log:
-        dev = subprocess.Popen(
-            [sys.executable, "-m", "drover.cli", "agent", "-dev", "-data-dir", str(tmp_path / "dev"),
-             "-grpc-port", str(grpc_port), "-http-port", str(http_port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
+def test_agent_info__dev_agent__has_its_embedded_clients_section(dev_agent_factory: DevAgentFactory) -> None:
+    agent = dev_agent_factory()
 
-        def client_section() -> dict[str, str] | None:
-            result = drover_cli("agent-info", "-json", "-address", address, timeout=30)
-            if result.returncode != 0:
-                return None
-            sections = {s["name"]: s["values"] for s in json.loads(result.stdout)["sections"]}
-            client = sections.get("client")
-            return client if client and client.get("registered") == "true" else None
+    def client_section() -> dict[str, str] | None:
+        result = drover_cli("agent-info", "-json", "-address", agent.address, timeout=30)
+        if result.returncode != 0:
+            return None
+        sections = {s["name"]: s["values"] for s in json.loads(result.stdout)["sections"]}
+        client = sections.get("client")
+        return client if client and client.get("registered") == "true" else None
 
-        client = wait_for(client_section, 60, 0.5, lambda: (tmp_path / "dev.log").read_text()[-2000:])
-        assert client["node_name"] == "dev-client" and client["node_id"]
-    finally:
-        dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            dev.kill()
-            dev.wait()
+    client = wait_for(client_section, 60, 0.5, lambda: agent.log()[-2000:])
+    assert client["node_name"] == "dev-client" and client["node_id"]
 
 
 @pytest.mark.parametrize("argv", [["version"], ["-version"]], ids=["command", "flag"])

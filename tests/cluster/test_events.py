@@ -24,10 +24,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deploy.cluster import LocalCluster, pick_free_ports, wait_for
+from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import Client, DroverError
 from drover.v1 import api_pb2, api_pb2_grpc
 from tests.cluster.cli import drover_cli, one_error_line
+from tests.cluster.conftest import DevAgentFactory
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node
 from tests.cluster.proxy import proxies_for
@@ -155,65 +156,46 @@ def test_events__stream_resumed_across_a_leader_kill__no_gap_no_duplicate(cluste
 # The CLI against a dev agent
 
 
-def _start_dev_agent(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
-    (port,) = pick_free_ports(1)
-    log_path = tmp_path / "dev.log"
-    argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(port)]
-    argv += ["-http-port", "0", "-data-dir", str(tmp_path / "dev")]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, f"127.0.0.1:{port}", log_path
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.timeout(180)
-def test_events__cli_event_stream__prints_job_events_as_json_lines(tmp_path: Path) -> None:
-    agent, address, log_path = _start_dev_agent(tmp_path)
+def test_events__cli_event_stream__prints_job_events_as_json_lines(
+    dev_agent_factory: DevAgentFactory,
+) -> None:
+    agent = dev_agent_factory(http_port=0)
+    address, log_path = agent.address, agent.log_path
     env = {"DROVER_ADDR": address}
+    # Listening first: the client's first contact gives up after connect_timeout (2 s).
+    agent.wait_leading()
+    with Client(address, retry_deadline=60) as client:
+        wait_for(lambda: client.raft_peers().peers[0].leader, 60, 0.2, lambda: log_path.read_text())
+        for n in range(3):
+            client.register_job(service_job(f"web-{n}"))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DROVER_")}
+    stream = subprocess.Popen(
+        [sys.executable, "-m", "drover.cli", "event", "stream", "-index", "1", "-topic", "Job"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**clean, **env},
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream.stdout or ()], daemon=True).start()
     try:
-        with Client(address, retry_deadline=60) as client:
-            wait_for(lambda: client.raft_peers().peers[0].leader, 60, 0.2, lambda: log_path.read_text())
-            for n in range(3):
-                client.register_job(service_job(f"web-{n}"))
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("DROVER_")}
-        stream = subprocess.Popen(
-            [sys.executable, "-m", "drover.cli", "event", "stream", "-index", "1", "-topic", "Job"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**clean, **env},
-            start_new_session=True,
-        )
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(
-            target=lambda: [lines.put(line) for line in stream.stdout or ()], daemon=True
-        ).start()
-        try:
-            got: list[dict[str, object]] = []
-            deadline = time.monotonic() + 60
-            while len({e["key"] for e in got}) < 3:
-                assert time.monotonic() < deadline, f"only {got} within 60 s"
-                try:
-                    got.append(json.loads(lines.get(timeout=1)))
-                except queue.Empty:
-                    assert stream.poll() is None, (
-                        stream.returncode,
-                        stream.stderr.read() if stream.stderr else "",
-                    )
-        finally:
-            stream.terminate()
-            stream.wait(timeout=30)
+        got: list[dict[str, object]] = []
+        deadline = time.monotonic() + 60
+        while len({e["key"] for e in got}) < 3:
+            assert time.monotonic() < deadline, f"only {got} within 60 s"
+            try:
+                got.append(json.loads(lines.get(timeout=1)))
+            except queue.Empty:
+                assert stream.poll() is None, (
+                    stream.returncode,
+                    stream.stderr.read() if stream.stderr else "",
+                )
     finally:
-        _end(agent)
+        stream.terminate()
+        stream.wait(timeout=30)
+    agent.stop()
 
     first = got[0]
     assert set(first) == {"index", "topic", "type", "key", "namespace", "payload"}

@@ -10,10 +10,7 @@ running allocs on the client agent's own port.
 from __future__ import annotations
 
 import json
-import signal
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -27,7 +24,7 @@ from prometheus_client.samples import Sample
 from deploy.cluster import LocalCluster, pick_free_ports, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.cli import drover_cli, one_error_line
-from tests.cluster.conftest import wait_ready_nodes
+from tests.cluster.conftest import DevAgentFactory, wait_ready_nodes
 from tests.cluster.jobs import running_allocs, service_job
 
 WAIT_S = 60.0
@@ -224,65 +221,43 @@ def test_metrics_http__acl_and_mtls__metrics_need_agent_read_and_health_stays_op
 # --- the config key, on a dev agent -------------------------------------------------------
 
 
-def _start_dev(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
-    log_path = tmp_path / "dev.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "drover.cli", "agent", "-dev", "-data-dir", str(tmp_path / "dev"), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return proc, log_path
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-
-
 @pytest.mark.timeout(120)
-def test_metrics_http__dev_agent__ports_block_sets_the_http_port(tmp_path: Path) -> None:
+def test_metrics_http__dev_agent__ports_block_sets_the_http_port(
+    dev_agent_factory: DevAgentFactory, tmp_path: Path
+) -> None:
     grpc_port, http_port = pick_free_ports(2)
     config = tmp_path / "dev.hcl"
     config.write_text(f"ports {{\n  grpc = {grpc_port}\n  http = {http_port}\n}}\n")
-    proc, log_path = _start_dev(tmp_path, "-config", str(config))
+    agent = dev_agent_factory(
+        "-config", str(config), grpc_port=grpc_port, http_port=http_port, port_flags=False
+    )
     address = f"127.0.0.1:{http_port}"
-    try:
 
-        def healthy() -> Answer | None:
-            if proc.poll() is not None:
-                raise AssertionError(f"the dev agent exited {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                answer = get(address, "/v1/agent/health")
-            except (urllib.error.URLError, ConnectionError):
-                return None
-            return answer if answer.status == 200 else None
+    def healthy() -> Answer | None:
+        agent.alive()
+        try:
+            answer = get(address, "/v1/agent/health")
+        except (urllib.error.URLError, ConnectionError):
+            return None
+        return answer if answer.status == 200 else None
 
-        health = wait_for(healthy, WAIT_S, 0.2, "the dev agent's HTTP port to report healthy")
-        assert health is not None
-        # One agent, both parts: the server and its embedded client.
-        assert health.json() == {
-            "server": {"ok": True, "message": "ok"},
-            "client": {"ok": True, "message": "ok"},
-        }
-        # The leader's gRPC address comes from the servers table, which the new leader's
-        # own announcement fills an entry or so after it is elected: wait for it.
-        leader = wait_for(
-            lambda: get(address, "/v1/status/leader").json() or None, WAIT_S, 0.2, "the leader's address"
-        )
-        assert leader == f"127.0.0.1:{grpc_port}"
-        samples = scrape(address)
-        assert value(samples, "drover_raft_leader") == 1
-        assert "drover_client_allocs" in names(samples)
-    finally:
-        returncode = _stop(proc)
-    assert returncode == 0, log_path.read_text()
+    health = wait_for(healthy, WAIT_S, 0.2, "the dev agent's HTTP port to report healthy")
+    assert health is not None
+    # One agent, both parts: the server and its embedded client.
+    assert health.json() == {
+        "server": {"ok": True, "message": "ok"},
+        "client": {"ok": True, "message": "ok"},
+    }
+    # The leader's gRPC address comes from the servers table, which the new leader's
+    # own announcement fills an entry or so after it is elected: wait for it.
+    leader = wait_for(
+        lambda: get(address, "/v1/status/leader").json() or None, WAIT_S, 0.2, "the leader's address"
+    )
+    assert leader == f"127.0.0.1:{grpc_port}"
+    samples = scrape(address)
+    assert value(samples, "drover_raft_leader") == 1
+    assert "drover_client_allocs" in names(samples)
+    assert agent.stop() == 0, agent.log()
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ import base64
 import ipaddress
 import os
 import pickle
-import signal
 import socket
 import stat
 import struct
@@ -29,8 +28,9 @@ from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 
-from deploy.cluster import LocalCluster, pick_free_ports, query_state_digest, wait_for
+from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
+from tests.cluster.conftest import DevAgentFactory
 from tests.cluster.jobs import service_job
 from tests.raft_wire import MakeDir, frame
 
@@ -70,41 +70,20 @@ def test_raft_listener__binds_only_the_bind_address(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_dev_agent__starts_with_no_key_flag_and_listens_on_loopback_only(tmp_path: Path) -> None:
-    (grpc_port,) = pick_free_ports(1)
-    address = f"127.0.0.1:{grpc_port}"
-    argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(grpc_port)]
-    argv += ["-http-port", "0", "-data-dir", str(tmp_path / "dev")]
-    log_path = tmp_path / "dev.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-
-        def leading() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"the dev agent exited {proc.returncode}:\n{log_path.read_text()}")
-            answer = query_state_digest(address)
-            return answer is not None and answer.leader
-
-        wait_for(leading, 60, message="the dev agent to lead")
-        listening = {
-            (_ip(conn.laddr.ip), conn.laddr.port)
-            for conn in psutil.Process(proc.pid).net_connections(kind="tcp")
-            if conn.status == psutil.CONN_LISTEN
-        }
-        assert ("127.0.0.1", grpc_port) in listening
-        assert len(listening) >= 2, f"a raft listener besides gRPC: {listening}"
-        assert {ip for ip, _ in listening} == {"127.0.0.1"}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            returncode = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            # A hung agent must not outlive the test (it has its own session).
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-    assert returncode == 0, log_path.read_text()
+def test_dev_agent__starts_with_no_key_flag_and_listens_on_loopback_only(
+    dev_agent_factory: DevAgentFactory,
+) -> None:
+    agent = dev_agent_factory(http_port=0)
+    agent.wait_leading()
+    listening = {
+        (_ip(conn.laddr.ip), conn.laddr.port)
+        for conn in psutil.Process(agent.pid).net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN
+    }
+    assert ("127.0.0.1", agent.grpc_port) in listening
+    assert len(listening) >= 2, f"a raft listener besides gRPC: {listening}"
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}
+    assert agent.stop() == 0, agent.log()
 
 
 # --- attacks from a socket ----------------------------------------------------------------

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from deploy.cluster import pick_free_ports, query_state_digest, wait_for
+from deploy.cluster import pick_free_ports
 from drover.sdk import Client
+from tests.cluster.conftest import DevAgent
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "deploy" / "examples" / "sdk_example.py"
@@ -43,37 +40,8 @@ def _run_example(cwd: Path, address: str, *args: str) -> subprocess.CompletedPro
     )
 
 
-@pytest.fixture
-def dev_agent(tmp_path: Path) -> Iterator[str]:
-    """``drover agent -dev`` on free ports, once it leads: its gRPC address."""
-    grpc_port, http_port = pick_free_ports(2)
-    address = f"127.0.0.1:{grpc_port}"
-    argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(grpc_port)]
-    argv += ["-http-port", str(http_port), "-data-dir", str(tmp_path / "dev")]
-    log_path = tmp_path / "dev.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-
-        def leading() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"the dev agent exited {proc.returncode}:\n{log_path.read_text()}")
-            answer = query_state_digest(address)
-            return answer is not None and answer.leader
-
-        wait_for(leading, 60, message="the dev agent to lead")
-        yield address
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def test_sdk_example__run_as_a_user__runs_the_job_then_stops_it(dev_agent: str, tmp_path: Path) -> None:
-    result = _run_example(tmp_path, dev_agent)
+def test_sdk_example__run_as_a_user__runs_the_job_then_stops_it(dev_agent: DevAgent, tmp_path: Path) -> None:
+    result = _run_example(tmp_path, dev_agent.address)
 
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
@@ -83,22 +51,27 @@ def test_sdk_example__run_as_a_user__runs_the_job_then_stops_it(dev_agent: str, 
     events = [line.split()[3] for line in lines if line.startswith("event ")]
     assert events[0] == "JobRegistered" and events[-1] == "JobDeregistered", lines
     # What the script reports is what the cluster holds: the job is stopped, two allocs placed.
-    with Client(dev_agent) as client:
+    with Client(dev_agent.address) as client:
         assert client.get_job(EXAMPLE_JOB_ID).job.stop
         assert len(client.list_allocs(job_id=EXAMPLE_JOB_ID).allocs) == 2
 
 
-def test_sdk_example__bad_job_file__one_error_line_and_nothing_sent(dev_agent: str, tmp_path: Path) -> None:
+def test_sdk_example__bad_job_file__one_error_line_and_nothing_sent(
+    dev_agent: DevAgent, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.hcl"
     bad.write_text('job "bad" {\n  group "g" {\n    count = -1\n  }\n}\n')
+    # The agent is the module's: its jobs before the refused file are what must stay.
+    with Client(dev_agent.address) as client:
+        jobs_before = [j.id for j in client.list_jobs().jobs]
 
-    result = _run_example(tmp_path, dev_agent, str(bad))
+    result = _run_example(tmp_path, dev_agent.address, str(bad))
 
     assert result.returncode == 1 and result.stdout == "", result
     [line] = result.stderr.splitlines()
     assert line.startswith("Error: ") and "job.groups[0].count" in line, line
-    with Client(dev_agent) as client:
-        assert [j.id for j in client.list_jobs().jobs] == []
+    with Client(dev_agent.address) as client:
+        assert [j.id for j in client.list_jobs().jobs] == jobs_before
 
 
 def test_sdk_example__no_server__one_error_line_naming_the_address(tmp_path: Path) -> None:

@@ -6,57 +6,18 @@ examples) prestart/poststart/poststop ordering, sidecars and ``leader = true``."
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from deploy.cluster import pick_free_ports, query_state_digest, wait_for
+from deploy.cluster import wait_for
 from drover.sdk import Client
 from drover.v1 import structs_pb2
 from tests.cluster.cli import drover_cli
+from tests.cluster.conftest import DevAgent
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
-
-
-@pytest.fixture
-def dev_agent(tmp_path: Path) -> Iterator[str]:
-    """``drover agent -dev`` on free ports, data under ``tmp_path/dev``, once it leads and
-    its node is ready: its gRPC address."""
-    grpc_port, http_port = pick_free_ports(2)
-    address = f"127.0.0.1:{grpc_port}"
-    argv = [sys.executable, "-m", "drover.cli", "agent", "-dev", "-grpc-port", str(grpc_port)]
-    argv += ["-http-port", str(http_port), "-data-dir", str(tmp_path / "dev")]
-    log_path = tmp_path / "dev.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-
-        def leading() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"the dev agent exited {proc.returncode}:\n{log_path.read_text()}")
-            answer = query_state_digest(address)
-            return answer is not None and answer.leader
-
-        wait_for(leading, 60, message="the dev agent to lead")
-        with Client(address) as client:
-            wait_for(
-                lambda: any(n.status == "ready" for n in client.list_nodes().nodes),
-                60,
-                message="the dev agent's node to be ready",
-            )
-        yield address
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def run_example(address: str, name: str) -> None:
@@ -86,15 +47,13 @@ def task_stdout(data_dir: Path, alloc_id: str, task: str) -> str:
     return paths[0].read_text()
 
 
-def test_runtime_env__nomad_variables_ports_meta_and_interpolated_args(
-    dev_agent: str, tmp_path: Path
-) -> None:
-    run_example(dev_agent, "runtime-env.nomad.hcl")
+def test_runtime_env__nomad_variables_ports_meta_and_interpolated_args(dev_agent: DevAgent) -> None:
+    run_example(dev_agent.address, "runtime-env.nomad.hcl")
 
-    with Client(dev_agent) as client:
+    with Client(dev_agent.address) as client:
         alloc = only_alloc(client, "runtime-env", "complete")
         node = client.list_nodes().nodes[0]
-    lines = task_stdout(tmp_path / "dev", alloc.id, "report").splitlines()
+    lines = task_stdout(dev_agent.data_dir, alloc.id, "report").splitlines()
     env = dict(line.split("=", 1) for line in lines[1:])
 
     # ${node.unique.name} and ${NOMAD_ALLOC_INDEX} in args, resolved on the node; an
@@ -133,14 +92,12 @@ def events(alloc: structs_pb2.Allocation, task: str) -> list[str]:
     return [e.type for e in alloc.task_states[task].events]
 
 
-def test_lifecycle__prestart_sidecar_poststart_poststop_in_nomads_order(
-    dev_agent: str, tmp_path: Path
-) -> None:
-    run_example(dev_agent, "lifecycle.nomad.hcl")
+def test_lifecycle__prestart_sidecar_poststart_poststop_in_nomads_order(dev_agent: DevAgent) -> None:
+    run_example(dev_agent.address, "lifecycle.nomad.hcl")
 
-    with Client(dev_agent) as client:
+    with Client(dev_agent.address) as client:
         alloc = only_alloc(client, "lifecycle", "complete")
-    order = order_log(tmp_path / "dev", alloc.id)
+    order = order_log(dev_agent.data_dir, alloc.id)
 
     assert sorted(order) == sorted(
         ["init", "proxy-start", "main", "main-done", "announce", "proxy-stop", "cleanup"]
@@ -157,14 +114,12 @@ def test_lifecycle__prestart_sidecar_poststart_poststop_in_nomads_order(
     assert "Main Tasks Dead" in events(alloc, "proxy")
 
 
-def test_leader__its_exit_stops_the_worker_with_shutdown_delay_and_kill_signal(
-    dev_agent: str, tmp_path: Path
-) -> None:
-    run_example(dev_agent, "leader.nomad.hcl")
+def test_leader__its_exit_stops_the_worker_with_shutdown_delay_and_kill_signal(dev_agent: DevAgent) -> None:
+    run_example(dev_agent.address, "leader.nomad.hcl")
 
-    with Client(dev_agent) as client:
+    with Client(dev_agent.address) as client:
         alloc = only_alloc(client, "leader", "complete")
-    order = order_log(tmp_path / "dev", alloc.id)
+    order = order_log(dev_agent.data_dir, alloc.id)
 
     # The worker ran for ever: it ended because the leader did, by SIGINT, not TERM.
     assert order == ["worker-start", "leader-done", "worker-got-INT"]
@@ -178,9 +133,9 @@ def test_leader__its_exit_stops_the_worker_with_shutdown_delay_and_kill_signal(
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switching users needs root")
-def test_user__a_root_agent_runs_the_task_as_that_user(dev_agent: str, tmp_path: Path) -> None:
-    run_example(dev_agent, "user.nomad.hcl")
+def test_user__a_root_agent_runs_the_task_as_that_user(dev_agent: DevAgent) -> None:
+    run_example(dev_agent.address, "user.nomad.hcl")
 
-    with Client(dev_agent) as client:
+    with Client(dev_agent.address) as client:
         alloc = only_alloc(client, "user", "complete")
-    assert task_stdout(tmp_path / "dev", alloc.id, "whoami").strip() == "nobody"
+    assert task_stdout(dev_agent.data_dir, alloc.id, "whoami").strip() == "nobody"
