@@ -323,7 +323,8 @@ class DurableJournal(Journal):  # type: ignore[misc]
         if blob is not None and is_legacy(blob):
             entries = list(legacy_entries(blob))
             self._write_image(entries)
-            # The term and vote pysyncobj kept, now in this format, before its file goes.
+            # The term and vote pysyncobj kept, rewritten in this format (same file; if the
+            # power goes before this, the next start reads pysyncobj's file again).
             self._store.replace(self._meta_path, encode_meta(self._term, self._voted_for, self._commit_index))
             log.info("raft.journal_converted", path=self._path, entries=len(entries))
             blob = self._store.read(self._path)
@@ -481,13 +482,20 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def _legacy_meta(blob: bytes) -> tuple[int, str | None, int]:
     """pysyncobj's pickled ``{currentTerm, votedForNodeId, raftCommitIndex}`` (plain
-    values only: nothing in it may load a class)."""
+    values only: nothing in it may load a class). pysyncobj's ``max`` with the last log
+    term still covers a term lost with it; a lost vote is what its format already risked."""
     try:
         value = _PlainUnpickler(io.BytesIO(blob)).load()
     except Exception as exc:
-        raise JournalCorruptError(f"pysyncobj term/vote file unreadable: {exc}") from exc
+        value = None
+        problem = str(exc) or type(exc).__name__
+    else:
+        problem = "not a dict"
     if not isinstance(value, dict):
-        raise JournalCorruptError("pysyncobj term/vote file is not a dict")
+        # pysyncobj itself started on such a file as if it were empty (its rename was not
+        # synced, so a power loss could leave it so); refusing now would strand the upgrade.
+        log.warning("raft.legacy_term_vote_unreadable", problem=problem)
+        return 0, None, 1
     voted_for = value.get("votedForNodeId")
     return (
         int(value.get("currentTerm", 0)),

@@ -319,6 +319,28 @@ def test_legacy_journal__converted_with_its_entries_term_and_vote(tmp_path: Path
     assert [r.index for r in read_journal(str(path))] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize(
+    "meta",
+    [b"", b"\x80\x02cos\nsystem\nq\x00X\x04\x00\x00\x00truep\x01\x85q\x02Rq\x03."],
+    ids=["empty-after-unsynced-rename", "pickled-call"],
+)
+def test_legacy_term_vote_file__unreadable__starts_as_pysyncobj_did_and_runs_nothing(
+    tmp_path: Path, meta: bytes
+) -> None:
+    path = tmp_path / "journal.bin"
+    legacy = FileJournal(str(path))
+    legacy.add(_command(1), 1, 2)
+    legacy._destroy()
+    (tmp_path / "journal.bin.meta").write_bytes(meta)
+
+    with structlog.testing.capture_logs() as logs:
+        journal = _journal(path)
+
+    assert (journal.getCurrentTerm(), journal.getVotedForNodeId()) == (0, None)
+    assert _indexes(journal) == [1]
+    assert any(e["event"] == "raft.legacy_term_vote_unreadable" for e in logs)
+
+
 def test_offline_reader__new_format__leaves_out_a_corrupt_tail(tmp_path: Path) -> None:
     path = tmp_path / "journal.bin"
     journal = _journal(path)
