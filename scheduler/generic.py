@@ -54,6 +54,7 @@ from drover.scheduler.structs import (
     EVAL_STATUS_FAILED,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
+    TRIGGER_NODE_DRAIN,
     TRIGGER_QUEUED_ALLOCS,
     TRIGGER_RETRY_FAILED_ALLOC,
     Allocation,
@@ -254,6 +255,15 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         )
         created.append(followup)
         followup_of.update((a.id, followup.id) for a in batch)
+    # Allocs held on draining nodes by migrate.max_parallel: one look again, when the
+    # earliest of the groups' next settle or drain deadline comes.
+    wakes = [r.migrate_wake_at_ns for r in results.values() if r.migrate_wake_at_ns]
+    if wakes:
+        created.append(
+            follow_up_eval(
+                ev, ctx.new_id(), TRIGGER_NODE_DRAIN, ctx.now_ns, job=target, wait_until_ns=min(wakes)
+            )
+        )
     for result in results.values():
         for stop in result.stop:
             builder.stop(stop.alloc, stop.description, client_status=stop.client_status)

@@ -8,9 +8,11 @@ node ineligible (as Nomad does: the operator re-enables it) and records a "Node 
 complete" event. ``drover node drain`` follows the same rule to know when to stop
 following, and then also waits for the stopped allocs' processes to exit.
 
-The schedulers move a draining node's allocs all at once (the generic reconciler's migrate
-bucket, the system scheduler's drain rows): what Nomad does when a drain's deadline passes.
-So a drain's deadline never has anything left to force; it is recorded and shown.
+The schedulers move a draining node's allocs (the generic reconciler's migrate bucket, the
+system scheduler's drain rows). A service group with a ``migrate`` block moves at most
+``max_parallel`` at a time, the next once the replacements settled, as Nomad's drainer lets
+them (scheduler/reconciler/migrate.py); when the drain's deadline passes the rest go at
+once (the scheduler asks for an eval at that moment). Any other group moves all at once.
 """
 
 from __future__ import annotations

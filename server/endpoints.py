@@ -20,6 +20,7 @@ from drover.scheduler.periodic import derive_dispatched_child, dispatched_child_
 from drover.scheduler.reconciler import next_reschedule
 from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
+    ALLOC_CLIENT_RUNNING,
     ALLOC_DESIRED_RUN,
     HEALTH_HEALTHY,
     HEALTH_UNHEALTHY,
@@ -580,9 +581,37 @@ class Endpoints:
         for ev in failure_evals:
             to_proto(ev, entry.evals.add())
         covered = {(e.namespace, e.job_id) for e in failure_evals}
-        for ev in self._deployment_evals(snap, entry, stored, covered):
+        deployment_evals = self._deployment_evals(snap, entry, stored, covered)
+        covered |= {(e.namespace, e.job_id) for e in deployment_evals}
+        started = [
+            stored[m.id]
+            for m in entry.allocs
+            if m.client_status == ALLOC_CLIENT_RUNNING and stored[m.id].client_status != ALLOC_CLIENT_RUNNING
+        ]
+        for ev in [*deployment_evals, *self._drain_evals(snap, started, entry.updated_at_ns, covered)]:
             to_proto(ev, entry.evals.add())
         return self._propose(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry)
+
+    def _drain_evals(
+        self, snap: Snapshot, started: list[Allocation], now: int, covered: set[Key]
+    ) -> list[Evaluation]:
+        """One ``node-drain`` eval per job with an alloc that just started running while its
+        group, under a ``migrate`` block, still has allocs waiting on a draining node: a
+        running replacement may open room for the next to leave (migrate.max_parallel,
+        scheduler/reconciler/migrate.py), and the scheduler must look again to know."""
+        evals: dict[Key, Evaluation] = {}
+        for alloc in started:
+            key = (alloc.namespace, alloc.job_id)
+            job = snap.job(*key) if key not in covered and key not in evals else None
+            group = job.lookup_group(alloc.task_group) if job is not None and not job.stop else None
+            if job is None or group is None or group.migrate is None:
+                continue
+            if any(
+                a.task_group == group.name and not a.terminal() and _draining(snap, a.node_id)
+                for a in snap.allocs_by_job(*key)
+            ):
+                evals[key] = self._new_eval(job, TRIGGER_NODE_DRAIN, now)
+        return list(evals.values())
 
     def _deployment_evals(
         self,
@@ -662,6 +691,15 @@ class Endpoints:
             raise ValidationError(f"snapshot: does not load: {exc}") from exc
         entry = raft_pb2.SnapshotRestoreEntry(snapshot=snapshot)
         return self._propose(ET.ENTRY_TYPE_SNAPSHOT_RESTORE, entry)
+
+
+# (namespace, job id)
+Key = tuple[str, str]
+
+
+def _draining(snap: Snapshot, node_id: str) -> bool:
+    node = snap.node(node_id)
+    return node is not None and node.drain_strategy is not None
 
 
 _CLIENT_STATUSES: Final = ("pending", "running", "complete", "failed", "lost", "unknown")

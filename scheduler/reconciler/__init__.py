@@ -16,6 +16,8 @@ Layout:
   paused and failed deployments).
 - ``reschedule``: whether and when a failed alloc may be replaced (``next_reschedule``),
   and the attempt history its replacement carries.
+- ``migrate``: how many of a group's allocs may leave draining nodes now
+  (``migrate.max_parallel``, Nomad's drainer) and when a replacement settles.
 - ``system``: ``diff_system_allocs``, a system or sysbatch job against every node:
   ``SystemDiff``.
 """

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from drover.scheduler.reconciler.migrate import drain_forced, drain_room
 from drover.scheduler.reconciler.reschedule import (
     RESCHEDULE_WINDOW_NS,
     RescheduleDecision,
@@ -244,6 +245,10 @@ class GroupResult:
     work_left: bool = False
     # Destructive updates held back by the rollout (they go when health opens room).
     held_back: bool = False
+    # Allocs held on draining nodes by migrate.max_parallel: when to look again (0: no
+    # need), the earliest moment a live alloc settles or a held one's drain deadline passes.
+    # The client's report that a replacement runs brings an eval sooner.
+    migrate_wake_at_ns: int = 0
 
     def counts(self) -> dict[str, int]:
         """Every bucket's size, zeros included (annotations, `drover job plan`, logs)."""
@@ -436,6 +441,7 @@ def _replacement_wins(
 
 _MOVE_LOST: Final = "move-lost"
 _MOVE_MIGRATE: Final = "move-migrate"
+_MIGRATE_HELD: Final = "migrate-held"  # to leave a draining node once migrate.max_parallel allows
 _MOVE_RESCHEDULE: Final = "move-reschedule"
 _MOVE_DISCONNECT: Final = "move-disconnect"
 _FAILED_HELD: Final = "failed-held"
@@ -447,6 +453,7 @@ _DONE: Final = "done"
 REMOVAL_ORDER: Final[tuple[tuple[str, str], ...]] = (
     (_MOVE_LOST, "Dropping a mover saves a placement; it leaves its node anyway."),
     (_MOVE_MIGRATE, "Same: it is being stopped anyway; only its replacement is saved."),
+    (_MIGRATE_HELD, "Same: it is to leave its draining node; waiting for room to, it saves a move."),
     (_MOVE_DISCONNECT, "Its node is away; stopping it costs nothing that runs for us."),
     (_MOVE_RESCHEDULE, "A failed alloc that would be replaced: skip the replacement."),
     (_FAILED_HELD, "Failed and not (yet) replaced: it serves nothing."),
@@ -457,7 +464,7 @@ REMOVAL_ORDER: Final[tuple[tuple[str, str], ...]] = (
 _REMOVAL_RANK: Final[Mapping[str, int]] = {kind: i for i, (kind, _) in enumerate(REMOVAL_ORDER)}
 # Holders that giving up their slot stops; the others (lost: stopped already; failed or
 # finished: nothing runs) are left as they are.
-_STOPPED_ON_REMOVAL: Final = frozenset({_MOVE_MIGRATE, _MOVE_DISCONNECT, _STAY, _STAY_UNKNOWN})
+_STOPPED_ON_REMOVAL: Final = frozenset({_MOVE_MIGRATE, _MIGRATE_HELD, _MOVE_DISCONNECT, _STAY, _STAY_UNKNOWN})
 
 
 @dataclass(slots=True)
@@ -482,6 +489,7 @@ class _Buckets:
     reschedule_later: list[DelayedReschedule] = field(default_factory=list)
     disconnecting: list[Allocation] = field(default_factory=list)
     reconnecting: list[Allocation] = field(default_factory=list)
+    migrate_wake_at_ns: int = 0
 
     def result(self, group: str, *, desired_canaries: int = 0, deferred: bool = False) -> GroupResult:
         work_left = deferred or bool(
@@ -508,6 +516,7 @@ class _Buckets:
             desired_canaries=desired_canaries,
             work_left=work_left,
             held_back=deferred,
+            migrate_wake_at_ns=self.migrate_wake_at_ns,
         )
 
 
@@ -806,9 +815,7 @@ def _slot_holders(
             and alloc.id not in stopped_ids
         ):
             holders.append(_Holder(alloc, _MOVE_LOST))
-    for alloc in by_category[MIGRATE]:
-        if alloc.id not in stopped_ids:
-            holders.append(_Holder(alloc, _MOVE_MIGRATE))
+    holders.extend(_migration_holders(p, by_category[MIGRATE]))
     failed_deployment = (
         p.deployment.id
         if p.deployment is not None and p.deployment.status == DEPLOYMENT_STATUS_FAILED
@@ -840,6 +847,44 @@ def _slot_holders(
             holders.append(_Holder(alloc, _STAY))
     for alloc in by_category[DONE]:
         holders.append(_Holder(alloc, _DONE))
+    return holders
+
+
+def _migration_holders(p: _GroupPass, migrating: list[Allocation]) -> list[_Holder]:
+    """Step 4, for the allocs that must move: those leaving a draining node go at most
+    ``migrate.max_parallel`` at a time, as Nomad's drainer lets them (``reconciler.migrate``);
+    the rest hold their slot where they are, and the result says when to look again. An
+    alloc the operator stopped (``alloc stop``), one whose drain deadline passed, and every
+    alloc of a group without a migrate block or of a batch job go now."""
+    strategy = p.group.migrate
+    room = None
+    if strategy is not None and p.job.type != JOB_TYPE_BATCH:
+        live = [a for a in p.allocs if not a.terminal() and a.id not in p.stopped_ids]
+        room = drain_room(live, p.group.count, strategy, p.now_ns)
+    left = room.room if room is not None else 0
+    holders: list[_Holder] = []
+    wake = 0
+    for alloc in migrating:
+        if alloc.id in p.stopped_ids:
+            continue
+        node = p.tainted.get(alloc.node_id)
+        if (
+            room is None
+            or alloc.should_migrate()
+            or p.where(alloc) != AT_DRAINING
+            or drain_forced(node, p.now_ns)
+        ):
+            holders.append(_Holder(alloc, _MOVE_MIGRATE))
+        elif left > 0:
+            left -= 1
+            holders.append(_Holder(alloc, _MOVE_MIGRATE))
+        else:
+            holders.append(_Holder(alloc, _MIGRATE_HELD))
+            deadline = node.drain_strategy.force_deadline_at_ns if node and node.drain_strategy else 0
+            for at in (room.next_change_ns, deadline):
+                if at and (wake == 0 or at < wake):
+                    wake = at
+    p.buckets.migrate_wake_at_ns = wake
     return holders
 
 
