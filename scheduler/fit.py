@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from drover.scheduler.structs import Allocation, Node, NodeResources, Resources
 
-__all__ = ["FitResult", "allocs_fit", "node_capacity", "proposed_allocs"]
+__all__ = ["FitResult", "allocs_fit", "cpu_per_core_mhz", "node_capacity", "proposed_allocs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,17 @@ class FitResult:
     fits: bool
     # Which dimension failed: "cpu", "memory", "disk", "max allocs", "port 8080", "node".
     reason: str = ""
+
+
+def cpu_per_core_mhz(node: Node) -> int:
+    """The CPU one of the node's cores gives (its total over ``cpu.numcores``, Nomad's
+    SharesPerCore): what a task's ``resources { cores = N }`` reserves N times. 0 when
+    the node does not say how many cores it has (the feasibility check keeps such a task
+    off it anyway)."""
+    numcores = node.attributes.get("cpu.numcores", "")
+    if not numcores.isdigit() or int(numcores) == 0:
+        return 0
+    return (node.resources or NodeResources()).cpu_mhz // int(numcores)
 
 
 def node_capacity(node: Node) -> tuple[int, int, int]:

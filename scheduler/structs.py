@@ -423,14 +423,19 @@ class TaskGroup:
     migrate: MigrateStrategy | None = None
     scaling: ScalingPolicy | None = None
 
-    def total_resources(self) -> Resources:
-        """What one alloc of this group asks of a node: the sum of its tasks."""
-        cpu = mem = 0
+    def total_resources(self, mhz_per_core: int = 0) -> Resources:
+        """What one alloc of this group asks of a node: the sum of its tasks, a task's
+        ``cores`` counted as that many times the node's ``mhz_per_core``
+        (``fit.cpu_per_core_mhz``), as Nomad counts reserved cores' CPU shares."""
+        cpu = mem = cores = 0
         for task in self.tasks:
             res = task.resources or Resources()
             cpu += res.cpu_mhz
             mem += res.memory_mb
-        return Resources(cpu_mhz=cpu, memory_mb=mem, disk_mb=self.ephemeral_disk_mb)
+            cores += res.cores
+        return Resources(
+            cpu_mhz=cpu + cores * mhz_per_core, memory_mb=mem, disk_mb=self.ephemeral_disk_mb, cores=cores
+        )
 
 
 # The Job fields the servers set (the FSM, on register), never the submitter: not part of a

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import TYPE_CHECKING, Final
 
+from drover.scheduler.fit import cpu_per_core_mhz
 from drover.scheduler.structs import AllocatedPort, AllocatedResources, Node, NodeResources, Port, TaskGroup
 
 if TYPE_CHECKING:  # the caller's seeded Random; scheduler/ never imports random at run time
@@ -132,7 +133,7 @@ def assign_ports(
     ports = pick_ports(node, static, dynamic, used, rng)
     if ports is None:
         return None
-    total = group.total_resources()
+    total = group.total_resources(cpu_per_core_mhz(node))
     return AllocatedResources(
         cpu_mhz=total.cpu_mhz, memory_mb=total.memory_mb, disk_mb=total.disk_mb, ports=ports
     )

@@ -37,7 +37,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from drover.scheduler._records import replacer
-from drover.scheduler.fit import allocs_fit
+from drover.scheduler.fit import allocs_fit, cpu_per_core_mhz
 from drover.scheduler.placement import scores
 from drover.scheduler.placement.feasible import (
     DISTINCT_HOSTS_GROUP,
@@ -247,6 +247,7 @@ class PreparedGroup:
         "affinity",
         "affinity_cache",
         "cache",
+        "cores",
         "cpu",
         "desired",
         "disk",
@@ -277,13 +278,15 @@ class PreparedGroup:
         self.spread_algorithm = spread_algorithm
         self.feasibility: Feasibility = compile_feasibility(job, group)
         total = group.total_resources()
+        # cpu: without the tasks' reserved cores, whose MHz depend on the node (cpu_on).
         self.cpu, self.mem, self.disk = total.cpu_mhz, total.memory_mb, total.disk_mb
+        self.cores = total.cores
         self.static, self.dynamic = group_ports(group)
         self.static_values = tuple(p.value for p in self.static)
         self.port_specs = (*self.static, *self.dynamic)
         self.port_cache: dict[tuple[int, int], AllocatedPort] = {}
         self.plain: AllocatedResources | None = None
-        if not self.static and not self.dynamic:
+        if not self.static and not self.dynamic and not self.cores:
             self.plain = AllocatedResources(cpu_mhz=self.cpu, memory_mb=self.mem, disk_mb=self.disk)
         ns = job.namespace
         self.job_key = (ns, job.id)
@@ -358,6 +361,11 @@ class PreparedGroup:
     def distinct_ok(self, view: NodeView, node: Node) -> bool:
         return self.hosts_ok(view) and self.props_ok(node)
 
+    def cpu_on(self, node: Node) -> int:
+        """The CPU one alloc takes on ``node``: the tasks' MHz plus their reserved cores at
+        the node's MHz per core (``fit.cpu_per_core_mhz``)."""
+        return self.cpu + self.cores * cpu_per_core_mhz(node) if self.cores else self.cpu
+
     def resources_on(
         self, node: Node, used: NodeView | set[int], rng: random.Random | None
     ) -> AllocatedResources | None:
@@ -376,7 +384,9 @@ class PreparedGroup:
                 spec = self.port_specs[i]
                 port = made[(i, value)] = AllocatedPort(label=spec.label, value=value, to=spec.to)
             ports.append(port)
-        return AllocatedResources(cpu_mhz=self.cpu, memory_mb=self.mem, disk_mb=self.disk, ports=tuple(ports))
+        return AllocatedResources(
+            cpu_mhz=self.cpu_on(node), memory_mb=self.mem, disk_mb=self.disk, ports=tuple(ports)
+        )
 
     def affinity_of(self, node: Node) -> float:
         assert self.affinity is not None
@@ -406,7 +416,7 @@ class PreparedGroup:
         """(sum, count) of the components that depend only on the node's view: binpack,
         job anti-affinity and affinities. Cacheable against ``view.version``."""
         score = scores.binpack_score(
-            view.cpu + self.cpu, caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
+            view.cpu + self.cpu_on(node), caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
         )
         parts = 1
         collisions = view.groups.get(self.group_key, 0)
@@ -432,7 +442,11 @@ class PreparedGroup:
         """
         components = {
             scores.SCORE_BINPACK: scores.binpack_score(
-                view.cpu + self.cpu, caps[0], view.mem + self.mem, caps[1], spread=self.spread_algorithm
+                view.cpu + self.cpu_on(node),
+                caps[0],
+                view.mem + self.mem,
+                caps[1],
+                spread=self.spread_algorithm,
             )
         }
         collisions = view.groups.get(self.group_key, 0)
@@ -540,6 +554,7 @@ def _scan(
     cache = prep.cache
     dead = ring.dead
     cpu, mem, disk, static = prep.cpu, prep.mem, prep.disk, prep.static_values
+    cores = prep.cores
     hosts, props, spreads = prep.distinct_hosts, prep.distinct, prep.spreads
     # Without per-call components the cached final score is the score.
     per_call = bool(props or spreads or penalty_node_ids)
@@ -574,8 +589,11 @@ def _scan(
                 filtered += 1
                 continue
             caps = views.caps(node)
-            if not view_fits(view, caps, cpu, mem, disk, static):
-                ring.drop(node_id, exhausted_dimension(view, caps, cpu, mem, disk, static), exhausted=True)
+            node_cpu = prep.cpu_on(node) if cores else cpu
+            if not view_fits(view, caps, node_cpu, mem, disk, static):
+                ring.drop(
+                    node_id, exhausted_dimension(view, caps, node_cpu, mem, disk, static), exhausted=True
+                )
                 exhausted += 1
                 continue
             score, parts = prep.base_score(node, view, caps)
@@ -783,8 +801,9 @@ def place_on_node(
     if not prep.props_ok(node):
         return _filtered_on_node(stats, node, REASON_DISTINCT_PROPERTY)
     caps = views.caps(node)
-    if not view_fits(view, caps, prep.cpu, prep.mem, prep.disk, prep.static_values):
-        dimension = exhausted_dimension(view, caps, prep.cpu, prep.mem, prep.disk, prep.static_values)
+    cpu = prep.cpu_on(node)
+    if not view_fits(view, caps, cpu, prep.mem, prep.disk, prep.static_values):
+        dimension = exhausted_dimension(view, caps, cpu, prep.mem, prep.disk, prep.static_values)
         return _exhausted_on_node(stats, node, dimension)
     resources = prep.resources_on(node, view, rng)
     if resources is None:
@@ -864,7 +883,9 @@ def _place_replacing(
             return _filtered_on_node(stats, node, REASON_DISTINCT_PROPERTY)
     ports = reuse_ports(prep.group, replacing.resources)
     if ports is not None:
-        resources = AllocatedResources(cpu_mhz=prep.cpu, memory_mb=prep.mem, disk_mb=prep.disk, ports=ports)
+        resources = AllocatedResources(
+            cpu_mhz=prep.cpu_on(node), memory_mb=prep.mem, disk_mb=prep.disk, ports=ports
+        )
     else:
         maybe = prep.resources_on(node, others, rng)
         if maybe is None:
