@@ -1110,6 +1110,16 @@ class Client:
             if self._stubs[self._current] is failed:
                 self._current = (self._current + 1) % len(self._stubs)
 
+    def _unreached(self, stubs: _Stubs, err: DroverError) -> bool:
+        """Before any address has answered: True when ``stubs``' address could not be
+        reached at all (try the next one at once, no backoff); a TLS failure is raised, as
+        no retry can mend it."""
+        if self._reach.answered:
+            return False
+        if _is_tls_failure(err):
+            raise err
+        return self._reach.is_transport_failure(stubs, err)
+
     def _retrying_stream(
         self,
         open_stream: Callable[[_Stubs], _ResponseStream[Streamed]],
@@ -1152,11 +1162,8 @@ class Client:
                     err = DroverError(
                         grpc.StatusCode.UNAVAILABLE, f"{stubs.address} sent nothing for {stall_timeout:g}s"
                     )
-                elif not self._reach.answered:
-                    if _is_tls_failure(err):
-                        raise err from exc
-                    if self._reach.is_transport_failure(stubs, err):
-                        continue
+                elif self._unreached(stubs, err):
+                    continue
                 self._answered()
                 if _is_tls_failure(err) or not retry(err, received):
                     raise err from exc
@@ -1192,11 +1199,8 @@ class Client:
                 response = method(stubs)(request, timeout=attempt_timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
                 err = _translate(exc)
-                if not self._reach.answered:
-                    if _is_tls_failure(err):
-                        raise err from exc
-                    if self._reach.is_transport_failure(stubs, err):
-                        continue
+                if self._unreached(stubs, err):
+                    continue
                 self._answered()
                 if (err.code not in retryable and not _is_backoff(err)) or _is_tls_failure(err):
                     raise err from exc
