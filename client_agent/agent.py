@@ -58,6 +58,7 @@ from drover.client.fingerprint import HostFacts, build_node, fingerprint, probe_
 from drover.client.metrics import open_client_endpoint
 from drover.client.rpc import NodesRpc, ServerPool
 from drover.client.runner import AllocRunner, job_key
+from drover.client.services import Fetch
 from drover.client.state import NodeIdentity, StateDB
 from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
 from drover.client.taskstate import AllocStatus
@@ -363,7 +364,21 @@ class ClientAgent:
             rng=self._rng,
             on_update=self._on_alloc_update,
             node=self._node,
+            services_fetch=self._services_fetch(alloc.id),
         )
+
+    def _services_fetch(self, alloc_id: str) -> Fetch:
+        """How ``alloc_id``'s templates read services: with this node's secret, from any server."""
+
+        def fetch(
+            names: Sequence[str], min_index: int, wait_s: float
+        ) -> tuple[Sequence[structs_pb2.ServiceRegistration], int]:
+            resp = self._rpc.service_registrations(
+                self.node_id, self.secret_id, alloc_id, names, min_index=min_index, wait_s=wait_s
+            )
+            return resp.registrations, resp.meta.index
+
+        return fetch
 
     def _restore(self) -> None:
         assert self._store is not None
@@ -376,6 +391,7 @@ class ClientAgent:
                 rng=self._rng,
                 on_update=self._on_alloc_update,
                 node=self._node,
+                services_fetch=self._services_fetch(record.alloc.id),
             )
             with self._runners_lock:
                 self._runners[runner.alloc_id] = runner

@@ -82,6 +82,19 @@ class ServerPool:
         for channel in channels:
             channel.close()
 
+    def call_services(self, fn: Callable[[api_pb2_grpc.ServicesStub], T]) -> T:
+        """``call`` for the Services API, on the same channel as the Nodes calls."""
+        address = self.current()
+        try:
+            self.stub(address)
+            with self._lock:
+                channel = self._stubs[address][0]
+            return fn(api_pb2_grpc.ServicesStub(channel))
+        except KeyError:
+            raise ServerUnreachable(address, "CANCELLED", "the agent is shutting down") from None
+        except grpc.RpcError as exc:
+            raise self._translate(address, exc) from exc
+
     def call(self, fn: Callable[[api_pb2_grpc.NodesStub], T]) -> T:
         address = self.current()
         try:
@@ -183,6 +196,28 @@ class NodesRpc:
         # The server answers by wait_s at the latest; the margin covers forwarding and load.
         deadline = wait_s + self._timeout_s
         return self.pool.call(lambda s: s.GetClientAllocs(req, timeout=deadline))
+
+    def service_registrations(
+        self,
+        node_id: str,
+        secret_id: str,
+        alloc_id: str,
+        names: Sequence[str],
+        *,
+        min_index: int,
+        wait_s: float,
+    ) -> api_pb2.ServiceInfoResponse:
+        """The registrations of ``names`` in ``alloc_id``'s namespace, from any server's own
+        state; with ``min_index``, once the registrations pass it or after ``wait_s``."""
+        req = api_pb2.ServiceClientInfoRequest(
+            node_id=node_id,
+            secret_id=secret_id,
+            alloc_id=alloc_id,
+            service_names=list(names),
+            options=api_pb2.QueryOptions(stale=True, min_index=min_index, wait_ns=int(wait_s * 1e9)),
+        )
+        deadline = wait_s + self._timeout_s
+        return self.pool.call_services(lambda s: s.ClientInfo(req, timeout=deadline))
 
     def update_allocs(self, node_id: str, secret_id: str, statuses: Sequence[AllocStatus]) -> None:
         req = api_pb2.AllocUpdateRequest(

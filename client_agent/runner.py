@@ -43,6 +43,7 @@ from drover.client.health import DeploymentHealth, HealthTracker, health_policy,
 from drover.client.interpolate import interpolate_config
 from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of
 from drover.client.restarts import RestartPolicy, default_restart_policy
+from drover.client.services import Fetch, ServiceCache
 from drover.client.state import AllocRecord, StateDB, TaskRecord
 from drover.client.taskenv import dir_env, node_values, task_env
 from drover.client.taskrunner import TaskRunner
@@ -50,16 +51,20 @@ from drover.client.taskstate import (
     CLIENT_FAILED,
     EVENT_RECEIVED,
     EVENT_RECONNECTED,
+    EVENT_RESTART_SIGNALED,
     AllocStatus,
     TaskEvent,
     TaskState,
     alloc_status,
 )
+from drover.client.templates import TaskFiles, change_action
 from drover.v1 import structs_pb2
 
 __all__ = ["AllocRunner", "job_key", "restart_policy_of"]
 
 DEFAULT_KILL_TIMEOUT_NS: Final = 5_000_000_000
+# The task event of an alloc stopped by its group's max_run_duration.
+EVENT_MAX_RUN_DURATION: Final = "Max Run Duration Exceeded"
 
 log = structlog.get_logger("drover.client.alloc")
 
@@ -103,11 +108,14 @@ class AllocRunner:
         on_update: Callable[[AllocStatus], None],
         record: AllocRecord | None = None,
         node: structs_pb2.Node | None = None,
+        services_fetch: Fetch | None = None,
     ) -> None:
         """A runner for a new alloc, or (with ``record``) for one a previous agent ran.
 
         ``node`` is this agent's node as registered: its names are what a task's config and
-        env may interpolate (``${node.unique.name}``, ``${attr.*}``, ``${meta.*}``)."""
+        env may interpolate (``${node.unique.name}``, ``${attr.*}``, ``${meta.*}``).
+        ``services_fetch`` reads service registrations for templates' ``nomadService``
+        (None: every service resolves to none)."""
         self._alloc = alloc
         self._node = node
         self._job = job
@@ -131,6 +139,12 @@ class AllocRunner:
         self._tracker: HealthTracker | None = None
         # Cancelled trackers whose thread may still finish a check: joined by join().
         self._old_trackers: list[HealthTracker] = []
+        # Templates, artifacts and payloads by task, and the services templates read.
+        self._files: dict[str, TaskFiles] = {}
+        self._services = ServiceCache(services_fetch, log=self._log) if services_fetch else None
+        # The group's max_run_duration: the timer that ends the alloc, and whether it did.
+        self._run_timer: threading.Timer | None = None
+        self._run_limit_hit = ""
         group = find_group(job, alloc.task_group)
         if job is None:
             self._error = f"job {job_key(alloc)} was not sent with the alloc"
@@ -150,6 +164,7 @@ class AllocRunner:
         rng: random.Random,
         on_update: Callable[[AllocStatus], None],
         node: structs_pb2.Node | None = None,
+        services_fetch: Fetch | None = None,
     ) -> AllocRunner:
         """The runner a previous agent left in ``record``: running tasks are re-attached."""
         return cls(
@@ -162,6 +177,7 @@ class AllocRunner:
             on_update=on_update,
             record=record,
             node=node,
+            services_fetch=services_fetch,
         )
 
     def _build_tasks(
@@ -181,6 +197,17 @@ class AllocRunner:
             except DriverConfigError as exc:
                 setup_error = str(exc)
             driver = self._drivers.get(task.driver)
+            files: TaskFiles | None = None
+            if task.templates or task.artifacts or task.HasField("dispatch_payload"):
+                files = TaskFiles(
+                    task,
+                    payload=job.payload,
+                    task_dir=task_dir,
+                    env=env,
+                    node_names=node_names,
+                    services=self._services.lookup if self._services else lambda name: (),
+                )
+                self._files[task.name] = files
             spec = TaskSpec(
                 alloc_id=self._alloc.id,
                 name=task.name,
@@ -221,6 +248,7 @@ class AllocRunner:
                 record=previous,
                 recovered=recovered,
                 setup_error=setup_error,
+                prepare=files.prepare if files is not None else None,
             )
 
     # -- what the agent reads ----------------------------------------------------------
@@ -256,6 +284,9 @@ class AllocRunner:
         if self._error:
             return AllocStatus(self._alloc.id, CLIENT_FAILED, self._error, {})
         status = alloc_status(self._alloc.id, {n: t.snapshot().state for n, t in self._tasks.items()})
+        if self._run_limit_hit and status.client_status == "complete":
+            # Killed for running too long: a failure (the reschedule policy decides).
+            return AllocStatus(status.alloc_id, CLIENT_FAILED, self._run_limit_hit, status.task_states)
         description = status.description
         if self._stop_requested and self._stop_reason and status.client_status == "complete":
             description = self._stop_reason
@@ -320,6 +351,9 @@ class AllocRunner:
                         task.start()
             self._advance_locked()
             self._watch_health_locked()
+            if self._services is not None and any(f.has_templates for f in self._files.values()):
+                self._services.watch(self._services_changed)
+            self._limit_run_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
         """The server changed the alloc (an in-place update): keep the newer copy."""
@@ -343,6 +377,7 @@ class AllocRunner:
             self._stop_requested = True
             self._stop_reason = reason
             self._log.info("alloc.stopping", reason=reason)
+            self._end_watches_locked()
             # Tasks killed on purpose say nothing about the version's health.
             self._cancel_tracker_locked()
             self._persist()
@@ -394,6 +429,7 @@ class AllocRunner:
         """Stop watching the tasks and leave them running (agent restart or upgrade)."""
         with self._lock:
             self._cancel_tracker_locked()
+            self._end_watches_locked()
         for task in self._tasks.values():
             task.detach()
 
@@ -402,6 +438,7 @@ class AllocRunner:
         with self._lock:
             self._destroyed = True
             self._cancel_tracker_locked()
+            self._end_watches_locked()
             for task in self._tasks.values():
                 task.kill()
             try:
@@ -421,7 +458,69 @@ class AllocRunner:
         for tracker in trackers:
             remaining = (deadline - self._clock.monotonic_ns()) / 1e9
             ok = tracker.join(remaining) and ok
+        if self._services is not None:
+            ok = self._services.join((deadline - self._clock.monotonic_ns()) / 1e9) and ok
         return ok
+
+    # -- templates and max_run_duration ----------------------------------------------
+
+    def _services_changed(self) -> None:
+        """The services a template reads changed: render again and apply each changed
+        template's change_mode (restart wins over signal, as in Nomad; an env template
+        can only take effect through a restart)."""
+        with self._lock:
+            if self._stop_requested or self._destroyed:
+                return
+            targets = [
+                (self._tasks[name], files) for name, files in self._files.items() if name in self._tasks
+            ]
+        now = self._clock.now_ns()
+        for task, files in targets:
+            changed = files.rerender()
+            if not changed:
+                continue
+            restart, signals = change_action(changed)
+            self._log.info("alloc.template_rerendered", task=task.name, restart=restart, signals=signals)
+            if restart:
+                message = "Template with change_mode restart re-rendered"
+                task.add_event(TaskEvent(EVENT_RESTART_SIGNALED, message, now))
+                task.restart(message)
+                continue
+            for name in signals:
+                try:
+                    task.signal(_signal_number(name), name)
+                except DriverConfigError as exc:
+                    self._log.warning("alloc.template_signal_failed", task=task.name, error=str(exc))
+
+    def _limit_run_locked(self) -> None:
+        """Start the max_run_duration timer, counted from the alloc's first task start
+        (a restored runner counts from the start a previous agent recorded)."""
+        group = find_group(self._job, self._alloc.task_group)
+        limit = group.max_run_duration_ns if group is not None else 0
+        if limit <= 0 or self._stop_requested or self._run_timer is not None:
+            return
+        starts = [t.snapshot().state.started_at_ns for t in self._tasks.values()]
+        started = min((s for s in starts if s > 0), default=self._clock.now_ns())
+        delay_s = max(0.0, (started + limit - self._clock.now_ns()) / 1e9)
+        self._run_timer = threading.Timer(delay_s, self._run_limit_reached, args=(limit,))
+        self._run_timer.daemon = True
+        self._run_timer.start()
+
+    def _run_limit_reached(self, limit_ns: int) -> None:
+        with self._lock:
+            if self._stop_requested or self._destroyed or self.is_finished():
+                return
+            self._run_limit_hit = f"max_run_duration of {limit_ns / 1e9:g}s exceeded"
+            now = self._clock.now_ns()
+            for task in self._tasks.values():
+                task.add_event(TaskEvent(EVENT_MAX_RUN_DURATION, self._run_limit_hit, now))
+        self.stop(self._run_limit_hit)
+
+    def _end_watches_locked(self) -> None:
+        if self._services is not None:
+            self._services.stop()
+        if self._run_timer is not None:
+            self._run_timer.cancel()
 
     # -- deployment health -------------------------------------------------------------
 

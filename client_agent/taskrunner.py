@@ -28,8 +28,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -74,8 +74,13 @@ class TaskRunner:
         record: TaskRecord,
         recovered: TaskHandle | None = None,
         setup_error: str = "",
+        prepare: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """``record`` is the task's last persisted record (a fresh one for a new task).
+
+        ``prepare`` runs before each start (artifacts, templates: client_agent/templates.py)
+        and returns variables to add to the task's environment; a ``TaskStartError`` from it
+        fails that start as the driver's own would.
 
         If the record has a driver handle, ``recovered`` is what the driver re-attached to:
         None means the task ended while no agent watched it. ``setup_error`` (unknown driver,
@@ -92,6 +97,7 @@ class TaskRunner:
         self._on_change = on_change
         self._log = log.bind(task=spec.name)
         self._setup_error = setup_error
+        self._prepare = prepare
         self._lock = threading.Lock()
         self._state = record.state
         self._handle_state = record.handle
@@ -106,6 +112,7 @@ class TaskRunner:
         self._detach = threading.Event()
         self._wake = threading.Event()
         self._restart = threading.Event()
+        self._restart_reason = "User requested restart"
         # The running task's handle (None while it is not running), for restart and signal.
         self._handle: TaskHandle | None = None
         self._thread: threading.Thread | None = None
@@ -134,10 +141,12 @@ class TaskRunner:
         with self._lock:
             return self._handle is not None and not self._kill.is_set()
 
-    def restart(self) -> bool:
-        """Ask for a restart in place; False (nothing asked) if the task is not running."""
+    def restart(self, reason: str = "User requested restart") -> bool:
+        """Ask for a restart in place; False (nothing asked) if the task is not running.
+        ``reason`` is what the task's state says it is restarting for."""
         if not self.running:
             return False
+        self._restart_reason = reason
         self._restart.set()
         self._wake.set()
         return True
@@ -265,7 +274,10 @@ class TaskRunner:
             return None
         started = time.perf_counter()
         try:
-            handle = self._driver.start(self.spec, self._task_dir)
+            spec = self.spec
+            if self._prepare is not None:
+                spec = replace(spec, env={**spec.env, **self._prepare()})
+            handle = self._driver.start(spec, self._task_dir)
         except DriverConfigError as exc:
             self._fail_now(str(exc))
             return None
@@ -340,7 +352,7 @@ class TaskRunner:
         self._log.info("task.restart_requested", exit_code=exit_.result.exit_code)
 
         def change(s: TaskState) -> TaskState:
-            return s.with_event(terminated).restarting(now, 0, "User requested restart")
+            return s.with_event(terminated).restarting(now, 0, self._restart_reason)
 
         self._set(change, handle=None)
 

@@ -385,6 +385,41 @@ class TaskLifecycle:
     sidecar: bool = False
 
 
+# A template's change_mode (Nomad's): what the client does when a re-render changes the file.
+CHANGE_MODE_RESTART: Final = "restart"
+CHANGE_MODE_SIGNAL: Final = "signal"
+CHANGE_MODE_NOOP: Final = "noop"
+CHANGE_MODES: Final = (CHANGE_MODE_RESTART, CHANGE_MODE_SIGNAL, CHANGE_MODE_NOOP)
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A ``template`` block: ``data`` or ``source`` rendered to ``destination`` (relative to
+    the task's directory) by the client (client_agent/templates.py)."""
+
+    data: str = ""
+    source: str = ""
+    destination: str = ""
+    change_mode: str = CHANGE_MODE_RESTART
+    change_signal: str = ""
+    env: bool = False
+    perms: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An ``artifact`` block: a path on the node (or ``file://`` URL) copied into the task's
+    directory before its first start."""
+
+    source: str = ""
+    destination: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPayload:
+    file: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     name: str = ""
@@ -402,6 +437,9 @@ class Task:
     shutdown_delay_ns: int = 0
     restart: RestartPolicy | None = None
     user: str = ""
+    templates: tuple[Template, ...] = ()
+    artifacts: tuple[Artifact, ...] = ()
+    dispatch_payload: DispatchPayload | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +460,7 @@ class TaskGroup:
     services: tuple[Service, ...] = ()
     migrate: MigrateStrategy | None = None
     scaling: ScalingPolicy | None = None
+    max_run_duration_ns: int = 0
 
     def total_resources(self, mhz_per_core: int = 0) -> Resources:
         """What one alloc of this group asks of a node: the sum of its tasks, a task's

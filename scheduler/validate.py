@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from drover.scheduler._records import replacer
+from drover.scheduler.gotemplate import TemplateError, parse_template
 from drover.scheduler.periodic import cron_error, time_zone_error
 from drover.scheduler.regexp import regexp_error
 from drover.scheduler.structs import (
     ADDRESS_MODES,
+    CHANGE_MODE_SIGNAL,
+    CHANGE_MODES,
     CHECK_HTTP,
     CHECK_SCRIPT,
     CHECK_TCP,
@@ -62,6 +65,7 @@ from drover.scheduler.structs import (
     NODE_STATUSES,
     RECONCILE_MODES,
     Affinity,
+    Artifact,
     Constraint,
     DisconnectStrategy,
     Job,
@@ -80,6 +84,7 @@ from drover.scheduler.structs import (
     Spread,
     Task,
     TaskGroup,
+    Template,
     UpdateStrategy,
 )
 
@@ -736,6 +741,8 @@ def _group_errors(group: TaskGroup, job_type: str, path: str, limits: Limits) ->
         if task.leader and leaders > 1:
             yield FieldError(f"{task_path}.leader", "only one task in a group may be the leader")
         yield from _task_errors(task, task_path, limits)
+    if group.max_run_duration_ns < 0:
+        yield FieldError(f"{path}.max_run_duration_ns", f"must be >= 0, got {group.max_run_duration_ns}")
     if group.services or any(task.services for task in group.tasks):
         yield from _group_services_errors(group, path)
 
@@ -764,6 +771,73 @@ def _task_errors(task: Task, path: str, limits: Limits) -> Iterator[FieldError]:
         yield from _meta_errors(task.meta, f"{path}.meta")
     for i, constraint in enumerate(task.constraints):
         yield from _constraint_errors(constraint, f"{path}.constraints[{i}]")
+    for i, template in enumerate(task.templates):
+        yield from _template_errors(template, f"{path}.templates[{i}]")
+    for i, artifact in enumerate(task.artifacts):
+        yield from _artifact_errors(artifact, f"{path}.artifacts[{i}]")
+    if task.dispatch_payload is not None:
+        error = _relative_path_error(task.dispatch_payload.file, required=True)
+        if error:
+            yield FieldError(f"{path}.dispatch_payload.file", error)
+
+
+def _relative_path_error(path: str, *, required: bool) -> str:
+    """Files a job places stay inside the task's directory (Nomad's sandbox): no absolute
+    path, no ``..``. ``${...}`` is left for the client to fill in."""
+    if not path:
+        return "must not be empty" if required else ""
+    if path.startswith("/") or ".." in path.replace("\\", "/").split("/"):
+        return f"must be a path inside the task's directory (no leading / and no ..), got {_q(path)}"
+    return ""
+
+
+_PERMS: Final = re.compile(r"^0?[0-7]{3}$")
+
+
+def _template_errors(template: Template, path: str) -> Iterator[FieldError]:
+    if bool(template.data) == bool(template.source):
+        yield FieldError(f"{path}.data", "set data or source (one of them)")
+    error = _relative_path_error(template.destination, required=True)
+    if error:
+        yield FieldError(f"{path}.destination", error)
+    if template.change_mode and template.change_mode not in CHANGE_MODES:
+        yield FieldError(f"{path}.change_mode", _one_of(CHANGE_MODES, template.change_mode))
+    if template.change_mode == CHANGE_MODE_SIGNAL and template.change_signal not in KILL_SIGNALS:
+        yield FieldError(f"{path}.change_signal", _one_of(KILL_SIGNALS, template.change_signal))
+    if template.perms and not _PERMS.match(template.perms):
+        yield FieldError(
+            f"{path}.perms", f'must be an octal file mode such as "0644", got {_q(template.perms)}'
+        )
+    if template.source and not template.source.startswith("/"):
+        yield FieldError(f"{path}.source", f"must be an absolute path on the node, got {_q(template.source)}")
+    if template.data:
+        try:
+            parse_template(template.data)
+        except TemplateError as exc:
+            yield FieldError(f"{path}.data", str(exc))
+
+
+def _artifact_errors(artifact: Artifact, path: str) -> Iterator[FieldError]:
+    source = artifact.source
+    if not source:
+        yield FieldError(f"{path}.source", "must not be empty")
+    elif "://" in source and not source.startswith("file://"):
+        scheme = source.split("://", 1)[0]
+        yield FieldError(
+            f"{path}.source",
+            f"{_q(scheme)} sources are not supported by drover (only local paths and file:// URLs:"
+            " nothing remote can be fetched here)",
+        )
+    elif "::" in source:
+        yield FieldError(
+            f"{path}.source",
+            f"go-getter forcing ({_q(source.split('::', 1)[0])}::) is not supported by drover",
+        )
+    elif not source.removeprefix("file://").startswith("/"):
+        yield FieldError(f"{path}.source", f"must be an absolute path on the node, got {_q(source)}")
+    error = _relative_path_error(artifact.destination, required=False)
+    if error:
+        yield FieldError(f"{path}.destination", error)
 
 
 def _config_errors(config_json: str, path: str, limits: Limits) -> Iterator[FieldError]:
@@ -1007,7 +1081,9 @@ def _service_errors(
     if service.port and service.port not in labels:
         yield FieldError(f"{path}.port", _port_label_error(service.port, labels))
     if service.address_mode == "driver":
-        yield FieldError(f"{path}.address_mode", '"driver" is not supported by drover (no driver networks here)')
+        yield FieldError(
+            f"{path}.address_mode", '"driver" is not supported by drover (no driver networks here)'
+        )
     elif service.address_mode and service.address_mode not in ADDRESS_MODES:
         yield FieldError(f"{path}.address_mode", _one_of(ADDRESS_MODES, service.address_mode))
     for i, check in enumerate(service.checks):

@@ -51,8 +51,10 @@ from drover.common.duration import parse_duration
 from drover.scheduler.structs import (
     JOB_TYPE_SERVICE,
     Affinity,
+    Artifact,
     Constraint,
     DisconnectStrategy,
+    DispatchPayload,
     Job,
     MigrateStrategy,
     NetworkResource,
@@ -70,6 +72,7 @@ from drover.scheduler.structs import (
     Task,
     TaskGroup,
     TaskLifecycle,
+    Template,
     UpdateStrategy,
 )
 from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
@@ -138,6 +141,7 @@ _PERIODIC_DEFAULTS: Final = PeriodicConfig()
 _PARAMETERIZED_DEFAULTS: Final = ParameterizedConfig()
 _SERVICE_DEFAULTS: Final = Service()
 _CHECK_DEFAULTS: Final = ServiceCheck()
+_TEMPLATE_DEFAULTS: Final = Template()
 _MIGRATE_DEFAULTS: Final = MigrateStrategy()
 
 # Blocks that carry exactly one label; every other block in the jobspec carries none.
@@ -644,6 +648,24 @@ _NOT_SUPPORTED: Final[Mapping[str, Mapping[str, str]]] = {
     "port": {
         "host_network": "no host networks here: ports bind the node's address",
     },
+    "template": {
+        "change_script": 'use change_mode = "restart", "signal" or "noop"',
+        "left_delimiter": "templates use {{ }}",
+        "right_delimiter": "templates use {{ }}",
+        "splay": "a change is acted on at once",
+        "wait": "a change is acted on at once",
+        "uid": "rendered files belong to the agent's user",
+        "gid": "rendered files belong to the agent's user",
+        "error_on_missing_key": "a missing key is an error already",
+        "vault_grace": "no Vault here",
+        "once": "templates follow their services",
+    },
+    "artifact": {
+        "options": "only local paths and file:// URLs: nothing remote is fetched",
+        "headers": "only local paths and file:// URLs: nothing remote is fetched",
+        "mode": "a file is copied as a file, a directory as a directory",
+        "chown": "copied files belong to the agent's user",
+    },
 }
 # Task drivers of Nomad's that drover has not, and the raw_exec config keys that are
 # other drivers' (Docker's mostly): refused when the file is read, not when a node tries.
@@ -742,7 +764,7 @@ def _optional(body: _Body | None, convert: Callable[[_Body], T]) -> T | None:
 _GROUP_KEYS: Final = frozenset(
     {"count", "constraint", "affinity", "spread", "update", "reschedule", "restart", "disconnect"}
     | {"ephemeral_disk", "network", "meta", "task", "service", "migrate", "scaling"}
-    | {"max_client_disconnect", "stop_after_client_disconnect"}
+    | {"max_client_disconnect", "stop_after_client_disconnect", "max_run_duration"}
 )
 
 
@@ -792,12 +814,14 @@ def _group(
         else _GROUP_DEFAULTS.ephemeral_disk_mb,
         meta=body.str_map("meta"),
         services=tuple(_service(b) for b in body.blocks("service")),
+        max_run_duration_ns=body.get_duration("max_run_duration", 0),
     )
 
 
 _TASK_KEYS: Final = frozenset(
     {"driver", "config", "env", "meta", "resources", "constraint", "kill_timeout", "leader", "service"}
     | {"lifecycle", "kill_signal", "shutdown_delay", "restart", "user"}
+    | {"template", "artifact", "dispatch_payload"}
 )
 
 
@@ -824,7 +848,38 @@ def _task(name: str, body: _Body, group_restart: RestartPolicy) -> Task:
         shutdown_delay_ns=body.get_duration("shutdown_delay", 0),
         restart=_restart(restart, group_restart) if restart else None,
         user=body.get_str("user"),
+        templates=tuple(_template(b) for b in body.blocks("template")),
+        artifacts=tuple(_artifact(b) for b in body.blocks("artifact")),
+        dispatch_payload=_optional(body.block("dispatch_payload"), _dispatch_payload),
     )
+
+
+_TEMPLATE_KEYS: Final = frozenset(
+    {"data", "source", "destination", "change_mode", "change_signal", "env", "perms"}
+)
+
+
+def _template(body: _Body) -> Template:
+    _check_keys(body, "template", _TEMPLATE_KEYS)
+    return Template(
+        data=body.get_str("data"),
+        source=body.get_str("source"),
+        destination=body.get_str("destination"),
+        change_mode=body.get_str("change_mode", _TEMPLATE_DEFAULTS.change_mode),
+        change_signal=body.get_str("change_signal"),
+        env=body.get_bool("env", False),
+        perms=body.get_str("perms"),
+    )
+
+
+def _artifact(body: _Body) -> Artifact:
+    _check_keys(body, "artifact", frozenset({"source", "destination"}))
+    return Artifact(source=body.get_str("source"), destination=body.get_str("destination"))
+
+
+def _dispatch_payload(body: _Body) -> DispatchPayload:
+    body.check_keys(frozenset({"file"}))
+    return DispatchPayload(file=body.get_str("file"))
 
 
 def _lifecycle(body: _Body) -> TaskLifecycle:

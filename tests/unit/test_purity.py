@@ -249,6 +249,8 @@ APPLY_PATH = [
     ("server/snapshot.py", frozenset()),
     # Runs on the apply thread after each entry: every server must derive the same events.
     ("server/events/derive.py", frozenset()),
+    # Service registrations are derived from each alloc inside the apply.
+    ("server/services/registrations.py", frozenset()),
 ]
 
 

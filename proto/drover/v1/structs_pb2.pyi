@@ -683,6 +683,9 @@ class Task(_message.Message):
     SHUTDOWN_DELAY_NS_FIELD_NUMBER: _builtins.int
     RESTART_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
+    TEMPLATES_FIELD_NUMBER: _builtins.int
+    ARTIFACTS_FIELD_NUMBER: _builtins.int
+    DISPATCH_PAYLOAD_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     driver: _builtins.str
     config_json: _builtins.str
@@ -713,6 +716,18 @@ class Task(_message.Message):
     def restart(self) -> Global___RestartPolicy:
         """The task's own restart policy, laid over its group's."""
 
+    @_builtins.property
+    def templates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Template]:
+        """Files rendered into the task's directory before each start (Nomad's template block)."""
+
+    @_builtins.property
+    def artifacts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Artifact]:
+        """Files fetched into the task's directory before it first starts (local paths only)."""
+
+    @_builtins.property
+    def dispatch_payload(self) -> Global___DispatchPayload:
+        """Where a dispatched job's payload is written (absent: not written)."""
+
     def __init__(
         self,
         *,
@@ -731,14 +746,107 @@ class Task(_message.Message):
         shutdown_delay_ns: _builtins.int = ...,
         restart: Global___RestartPolicy | None = ...,
         user: _builtins.str = ...,
+        templates: _abc.Iterable[Global___Template] | None = ...,
+        artifacts: _abc.Iterable[Global___Artifact] | None = ...,
+        dispatch_payload: Global___DispatchPayload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lifecycle", b"lifecycle", "resources", b"resources", "restart", b"restart"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dispatch_payload", b"dispatch_payload", "lifecycle", b"lifecycle", "resources", b"resources", "restart", b"restart"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "constraints", b"constraints", "driver", b"driver", "env", b"env", "kill_signal", b"kill_signal", "kill_timeout_ns", b"kill_timeout_ns", "leader", b"leader", "lifecycle", b"lifecycle", "meta", b"meta", "name", b"name", "resources", b"resources", "restart", b"restart", "services", b"services", "shutdown_delay_ns", b"shutdown_delay_ns", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "config_json", b"config_json", "constraints", b"constraints", "dispatch_payload", b"dispatch_payload", "driver", b"driver", "env", b"env", "kill_signal", b"kill_signal", "kill_timeout_ns", b"kill_timeout_ns", "leader", b"leader", "lifecycle", b"lifecycle", "meta", b"meta", "name", b"name", "resources", b"resources", "restart", b"restart", "services", b"services", "shutdown_delay_ns", b"shutdown_delay_ns", "templates", b"templates", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class Template(_message.Message):
+    """Nomad's template block: `data` (inline) or `source` (a file on the node) in the Go
+    template subset of drover.scheduler.gotemplate, rendered to `destination` (relative to the
+    task's directory). change_mode: "restart" (default), "signal" (change_signal) or "noop".
+    env: the rendered KEY=VALUE lines are added to the task's environment.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DESTINATION_FIELD_NUMBER: _builtins.int
+    CHANGE_MODE_FIELD_NUMBER: _builtins.int
+    CHANGE_SIGNAL_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    PERMS_FIELD_NUMBER: _builtins.int
+    data: _builtins.str
+    source: _builtins.str
+    destination: _builtins.str
+    change_mode: _builtins.str
+    change_signal: _builtins.str
+    env: _builtins.bool
+    perms: _builtins.str
+    """Octal file mode of the rendered file ("" : "0644")."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.str = ...,
+        source: _builtins.str = ...,
+        destination: _builtins.str = ...,
+        change_mode: _builtins.str = ...,
+        change_signal: _builtins.str = ...,
+        env: _builtins.bool = ...,
+        perms: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_mode", b"change_mode", "change_signal", b"change_signal", "data", b"data", "destination", b"destination", "env", b"env", "perms", b"perms", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Template: _TypeAlias = Template  # noqa: Y015
+
+@_typing.final
+class Artifact(_message.Message):
+    """Nomad's artifact block: a local path or file:// URL on the node, copied to
+    `destination` (relative to the task's directory; default "local/").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DESTINATION_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    destination: _builtins.str
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        destination: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Artifact: _TypeAlias = Artifact  # noqa: Y015
+
+@_typing.final
+class DispatchPayload(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILE_FIELD_NUMBER: _builtins.int
+    file: _builtins.str
+    """Relative to the task's local/ directory, as Nomad's."""
+    def __init__(
+        self,
+        *,
+        file: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["file", b"file"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchPayload: _TypeAlias = DispatchPayload  # noqa: Y015
 
 @_typing.final
 class TaskLifecycle(_message.Message):
@@ -806,9 +914,12 @@ class TaskGroup(_message.Message):
     SERVICES_FIELD_NUMBER: _builtins.int
     MIGRATE_FIELD_NUMBER: _builtins.int
     SCALING_FIELD_NUMBER: _builtins.int
+    MAX_RUN_DURATION_NS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     count: _builtins.int
     ephemeral_disk_mb: _builtins.int
+    max_run_duration_ns: _builtins.int
+    """Stop the group's allocs this long after they start running (0: no limit)."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
     @_builtins.property
@@ -854,10 +965,11 @@ class TaskGroup(_message.Message):
         services: _abc.Iterable[Global___Service] | None = ...,
         migrate: Global___MigrateStrategy | None = ...,
         scaling: Global___ScalingPolicy | None = ...,
+        max_run_duration_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["disconnect", b"disconnect", "migrate", b"migrate", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "scaling", b"scaling", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "count", b"count", "disconnect", b"disconnect", "ephemeral_disk_mb", b"ephemeral_disk_mb", "meta", b"meta", "migrate", b"migrate", "name", b"name", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "scaling", b"scaling", "services", b"services", "spreads", b"spreads", "tasks", b"tasks", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinities", b"affinities", "constraints", b"constraints", "count", b"count", "disconnect", b"disconnect", "ephemeral_disk_mb", b"ephemeral_disk_mb", "max_run_duration_ns", b"max_run_duration_ns", "meta", b"meta", "migrate", b"migrate", "name", b"name", "network", b"network", "reschedule", b"reschedule", "restart", b"restart", "scaling", b"scaling", "services", b"services", "spreads", b"spreads", "tasks", b"tasks", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
