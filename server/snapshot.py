@@ -63,7 +63,7 @@ def to_snapshot(tables: Tables) -> raft_pb2.StateSnapshot:
         to_proto(deployment, snap.deployments.add())
     for alloc_id in sorted(tables.services.keys()):
         for registration in tables.services[alloc_id]:
-            to_proto(registration, snap.service_registrations.add())
+            to_proto(registration, snap.services.add())
     snap.table_index.update(dict(tables.table_index.items()))
     return snap
 
@@ -98,7 +98,7 @@ def from_snapshot(snap: raft_pb2.StateSnapshot) -> Tables:
     tokens = {t.accessor_id: t for t in (from_proto(m, ACLTokenRecord) for m in snap.acl_tokens)}
     deployments = {d.id: d for d in (from_proto(m, Deployment) for m in snap.deployments)}
     services: dict[str, list[ServiceRegistration]] = {}
-    for service in (from_proto(m, ServiceRegistration) for m in snap.service_registrations):
+    for service in (from_proto(m, ServiceRegistration) for m in snap.services):
         services.setdefault(service.alloc_id, []).append(service)
     config = (
         from_proto(snap.scheduler_config, SchedulerConfig)

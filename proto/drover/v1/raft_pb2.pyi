@@ -1157,7 +1157,7 @@ class StateSnapshot(_message.Message):
     ACL_TOKENS_FIELD_NUMBER: _builtins.int
     ACL_BOOTSTRAP_INDEX_FIELD_NUMBER: _builtins.int
     DEPLOYMENTS_FIELD_NUMBER: _builtins.int
-    SERVICE_REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     acl_bootstrap_index: _builtins.int
     """The raft index of the ACL bootstrap; 0: not bootstrapped yet."""
@@ -1188,7 +1188,7 @@ class StateSnapshot(_message.Message):
     @_builtins.property
     def deployments(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.Deployment]: ...
     @_builtins.property
-    def service_registrations(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.ServiceRegistration]:
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[_structs_pb2.ServiceRegistration]:
         """Service registrations (derived from allocs as they change, kept as state: a node's
         address may have changed since, so they are not recomputed on load).
         """
@@ -1211,11 +1211,11 @@ class StateSnapshot(_message.Message):
         acl_tokens: _abc.Iterable[Global___ACLTokenRecord] | None = ...,
         acl_bootstrap_index: _builtins.int = ...,
         deployments: _abc.Iterable[_structs_pb2.Deployment] | None = ...,
-        service_registrations: _abc.Iterable[_structs_pb2.ServiceRegistration] | None = ...,
+        services: _abc.Iterable[_structs_pb2.ServiceRegistration] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["scheduler_config", b"scheduler_config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl_bootstrap_index", b"acl_bootstrap_index", "acl_policies", b"acl_policies", "acl_tokens", b"acl_tokens", "allocs", b"allocs", "deployments", b"deployments", "evals", b"evals", "index", b"index", "job_summaries", b"job_summaries", "job_versions", b"job_versions", "jobs", b"jobs", "nodes", b"nodes", "periodic_launches", b"periodic_launches", "scheduler_config", b"scheduler_config", "servers", b"servers", "service_registrations", b"service_registrations", "table_index", b"table_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl_bootstrap_index", b"acl_bootstrap_index", "acl_policies", b"acl_policies", "acl_tokens", b"acl_tokens", "allocs", b"allocs", "deployments", b"deployments", "evals", b"evals", "index", b"index", "job_summaries", b"job_summaries", "job_versions", b"job_versions", "jobs", b"jobs", "nodes", b"nodes", "periodic_launches", b"periodic_launches", "scheduler_config", b"scheduler_config", "servers", b"servers", "services", b"services", "table_index", b"table_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
