@@ -39,6 +39,7 @@ from typing import Final
 
 from drover.server.errors import RaftError
 from drover.server.fsm import ApplyResult, BatchApplied, batchable, encode_batch
+from drover.server.telemetry.metrics import RAFT_BATCH_REQUESTS
 
 __all__ = ["Append", "Done", "WriteBatcher"]
 
@@ -53,6 +54,13 @@ DEFAULT_MAX_REQUESTS: Final = 256
 # A BatchEntry adds a tag and a length to each request, the LogEntry around it a few bytes.
 _PER_REQUEST_OVERHEAD: Final = 6
 _ENTRY_OVERHEAD: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    requests: list[_Request]
+    # The batcher's generation when the batch took its slot (see ``reset``).
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +104,7 @@ class WriteBatcher:
         with self._lock:
             self._pending.append(_Request(data, future, batchable(data)))
             batch = self._take_locked()
-        if batch:
+        if batch is not None:
             self._propose(batch)
         return future
 
@@ -118,10 +126,10 @@ class WriteBatcher:
             _fail(request.future, error)
 
     # -- internals -------------------------------------------------------------------------
-    def _take_locked(self) -> list[_Request]:
-        """The next entry's requests if a slot is free (holding the lock); [] otherwise."""
+    def _take_locked(self) -> _Batch | None:
+        """The next entry's requests if a slot is free (holding the lock); None otherwise."""
         if self._in_flight >= self._max_in_flight:
-            return []
+            return None
         batch: list[_Request] = []
         size = _ENTRY_OVERHEAD
         while self._pending and len(batch) < self._max_requests:
@@ -136,23 +144,25 @@ class WriteBatcher:
             size += cost
             if not request.batchable:
                 break
-        if batch:
-            self._in_flight += 1
-        return batch
+        if not batch:
+            return None
+        self._in_flight += 1
+        return _Batch(batch, self._generation)
 
-    def _propose(self, batch: list[_Request]) -> None:
-        generation = self._generation
-        data = batch[0].data if len(batch) == 1 else encode_batch([r.data for r in batch])
+    def _propose(self, batch: _Batch) -> None:
+        requests = batch.requests
+        data = requests[0].data if len(requests) == 1 else encode_batch([r.data for r in requests])
+        RAFT_BATCH_REQUESTS.observe(len(requests))
 
         def done(result: ApplyResult | None, error: BaseException | None) -> None:
             with self._lock:
-                if generation == self._generation:
+                if batch.generation == self._generation:
                     self._in_flight -= 1
                 following = self._take_locked()
             # The next entry first: raft takes it in this same tick, while callers wake.
-            if following:
+            if following is not None:
                 self._propose(following)
-            _resolve(batch, result, error)
+            _resolve(requests, result, error)
 
         try:
             self._append(data, done)

@@ -9,6 +9,7 @@ Counted where they happen (hot paths pay one ``inc`` or ``observe``):
 ``drover_fsm_apply_seconds``              ``FSM.apply`` per raft entry, by entry ``type``
 ``drover_raft_append_seconds``            leader: an append to a follower until its answer
 ``drover_raft_commit_seconds``            leader: proposal until committed and applied here
+``drover_raft_batch_requests``            leader: writes per raft entry (group commit)
 ``drover_worker_evals_processed_total``   evals a worker finished, by ``scheduler`` type and
                                           ``outcome`` (the status written, or ``nacked``)
 ``drover_worker_schedule_seconds``        one scheduler pass, by ``scheduler`` type
@@ -50,6 +51,7 @@ __all__ = [
     "HEARTBEAT_INVALIDATIONS",
     "HEARTBEAT_TTL_SECONDS",
     "RAFT_APPEND_SECONDS",
+    "RAFT_BATCH_REQUESTS",
     "RAFT_COMMIT_SECONDS",
     "RPC_REQUESTS",
     "RPC_SECONDS",
@@ -82,6 +84,11 @@ RAFT_APPEND_SECONDS = Histogram(
     "drover_raft_append_seconds",
     "On the leader: from its oldest unanswered append to a follower until that follower answers",
     buckets=LATENCY_BUCKETS,
+)
+RAFT_BATCH_REQUESTS = Histogram(
+    "drover_raft_batch_requests",
+    "On the leader: how many writes one raft entry carried (server/write_batch.py)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 RAFT_COMMIT_SECONDS = Histogram(
     "drover_raft_commit_seconds",

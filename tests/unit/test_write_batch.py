@@ -8,6 +8,7 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 import pytest
+from prometheus_client import REGISTRY
 
 from drover.server.errors import NoLeaderError, RaftError
 from drover.server.fsm import FSM, ApplyResult, requests_of
@@ -274,3 +275,25 @@ def test_batcher__many_threads_submitting_while_raft_commits_on_its_own_thread__
     assert len(futures) == 200 and all(result(f).error == "" for f in futures)
     assert len(log.store.snapshot().tables.jobs) == 200
     assert log.next_index - 1 < 200, "concurrent writes shared entries"
+
+
+def _batch_metric() -> tuple[float, float]:
+    """(writes, entries) the batch-size histogram has counted so far."""
+    writes = REGISTRY.get_sample_value("drover_raft_batch_requests_sum") or 0.0
+    entries = REGISTRY.get_sample_value("drover_raft_batch_requests_count") or 0.0
+    return writes, entries
+
+
+def test_batcher__batch_size_metric__counts_the_writes_each_entry_carried() -> None:
+    log = FakeLog()
+    batcher = WriteBatcher(log.append, max_bytes=1 << 20)
+    writes_before, entries_before = _batch_metric()
+    batcher.submit(register("seed"))
+    for i in range(3):
+        batcher.submit(register(f"j{i}"))
+
+    log.commit()
+    log.commit()
+
+    writes, entries = _batch_metric()
+    assert (writes - writes_before, entries - entries_before) == (4, 2)
