@@ -25,13 +25,16 @@ from typing import Any, Final
 
 from drover.client.errors import TaskStartError
 from drover.client.interpolate import interpolate
-from drover.scheduler.gotemplate import RenderContext, TemplateError, parse_template
-from drover.scheduler.structs import CHANGE_MODE_RESTART, CHANGE_MODE_SIGNAL
+from drover.common.gotemplate import RenderContext, TemplateError, parse_template
 from drover.v1 import structs_pb2
 
 __all__ = ["TaskFiles", "change_action", "parse_env_file"]
 
 _DEFAULT_PERMS: Final = 0o644
+# A template's change_mode values (the servers' are in drover.scheduler.structs: the client
+# does not import the scheduler); "" is the default, restart.
+CHANGE_MODE_RESTART: Final = "restart"
+CHANGE_MODE_SIGNAL: Final = "signal"
 _ARTIFACT_DEFAULT_DIR: Final = "local"
 _PAYLOAD_DIR: Final = "local"
 _FILE_URL: Final = "file://"

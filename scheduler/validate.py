@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from drover.scheduler._records import replacer
-from drover.scheduler.gotemplate import TemplateError, parse_template
 from drover.scheduler.periodic import cron_error, time_zone_error
 from drover.scheduler.regexp import regexp_error
 from drover.scheduler.structs import (
@@ -810,11 +809,6 @@ def _template_errors(template: Template, path: str) -> Iterator[FieldError]:
         )
     if template.source and not template.source.startswith("/"):
         yield FieldError(f"{path}.source", f"must be an absolute path on the node, got {_q(template.source)}")
-    if template.data:
-        try:
-            parse_template(template.data)
-        except TemplateError as exc:
-            yield FieldError(f"{path}.data", str(exc))
 
 
 def _artifact_errors(artifact: Artifact, path: str) -> Iterator[FieldError]:

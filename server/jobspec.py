@@ -48,6 +48,7 @@ from hcl2.rules.base import AttributeRule, BlockRule
 from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from drover.common.duration import parse_duration
+from drover.common.gotemplate import TemplateError, parse_template
 from drover.scheduler.structs import (
     JOB_TYPE_SERVICE,
     Affinity,
@@ -860,7 +861,16 @@ _TEMPLATE_KEYS: Final = frozenset(
 
 
 def _template(body: _Body) -> Template:
+    """Inline ``data`` is parsed here, so a function drover has not (Consul's ``key``,
+    Vault's ``secret``) is refused with the file; a ``source`` file lives on the node and is
+    parsed where it is rendered."""
     _check_keys(body, "template", _TEMPLATE_KEYS)
+    data = body.get("data")
+    if isinstance(data, str):
+        try:
+            parse_template(data)
+        except TemplateError as exc:
+            body.report(f"{body.where} data: {exc}", "data")
     return Template(
         data=body.get_str("data"),
         source=body.get_str("source"),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from drover.scheduler.gotemplate import MAX_OUTPUT, RenderContext, TemplateError, parse_template
+from drover.common.gotemplate import MAX_OUTPUT, RenderContext, TemplateError, parse_template
 
 _WEB = [
     {"Address": "10.0.0.1", "Port": 8080, "Tags": ["a", "b"], "Name": "web"},

@@ -761,7 +761,7 @@ Global___Task: _TypeAlias = Task  # noqa: Y015
 @_typing.final
 class Template(_message.Message):
     """Nomad's template block: `data` (inline) or `source` (a file on the node) in the Go
-    template subset of drover.scheduler.gotemplate, rendered to `destination` (relative to the
+    template subset of drover.common.gotemplate, rendered to `destination` (relative to the
     task's directory). change_mode: "restart" (default), "signal" (change_signal) or "noop".
     env: the rendered KEY=VALUE lines are added to the task's environment.
     """

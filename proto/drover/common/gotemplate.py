@@ -1,10 +1,10 @@
 """The subset of Go's text/template that Nomad job templates use, parsed once and rendered
 many times.
 
-Pure (it lives in the scheduler package so that job validation can parse with it), and
-shared: the servers parse a job's ``template { data }`` when the job is validated, so a
-Consul or Vault function is refused with the job, not when a node first renders it; the
-client renders it before each start, and again when the services it reads change.
+Pure, and shared: the job file reader (server/jobspec.py) parses a job's ``template {
+data }``, so a Consul or Vault function is refused with the file, not when a node first
+renders it; the client renders it before each start, and again when the services it reads
+change.
 
 Supported: text and ``{{ }}`` actions with ``{{-``/``-}}`` trimming and ``{{/* */}}``
 comments; ``if``/``else if``/``else``, ``range`` (with ``$v :=`` or ``$i, $v :=`` and
