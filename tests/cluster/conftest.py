@@ -91,10 +91,10 @@ class DevAgent:
         gRPC and HTTP ports (free ones unless given; ``http_port=0``: none) are passed as
         flags, without it they are the test's to set (say in a ``-config`` file)."""
         directory.mkdir(parents=True, exist_ok=True)
-        if grpc_port is None:
-            grpc_port = pick_free_ports(1)[0]
-        if http_port is None:
-            http_port = pick_free_ports(1)[0]
+        # Picked together, so the two can not be one port.
+        free = iter(pick_free_ports(2))
+        grpc_port = next(free) if grpc_port is None else grpc_port
+        http_port = next(free) if http_port is None else http_port
         self.grpc_port, self.http_port = grpc_port, http_port
         self.address = f"127.0.0.1:{grpc_port}"
         self.data_dir = directory / "dev"
@@ -180,10 +180,7 @@ def dev_agent_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevA
 
     yield start
     for agent in reversed(started):
-        try:
-            agent.stop()
-        except subprocess.TimeoutExpired:
-            pass  # killed; the test that started it has failed or will say so
+        agent.stop()  # a hung agent is killed, and its TimeoutExpired fails the teardown
 
 
 @pytest.fixture(scope="module")
