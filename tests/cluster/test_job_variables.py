@@ -62,7 +62,7 @@ def test_several_mistakes__all_listed_with_lines__nothing_sent(dev_agent: DevAge
         "Job validation errors:",
         f'  * {path}:5: job "bad": unknown key "priorty" (did you mean "priority"?)',
         f'  * {path}:7: variable "n" has no value: set it with -var n=... or -var-file',
-        f'  * {path}:10: job "bad" group "g" task "t": unknown key "templat"',
+        f'  * {path}:10: job "bad" group "g" task "t": unknown key "templat" (did you mean "template"?)',
     ]
     run = drover_cli("job", "run", "-address", dev_agent.address, "-var", "n=1", str(path))
     assert run.returncode == 1 and run.stderr.count(f"{path}:") == 2, run.stderr

@@ -352,9 +352,11 @@ def test_rights__service_reads__need_read_job_and_keep_only_readable_namespaces(
     listing.services.add(namespace="web", service_name="api")
     listing.services.add(namespace="billing", service_name="ledger")
     kept = check_response("Services.List", need, acl, listing)
+    assert isinstance(kept, api_pb2.ServiceListResponse)
     assert [s.service_name for s in kept.services] == ["api"]
     info = api_pb2.ServiceInfoResponse()
     info.registrations.add(namespace="billing", service_name="ledger", alloc_id="a1")
     info.registrations.add(namespace="web", service_name="ledger", alloc_id="a2")
     kept_info = check_response("Services.Info", need_for("Services", "Info"), acl, info)
+    assert isinstance(kept_info, api_pb2.ServiceInfoResponse)
     assert [r.alloc_id for r in kept_info.registrations] == ["a2"]

@@ -561,7 +561,7 @@ def test_several_errors__all_reported_in_line_order_with_their_lines() -> None:
     assert info.value.errors == (
         'job.hcl:7: job "demo": unknown key "priorty" (did you mean "priority"?)',
         'job.hcl:10: job "demo" group "web" count: expected a number, got "many"',
-        'job.hcl:14: job "demo" group "web" task "t": unknown key "templat"',
+        'job.hcl:14: job "demo" group "web" task "t": unknown key "templat" (did you mean "template"?)',
         'job.hcl:16: unknown variable "PATH": use var.PATH for a variable, or $${PATH} for literal text',
         'job.hcl:19: variable "size" has no value: set it with -var size=... or -var-file',
         'job.hcl:20: job "demo" group "web" task "t" resources memory: expected a number, got "lots"',

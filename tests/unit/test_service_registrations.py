@@ -4,23 +4,33 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+from drover.common.secrets import hash_secret
 from drover.scheduler.structs import (
     ALLOC_CLIENT_COMPLETE,
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_RUNNING,
+    Job,
     NetworkResource,
     Port,
     Service,
 )
+from drover.server.api.services import ServicesServicer
+from drover.server.endpoints import Endpoints
+from drover.server.errors import NotFoundError, PermissionDeniedError
 from drover.server.fsm import FSM
 from drover.server.services.registrations import registrations_for, service_address
 from drover.server.snapshot import from_snapshot, state_digest, to_snapshot
 from drover.server.state_store import Snapshot, StateStore
+from drover.v1 import api_pb2
 from tests.fixtures import mock
 
 
-def _service_job(**overrides: object) -> object:
+def _service_job() -> Job:
     base = mock.job(id="web")
     group = replace(
         base.groups[0],
@@ -28,7 +38,7 @@ def _service_job(**overrides: object) -> object:
         services=(Service(name="web-http", port="http", tags=("v1", "edge")),),
         tasks=(replace(base.groups[0].tasks[0], services=(Service(name="web-task", tags=("t",)),)),),
     )
-    return replace(base, groups=(group,), **overrides)
+    return replace(base, groups=(group,))
 
 
 class _Cluster:
@@ -50,10 +60,17 @@ class _Cluster:
 def _running_alloc() -> tuple[_Cluster, str]:
     cluster = _Cluster()
     job = _service_job()
-    node = mock.node(id="n1", attributes={"unique.network.ip-address": "10.0.0.7"})
+    node = mock.node(
+        id="n1",
+        attributes={"unique.network.ip-address": "10.0.0.7"},
+        secret_id="",
+        secret_hash=hash_secret("n1-secret"),
+    )
     cluster.apply(mock.register_node_entry(node))
     cluster.apply(mock.register_job_entry(job))
-    alloc = mock.alloc(cluster.snap.job("default", "web"), node, id="a1")
+    stored = cluster.snap.job("default", "web")
+    assert stored is not None
+    alloc = mock.alloc(stored, node, id="a1")
     cluster.apply(mock.plan_entry([alloc]))
     assert cluster.snap.alloc_services("a1") == (), "a pending alloc registers nothing"
     cluster.apply(mock.client_update_entry("a1", ALLOC_CLIENT_RUNNING))
@@ -133,3 +150,63 @@ def test_registrations_for__consul_provider_or_no_job__none() -> None:
     )
     consul_job = replace(job, groups=(replace(group, tasks=(replace(group.tasks[0], services=()),)),))
     assert registrations_for(alloc, consul_job, node, 5) == ()
+
+
+# ---------------------------------------------------------------------------------------
+# The Services API, below its rpc decorator (ACLs: tests/unit/test_acl_rights.py)
+
+
+def _api(cluster: _Cluster) -> ServicesServicer:
+    raft = SimpleNamespace(leader_address=lambda: "127.0.0.1:4647")
+    clock, ids = SimpleNamespace(now_ns=lambda: mock.NOW), mock.Counter("id")
+    endpoints = Endpoints(raft, cluster.store, clock, ids)
+    core = SimpleNamespace(store=cluster.store, raft=raft, name="s1", endpoints=endpoints)
+    return ServicesServicer(core)  # type: ignore[arg-type]
+
+
+def _call(servicer: ServicesServicer, method: str, request: object) -> Any:
+    return getattr(type(servicer), method).__wrapped__(servicer, request, None)
+
+
+def test_services_api__list_info_and_client_info() -> None:
+    cluster, alloc_id = _running_alloc()
+    api = _api(cluster)
+    listed = _call(api, "List", api_pb2.ServiceListRequest())
+    assert [(s.service_name, s.registrations, list(s.tags)) for s in listed.services] == [
+        ("web-http", 1, ["edge", "v1"]),
+        ("web-task", 1, ["t"]),
+    ]
+    assert listed.meta.index == cluster.index
+    assert _call(api, "List", api_pb2.ServiceListRequest(namespace="other")).services == []
+    info = _call(api, "Info", api_pb2.ServiceInfoRequest(service_name="web-http"))
+    assert [(r.alloc_id, r.port) for r in info.registrations] == [(alloc_id, 20000)]
+    with pytest.raises(NotFoundError, match="service 'nope' not found"):
+        _call(api, "Info", api_pb2.ServiceInfoRequest(service_name="nope"))
+
+    client = _call(
+        api,
+        "ClientInfo",
+        api_pb2.ServiceClientInfoRequest(
+            node_id="n1", secret_id="n1-secret", alloc_id=alloc_id, service_names=["web-task", "nope"]
+        ),
+    )
+    assert [r.service_name for r in client.registrations] == ["web-task"]
+
+
+def test_services_api__client_info__only_for_an_alloc_of_that_node_with_its_secret() -> None:
+    cluster, alloc_id = _running_alloc()
+    other = mock.node(id="n2", secret_id="", secret_hash=hash_secret("n2-secret"))
+    cluster.apply(mock.register_node_entry(other))
+    api = _api(cluster)
+    with pytest.raises(PermissionDeniedError, match="is not on this node"):
+        _call(
+            api,
+            "ClientInfo",
+            api_pb2.ServiceClientInfoRequest(node_id="n2", secret_id="n2-secret", alloc_id=alloc_id),
+        )
+    with pytest.raises(PermissionDeniedError, match="wrong node secret"):
+        _call(
+            api,
+            "ClientInfo",
+            api_pb2.ServiceClientInfoRequest(node_id="n1", secret_id="n2-secret", alloc_id=alloc_id),
+        )
