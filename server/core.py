@@ -13,7 +13,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import grpc
 import structlog
@@ -39,6 +39,9 @@ from drover.server.restore_followup import RestoreWatch
 from drover.server.state_store import StateStore
 from drover.server.telemetry.metrics import ServerCollector
 from drover.v1 import raft_pb2
+
+if TYPE_CHECKING:
+    from drover.server.api.grpc_server import ApiServer
 
 log = structlog.get_logger("drover.server")
 
@@ -186,7 +189,7 @@ class ServerCore:
         self.agent_info_sections: dict[str, Callable[[], Mapping[str, str]]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._grpc: grpc.Server | None = None
+        self._grpc: ApiServer | None = None
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 

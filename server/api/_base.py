@@ -33,7 +33,9 @@ from drover.server.api._limits import (
     caller_limits,
     caller_waiting,
     current_caller,
+    is_blocking,
 )
+from drover.server.api._park import ForwardRequest, ParkRequest, current_parking
 from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -118,6 +120,11 @@ def _forward(
     )
     if token:
         metadata += ((TOKEN_METADATA_KEY, token),)
+    if is_blocking(request) and current_parking() is not None:
+        # A blocking read may wait minutes at the leader: the aio bridge makes the call on
+        # the loop, so this server holds no thread for it (server/api/_park.py).
+        path = f"/drover.v1.{service}/{method}"
+        raise ForwardRequest(address, path, request, response_cls, timeout, metadata)
     try:
         return call(request, timeout=timeout, metadata=metadata)
     except grpc.RpcError as exc:
@@ -202,7 +209,15 @@ def wait_while_caller_waits(
     core: ServerCore, names: tuple[str, ...], min_index: int, timeout: float
 ) -> Snapshot:
     """``store.wait_for``, in slices: a caller that went away frees its parked thread (and
-    its place under the parking limit, server/api/_limits.py) within a slice."""
+    its place under the parking limit, server/api/_limits.py) within a slice. Under the aio
+    bridge it parks on the loop instead (``ParkRequest``, server/api/_park.py)."""
+    parking = current_parking()
+    if parking is not None:
+        snap = core.store.snapshot()
+        until = parking.deadline_after(timeout)
+        if snap.table_index(*names) > min_index or core.store.closed or time.monotonic() >= until:
+            return snap
+        raise ParkRequest(names, lambda s: s.table_index(*names) > min_index, until, current_caller())
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()

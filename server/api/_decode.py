@@ -7,13 +7,16 @@ the port can send such bytes in a loop, filling the log and reading as a server 
 interceptor here wraps every method's deserializer: an undecodable request becomes a
 marker, the method answers INVALID_ARGUMENT naming the message type it expected, and the
 log gets one WARN line per ``WARN_INTERVAL_S`` with how many were suppressed since.
+``DecodeGuard`` is for a sync ``grpc.server``, ``AioDecodeGuard`` for the API's grpc.aio
+server (whose handlers are all coroutines or async generators by then: server/api/_aio.py).
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
@@ -22,7 +25,7 @@ import structlog
 
 from drover.server.api._limits import peer_host
 
-__all__ = ["WARN_INTERVAL_S", "DecodeGuard", "RateLimitedWarning"]
+__all__ = ["WARN_INTERVAL_S", "AioDecodeGuard", "DecodeGuard", "RateLimitedWarning"]
 
 log = structlog.get_logger("drover.api")
 
@@ -134,3 +137,83 @@ class DecodeGuard(grpc.ServerInterceptor):
             return stream_stream(checked(requests, context), context)
 
         return grpc.stream_stream_rpc_method_handler(ss, deserialize, serialize)
+
+
+async def _refuse_aio(
+    request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any], method: str
+) -> NoReturn:
+    _WARNING.warn(method=method, peer=peer_host(context.peer() or ""), reason=request.reason)
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT, f"request: does not decode as {method}'s request message"
+    )
+    raise AssertionError("abort returned")  # aio abort always raises
+
+
+class AioDecodeGuard(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = str(handler_call_details.method)
+        deserialize = _guarded(handler.request_deserializer)
+        serialize = handler.response_serializer
+
+        def one(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            if inspect.isasyncgenfunction(behavior):
+
+                async def checked_stream(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
+                    if isinstance(request, _Undecodable):
+                        await _refuse_aio(request, context, method)
+                    async for response in behavior(request, context):
+                        yield response
+
+                return checked_stream
+
+            async def checked_call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if isinstance(request, _Undecodable):
+                    await _refuse_aio(request, context, method)
+                return await behavior(request, context)
+
+            return checked_call
+
+        def many(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            async def checked(
+                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, _Undecodable):
+                        await _refuse_aio(request, context, method)
+                    yield request
+
+            if inspect.isasyncgenfunction(behavior):
+
+                async def stream_of_many(
+                    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
+                    async for response in behavior(checked(requests, context), context):
+                        yield response
+
+                return stream_of_many
+
+            async def call_of_many(
+                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
+                return await behavior(checked(requests, context), context)
+
+            return call_of_many
+
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(one(handler.unary_unary), deserialize, serialize)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(one(handler.unary_stream), deserialize, serialize)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(many(handler.stream_unary), deserialize, serialize)
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(many(handler.stream_stream), deserialize, serialize)
+        return handler

@@ -1,24 +1,28 @@
 """What one caller may hold and spend on a server: parked blocking queries, and the rate of
 its expensive calls. Beyond either, RESOURCE_EXHAUSTED ("... retry later"), before any work.
 
-Why. The gRPC pool has ``MAX_WORKERS`` (256) threads and a blocking query parks one for up
-to its wait (10 minutes at most): ~300 parked queries from one script used to leave the
-leader unable to answer anything. And a few RPCs cost far more than they take to send
-(``Jobs.Plan`` runs the scheduler on a copy of the state; ``Operator.SnapshotSave`` and
-``StateDigest`` serialise the whole state), so a loop of them starves everyone else.
+Why. A parked blocking query no longer holds a thread (the API serves on grpc.aio and
+waits on the event loop: server/api/_aio.py), but each still costs memory and a check on
+every change of its tables, so one caller must not hold them without bound. And a few
+RPCs cost far more than they take to send (``Jobs.Plan`` runs the scheduler on a copy of
+the state; ``Operator.SnapshotSave`` and ``StateDigest`` serialise the whole state), so a
+loop of them starves everyone else.
 
 Who is a caller. The peer's host (its IP address, without the port: reconnecting does not
 make a new caller; Nomad's per-IP limits work the same way). A follower forwarding a call
 to the leader names the original caller in metadata (``x-drover-caller``); the leader
 believes that name only when the forwarding peer's host is one of the servers' own hosts
 (the ``servers`` table), so a client can not hide behind a made-up name from elsewhere.
+A node's own alloc watch (``GetClientAllocs``, ``WatchClientAllocs``), once the node's
+secret is checked, parks as the node (server/api/_park.py ``node_caller``): thousands of
+nodes may share one address.
 
 The numbers:
 
-* parked blocking queries (a read with ``options.min_index > 0``, and every
-  ``WatchClientAllocs`` stream): at most ``MAX_PARKED_PER_CALLER`` per caller and
-  ``MAX_PARKED_TOTAL`` for the whole server, well below the pool, so that plain calls
-  always find a thread;
+* parked blocking queries (a read with ``options.min_index > 0``, every
+  ``WatchClientAllocs`` and ``Events.Stream`` stream): at most ``MAX_PARKED_PER_CALLER``
+  per caller and ``MAX_PARKED_TOTAL`` for the whole server (a fleet of 10,000 nodes, each
+  with its watch, and room for operators' queries);
 * expensive RPCs: a token bucket per (caller, ``RATE_LIMITS`` entry): ``burst`` calls at
   once, refilled at ``per_second``.
 
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 import grpc
 import structlog
 
+from drover.server.api._park import current_parking
 from drover.server.errors import ResourceExhaustedError
 
 if TYPE_CHECKING:
@@ -57,6 +62,7 @@ __all__ = [
     "caller_limits",
     "caller_waiting",
     "current_caller",
+    "is_blocking",
     "peer_host",
 ]
 
@@ -65,7 +71,7 @@ log = structlog.get_logger("drover.api")
 CALLER_METADATA_KEY: Final = "x-drover-caller"
 FORWARDED_KEY: Final = "x-drover-forwarded"
 MAX_PARKED_PER_CALLER: Final = 64
-MAX_PARKED_TOTAL: Final = 160
+MAX_PARKED_TOTAL: Final = 12_000
 # Buckets of callers gone quiet are dropped once this many are tracked.
 MAX_TRACKED_BUCKETS: Final = 4096
 
@@ -196,9 +202,8 @@ class CallerLimits:
 
     # -- parked queries --------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def parked(self, caller: str) -> Iterator[None]:
-        """Hold one parking place for ``caller`` while the body waits."""
+    def acquire(self, caller: str) -> None:
+        """Take one parking place for ``caller``, or refuse (ResourceExhaustedError)."""
         with self._lock:
             mine = self._parked.get(caller, 0)
             if mine >= MAX_PARKED_PER_CALLER:
@@ -211,16 +216,24 @@ class CallerLimits:
                 self._parked_total += 1
         if why:
             raise ResourceExhaustedError(f"too many blocking queries: {why}; retry later")
+
+    def release(self, caller: str) -> None:
+        with self._lock:
+            left = self._parked[caller] - 1
+            if left:
+                self._parked[caller] = left
+            else:
+                del self._parked[caller]
+            self._parked_total -= 1
+
+    @contextlib.contextmanager
+    def parked(self, caller: str) -> Iterator[None]:
+        """Hold one parking place for ``caller`` while the body waits."""
+        self.acquire(caller)
         try:
             yield
         finally:
-            with self._lock:
-                left = self._parked[caller] - 1
-                if left:
-                    self._parked[caller] = left
-                else:
-                    del self._parked[caller]
-                self._parked_total -= 1
+            self.release(caller)
 
     def parked_total(self) -> int:
         with self._lock:
@@ -242,13 +255,20 @@ class CallerLimits:
         context_token = _CONTEXT.set(context)
         try:
             self.take(rpc_name, caller)
-            if not _is_blocking(request):
+            # Under the aio bridge a blocking query parks on the loop, and the bridge holds
+            # its place then (server/api/_park.py); here it would wait in this thread.
+            if not _is_blocking(request) or current_parking() is not None:
                 return call()
             with self.parked(caller):
                 return call()
         finally:
             _CONTEXT.reset(context_token)
             _CALLER.reset(token)
+
+
+def is_blocking(request: Any) -> bool:
+    """A read that waits for ``options.min_index`` to pass."""
+    return _is_blocking(request)
 
 
 def _is_blocking(request: Any) -> bool:

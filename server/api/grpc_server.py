@@ -1,9 +1,19 @@
-"""Assemble the gRPC server: drover's services, health checking and reflection."""
+"""Assemble the gRPC server: drover's services, health checking and reflection.
+
+The server is grpc.aio, on one event loop thread shared by every server in the process
+(``api_loop``): a waiting caller (a blocking query, an alloc watch) costs a coroutine, not
+a thread. Plain handlers stay sync and run in a pool of ``API_THREADS``; the bridge between
+the two, and what each kind of handler costs, is server/api/_aio.py. ``ApiServer`` gives
+``ServerCore`` the sync start/stop it had with ``grpc.server``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Coroutine
 from concurrent import futures
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -11,7 +21,10 @@ from grpc_reflection.v1alpha import reflection
 
 from drover.common.grpc_options import SERVER_MESSAGE_SIZE_OPTIONS
 from drover.common.tls import server_credentials
-from drover.server.api._decode import DecodeGuard
+from drover.server.api._aio import SyncBridge
+from drover.server.api._decode import AioDecodeGuard
+from drover.server.api._limits import caller_limits
+from drover.server.api._notify import IndexNotifier, attach_notifier
 from drover.server.api.acl import ACLServicer
 from drover.server.api.deployments import DeploymentsServicer
 from drover.server.api.evals_allocs import AllocsServicer, EvalsServicer
@@ -20,27 +33,94 @@ from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
 from drover.server.api.services import ServicesServicer
-from drover.server.telemetry.rpc import RpcMetrics
+from drover.server.telemetry.rpc import AioRpcMetrics
 from drover.v1 import api_pb2, api_pb2_grpc
 
 if TYPE_CHECKING:
     from drover.server.core import ServerCore
 
-# Blocking queries and alloc watches park a thread each (at most MAX_PARKED_TOTAL, 160), and
-# so does each client's tunnel (Nodes.Connect, for as long as the client is connected) and
-# each followed log: size the pool for many clients beyond the parked queries. Threads are
-# started only as calls need them.
-MAX_WORKERS: Final = 768
+# The sync handlers' pool: they read a snapshot or wait for a raft commit, then return. No
+# handler waits in it for a change (those park on the loop), so it is sized for the calls
+# in flight at once on two cores, not for the callers connected.
+API_THREADS: Final = 32
+# How long stop() waits for the loop to finish stopping the server, beyond the grace.
+_STOP_MARGIN_S: Final = 5.0
+
+T = TypeVar("T")
+
+_LOOP_LOCK: Final = threading.Lock()
+_LOOP: list[asyncio.AbstractEventLoop] = []
 
 
-def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
+def api_loop() -> asyncio.AbstractEventLoop:
+    """The process's one API event loop, on its own daemon thread (started on first use).
+
+    One loop for every server in the process (tests run several): grpc.aio shares one
+    completion queue per process, and loops in several threads contend for it."""
+    with _LOOP_LOCK:
+        if not _LOOP:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="api-loop", daemon=True).start()
+            _LOOP.append(loop)
+        return _LOOP[0]
+
+
+def _on_loop(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, api_loop()).result(timeout)
+
+
+class ApiServer:
+    """One server's grpc.aio server, driven from any thread."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        bridge: SyncBridge,
+        notifier: IndexNotifier,
+        pool: futures.ThreadPoolExecutor,
+    ) -> None:
+        self._server = server
+        self._bridge = bridge
+        self._notifier = notifier
+        self._pool = pool
+
+    def start(self) -> None:
+        _on_loop(self._server.start())
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop serving (calls in flight get ``grace`` seconds); the event is set once done."""
+        stopped = threading.Event()
+        self._notifier.stop()
+        try:
+            _on_loop(self._stop(grace), None if grace is None else grace + _STOP_MARGIN_S)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            stopped.set()
+        return stopped
+
+    async def _stop(self, grace: float | None) -> None:
+        await self._server.stop(grace)
+        await self._bridge.close()
+
+
+def create_server(address: str, core: ServerCore) -> tuple[ApiServer, int]:
+    return _on_loop(_create(address, core))
+
+
+async def _create(address: str, core: ServerCore) -> tuple[ApiServer, int]:
+    loop = asyncio.get_running_loop()
+    pool = futures.ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="grpc")
+    notifier = IndexNotifier(core.store, loop)
+    attach_notifier(core, notifier)
+    bridge = SyncBridge(pool, notifier, caller_limits(core), core.tls)
+    server = grpc.aio.server(
+        migration_thread_pool=pool,
         options=[*SERVER_MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
         # Outermost first: every call counted and timed by method and code (drover_rpc_*,
         # server/telemetry/rpc.py), then undecodable requests refused with INVALID_ARGUMENT
-        # and a rate-limited WARN (server/api/_decode.py).
-        interceptors=[RpcMetrics(), DecodeGuard()],
+        # and a rate-limited WARN (server/api/_decode.py), then sync handlers bridged to
+        # the pool or a thread of their own, and blocking ones parked on the loop.
+        interceptors=[AioRpcMetrics(), AioDecodeGuard(), bridge],
     )
     api_pb2_grpc.add_JobsServicer_to_server(JobsServicer(core), server)
     api_pb2_grpc.add_NodesServicer_to_server(NodesServicer(core), server)
@@ -60,13 +140,18 @@ def create_server(address: str, core: ServerCore) -> tuple[grpc.Server, int]:
     if not core.cfg.acl_enabled:
         names = [svc.full_name for svc in api_pb2.DESCRIPTOR.services_by_name.values()]
         reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    if core.tls is None:
-        port = server.add_insecure_port(address)
-    else:
-        # TLS only: a plaintext caller fails the handshake, and with verification so does
-        # one without a certificate from the CA.
-        credentials = server_credentials(core.tls, require_client_cert=core.cfg.tls_verify_https_client)
-        port = server.add_secure_port(address, credentials)
+    try:
+        if core.tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            # TLS only: a plaintext caller fails the handshake, and with verification so does
+            # one without a certificate from the CA.
+            credentials = server_credentials(core.tls, require_client_cert=core.cfg.tls_verify_https_client)
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:  # grpc.aio refuses a port it can not bind, where grpc.server said 0
+        port = 0
     if port == 0:
+        notifier.stop()
+        pool.shutdown(wait=False)
         raise OSError(f"can not bind gRPC to {address}")
-    return server, port
+    return ApiServer(server, bridge, notifier, pool), port

@@ -9,9 +9,9 @@ node was registered with, and a node reads and reports only its own allocs
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import grpc
@@ -19,6 +19,8 @@ import grpc
 from drover.scheduler.structs import Node
 from drover.server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
 from drover.server.api._limits import CALLER_CHECK_S, caller_limits, caller_waiting
+from drover.server.api._notify import notifier_for
+from drover.server.api._park import ParkRequest, current_parking, node_caller
 from drover.server.api.tunnel import NodeTunnelMixin
 from drover.server.codec import from_proto, to_proto
 from drover.server.endpoints import decode_drain
@@ -43,6 +45,12 @@ def _without_secret(node: structs_pb2.Node) -> structs_pb2.Node:
 def _node_alloc_index(snap: Snapshot, node_id: str) -> int:
     """The newest change among the node's allocs: what a client blocks on."""
     return max((a.modify_index for a in snap.allocs_by_node(node_id)), default=0)
+
+
+def _node_allocs_past(node_id: str, index: int, snap: Snapshot) -> bool:
+    """Moved either way: after a snapshot restore the node's index goes backwards, and the
+    client must hear of it at once (it resends every status: client_agent/allocdiff.py)."""
+    return _node_alloc_index(snap, node_id) != index
 
 
 class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
@@ -125,6 +133,17 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
         return response
 
     def _wait_node_allocs(self, node_id: str, min_index: int, timeout: float) -> tuple[Snapshot, int]:
+        parking = current_parking()
+        if parking is not None:
+            # Under the aio bridge: park on the loop, as the node (server/api/_park.py).
+            until = parking.deadline_after(timeout)
+            snap = self.core.store.snapshot()
+            index = _node_alloc_index(snap, node_id)
+            if index != min_index or time.monotonic() >= until or self.core.store.closed:
+                return snap, index
+            raise ParkRequest(
+                ("allocs",), lambda s: _node_allocs_past(node_id, min_index, s), until, node_caller(node_id)
+            )
         deadline = time.monotonic() + timeout
         seen = min_index
         while True:
@@ -157,29 +176,42 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
             index = _node_alloc_index(snap, request.node_id)
         return self._client_allocs(snap, request.node_id, index)
 
-    def WatchClientAllocs(
-        self, request: api_pb2.ClientAllocsRequest, context: grpc.ServicerContext
-    ) -> Iterator[api_pb2.ClientAllocsResponse]:
+    async def WatchClientAllocs(
+        self, request: api_pb2.ClientAllocsRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[api_pb2.ClientAllocsResponse]:
         """Served from this server's own state (like Nomad's AllowStale client queries).
 
-        A stream parks a thread for as long as it is open, so it counts against the
-        caller's parked queries (server/api/_limits.py) for all of that time."""
+        A coroutine on the API loop: an open stream holds no thread, only one of the node's
+        parking places (server/api/_limits.py) for as long as it is open, and wakes when
+        the alloc table changes (server/api/_notify.py)."""
+        core = self.core
         if not request.node_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
-        limits = caller_limits(self.core)
-        with contextlib.ExitStack() as held:
-            try:
-                snap = self.core.store.snapshot()
-                self.core.endpoints.authenticate_node(snap, request.node_id, request.secret_id)
-                held.enter_context(limits.parked(limits.caller(self.core, context)))
-            except DroverError as exc:
-                context.abort(exc.code, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
+        limits = caller_limits(core)
+        node_id = request.node_id
+        who = node_caller(node_id)
+        try:
+            core.endpoints.authenticate_node(core.store.snapshot(), node_id, request.secret_id)
+            limits.acquire(who)
+        except DroverError as exc:
+            await context.abort(exc.code, str(exc))
+        try:
+            notifier = notifier_for(core)
             index = request.options.min_index
-            while context.is_active() and not self.core.store.closed:
-                snap, new_index = self._wait_node_allocs(request.node_id, index, 5.0)
-                if new_index > index or (index == 0 and new_index == 0):
-                    index = max(new_index, 1) if new_index == 0 else new_index
-                    yield self._client_allocs(snap, request.node_id, new_index)
+            # From 0 the node hears its allocs once even if it has none yet.
+            owed = index == 0
+            while not core.store.closed:
+                snap = await notifier.wait_until(
+                    ("allocs",), functools.partial(_node_allocs_past, node_id, index), time.monotonic() + 5.0
+                )
+                new_index = _node_alloc_index(snap, node_id)
+                # ``index`` follows what was sent, so an unchanged node waits (never spins).
+                if new_index != index or owed:
+                    owed = False
+                    index = new_index
+                    yield self._client_allocs(snap, node_id, new_index)
+        finally:
+            limits.release(who)
 
     @rpc(S, "write")
     def UpdateAllocs(

@@ -4,19 +4,25 @@ The outermost interceptor of the server (server/api/grpc_server.py), so a call r
 an inner one (an undecodable request) is counted with its code too. Only methods the server
 has are wrapped (an unknown method never reaches a handler), so ``method`` is a bounded
 label: ``Jobs.Register``, ``Health.Check``.
+
+``RpcMetrics`` is for a sync ``grpc.server``; ``AioRpcMetrics`` for the API's grpc.aio
+server, where every handler is a coroutine or an async generator by the time it is seen
+(sync ones are bridged by the innermost interceptor, server/api/_aio.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 
 from drover.server.telemetry.metrics import RPC_REQUESTS, RPC_SECONDS
 
-__all__ = ["RpcMetrics", "method_label"]
+__all__ = ["AioRpcMetrics", "RpcMetrics", "method_label"]
 
 
 def method_label(full_method: str) -> str:
@@ -103,4 +109,79 @@ class RpcMetrics(grpc.ServerInterceptor):
             return grpc.stream_stream_rpc_method_handler(
                 stream_response(handler.stream_stream), deserialize, serialize
             )
+        return handler
+
+
+def _aio_code_of(context: grpc.aio.ServicerContext[Any, Any], ended: str) -> str:
+    """``_code_of`` for an aio call (which has no ``is_active``)."""
+    code = context.code()  # None when the servicer set none
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if ended == "OK":
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return "DEADLINE_EXCEEDED"
+    return ended
+
+
+class AioRpcMetrics(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = method_label(str(handler_call_details.method))
+
+        def observe(context: grpc.aio.ServicerContext[Any, Any], started: float, ended: str) -> None:
+            code = _aio_code_of(context, ended)
+            RPC_REQUESTS.labels(method, code).inc()
+            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
+
+        def timed(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            if inspect.isasyncgenfunction(behavior):
+
+                async def timed_stream(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
+                    started = time.perf_counter()
+                    ended = "UNKNOWN"
+                    try:
+                        async for response in behavior(request, context):
+                            yield response
+                        ended = "OK"
+                    except (asyncio.CancelledError, GeneratorExit):
+                        ended = "CANCELLED"  # the caller went away
+                        raise
+                    finally:
+                        observe(context, started, ended)
+
+                return timed_stream
+
+            async def timed_call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                started = time.perf_counter()
+                ended = "UNKNOWN"
+                try:
+                    response = await behavior(request, context)
+                    ended = "OK"
+                    return response
+                except asyncio.CancelledError:
+                    ended = "CANCELLED"
+                    raise
+                finally:
+                    observe(context, started, ended)
+
+            return timed_call
+
+        deserialize, serialize = handler.request_deserializer, handler.response_serializer
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(timed(handler.unary_unary), deserialize, serialize)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(timed(handler.unary_stream), deserialize, serialize)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(timed(handler.stream_unary), deserialize, serialize)
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(timed(handler.stream_stream), deserialize, serialize)
         return handler

@@ -1,0 +1,329 @@
+"""The bridge between grpc.aio and drover's sync servicers.
+
+Theory of operation
+-------------------
+The server is a ``grpc.aio`` server on one event loop thread (server/api/grpc_server.py).
+Most handlers are plain functions that read the state or propose a raft entry and return;
+they stay sync and run in ``pool`` (a few dozen threads). The handlers that wait are
+cheap on the loop instead:
+
+* unary handlers run in the pool; a blocking query inside one raises ``ParkRequest``
+  (server/api/_park.py) rather than waiting, and the bridge waits for it on the loop
+  (server/api/_notify.py) while holding the caller's parking place (server/api/_limits.py),
+  then runs it again. A blocking read a follower forwards is made on an aio channel.
+  So a parked query holds no thread, only its bound under the parking limits;
+* handlers written ``async`` (``Nodes.WatchClientAllocs``) run on the loop as they are;
+* sync streaming handlers (followed logs, the node tunnel, the event stream, health
+  watches) each get a thread of their own for as long as they stream, never one of the
+  pool's: a stream that waits can not starve the unary calls.
+
+A sync handler sees ``SyncContext``, grpc's sync ``ServicerContext`` surface over the aio
+call: ``abort`` raises ``Aborted``, which the bridge turns into the aio abort on the loop;
+``is_active`` turns false once the call ended (cancelled, deadline, answered), so loops
+that poll it end; ``add_callback`` callbacks run when the call ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+import structlog
+
+from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.tls import channel_options
+from drover.server.api._limits import CallerLimits
+from drover.server.api._notify import IndexNotifier
+from drover.server.api._park import ForwardRequest, Parking, ParkRequest, parking_scope
+from drover.server.errors import DroverError
+
+if TYPE_CHECKING:
+    from drover.common.tls import TLSMaterial
+
+__all__ = ["Aborted", "SyncBridge", "SyncContext"]
+
+log = structlog.get_logger("drover.api")
+
+
+class Aborted(Exception):
+    """``SyncContext.abort``: the call ends with ``code`` (raised, as grpc's sync abort is)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class SyncContext:
+    """grpc's sync ServicerContext, as a sync handler running off the loop sees it."""
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._context = context
+        self._loop = loop
+        self._ended = False
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def is_active(self) -> bool:
+        if self._ended:
+            return False
+        remaining = self._context.time_remaining()
+        return remaining is None or remaining > 0
+
+    def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise Aborted(code, details)
+
+    def abort_with_status(self, status: grpc.Status) -> NoReturn:
+        raise Aborted(status.code, status.details)
+
+    def time_remaining(self) -> float | None:
+        return self._context.time_remaining()
+
+    def peer(self) -> str:
+        return self._context.peer()
+
+    def peer_identities(self) -> Any:
+        return self._context.peer_identities()
+
+    def peer_identity_key(self) -> Any:
+        return self._context.peer_identity_key()
+
+    def auth_context(self) -> Any:
+        return self._context.auth_context()
+
+    def invocation_metadata(self) -> Any:
+        return self._context.invocation_metadata()
+
+    def code(self) -> Any:
+        return self._context.code()
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._context.set_code(code)
+
+    def set_details(self, details: str) -> None:
+        self._context.set_details(details)
+
+    def details(self) -> Any:
+        return self._context.details()
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        self._context.set_trailing_metadata(metadata)
+
+    def send_initial_metadata(self, metadata: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self._context.send_initial_metadata(metadata), self._loop).result()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        with self._lock:
+            if not self._ended:
+                self._callbacks.append(callback)
+                return True
+        return False
+
+    def end(self) -> None:
+        """The call is over: polling loops stop, and the callbacks run (here, on the loop)."""
+        with self._lock:
+            self._ended = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("api.callback_failed")
+
+
+def _sync_requests(requests: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+    """An aio call's incoming messages, for a sync handler's thread. A broken or cancelled
+    stream simply ends (what the tunnel's reader makes of a broken one anyway)."""
+    iterator = requests.__aiter__()
+
+    async def next_message() -> Any:
+        return await iterator.__anext__()
+
+    while True:
+        try:
+            message = asyncio.run_coroutine_threadsafe(next_message(), loop).result()
+        except StopAsyncIteration:
+            return
+        except Exception:
+            return
+        yield message
+
+
+def _in_thread(name: str, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        # Running now: the awaiting side giving up (the call cancelled) no longer cancels
+        # the future under the thread, so the outcome below always lands.
+        if not done.set_running_or_notify_cancel():
+            return
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # handed to the awaiting coroutine, re-raised there
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
+class SyncBridge(grpc.aio.ServerInterceptor):
+    """The innermost interceptor: every sync handler becomes a coroutine (see above)."""
+
+    def __init__(
+        self,
+        pool: concurrent.futures.Executor,
+        notifier: IndexNotifier,
+        limits: CallerLimits,
+        tls: TLSMaterial | None,
+    ) -> None:
+        self._pool = pool
+        self._notifier = notifier
+        self._limits = limits
+        self._tls = tls
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        deserialize, serialize = handler.request_deserializer, handler.response_serializer
+        method = str(handler_call_details.method)
+        if handler.unary_unary is not None and not _is_async(handler.unary_unary):
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary), deserialize, serialize
+            )
+        if handler.unary_stream is not None and not _is_async(handler.unary_stream):
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler.unary_stream, streaming_requests=False), deserialize, serialize
+            )
+        if handler.stream_unary is not None and not _is_async(handler.stream_unary):
+            return grpc.stream_unary_rpc_method_handler(
+                self._client_stream(method, handler.stream_unary), deserialize, serialize
+            )
+        if handler.stream_stream is not None and not _is_async(handler.stream_stream):
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream(method, handler.stream_stream, streaming_requests=True), deserialize, serialize
+            )
+        return handler
+
+    # -- unary: the pool, with parking and async forwarding ---------------------------------
+
+    def _unary(self, behaviour: Callable[[Any, Any], Any]) -> Callable[..., Awaitable[Any]]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            loop = asyncio.get_running_loop()
+            sync = SyncContext(context, loop)
+            parking = Parking()
+            held: list[str] = []
+            try:
+                while True:
+                    scope = parking_scope(parking)
+                    parking.runs += 1
+                    try:
+                        return await loop.run_in_executor(self._pool, scope.run, behaviour, request, sync)
+                    except ParkRequest as park:
+                        if not held:
+                            self._limits.acquire(park.caller)
+                            held.append(park.caller)
+                        await self._notifier.wait_until(park.tables, park.ready, park.deadline)
+                    except ForwardRequest as forward:
+                        return await self._forward(forward, context)
+            except Aborted as aborted:
+                await context.abort(aborted.code, aborted.details)
+            except DroverError as exc:  # the parking limit, refused before any wait
+                await context.abort(exc.code, str(exc))
+            finally:
+                for caller in held:
+                    self._limits.release(caller)
+                sync.end()
+
+        return handle
+
+    async def _forward(self, forward: ForwardRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        channel = self._channels.get(forward.address)
+        if channel is None:
+            if self._tls is None:
+                channel = grpc.aio.insecure_channel(forward.address, options=list(MESSAGE_SIZE_OPTIONS))
+            else:
+                channel = grpc.aio.secure_channel(
+                    forward.address,
+                    self._tls.channel_credentials(),
+                    options=[*MESSAGE_SIZE_OPTIONS, *channel_options(self._tls)],
+                )
+            self._channels[forward.address] = channel
+        call: grpc.aio.UnaryUnaryMultiCallable[Any, Any] = channel.unary_unary(
+            forward.path,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=forward.response_cls.FromString,
+        )
+        try:
+            return await call(forward.request, timeout=forward.timeout, metadata=forward.metadata)
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "forwarded call failed")
+
+    # -- streams: a thread each ----------------------------------------------------------
+
+    def _stream(
+        self, method: str, behaviour: Callable[[Any, Any], Iterator[Any]], *, streaming_requests: bool
+    ) -> Callable[..., Awaitable[None]]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            loop = asyncio.get_running_loop()
+            sync = SyncContext(context, loop)
+            incoming = _sync_requests(request, loop) if streaming_requests else request
+
+            def pump() -> None:
+                responses = behaviour(incoming, sync)
+                try:
+                    for response in responses:
+                        if not sync.is_active():
+                            return
+                        asyncio.run_coroutine_threadsafe(context.write(response), loop).result()
+                finally:
+                    # A generator's own finally (its parking place, its tunnel session) runs now.
+                    close = getattr(responses, "close", None)
+                    if close is not None:
+                        close()
+
+            try:
+                await asyncio.wrap_future(_in_thread(f"grpc-stream {method}", pump))
+            except Aborted as aborted:
+                await context.abort(aborted.code, aborted.details)
+            finally:
+                sync.end()
+
+        return handle
+
+    def _client_stream(
+        self, method: str, behaviour: Callable[[Any, Any], Any]
+    ) -> Callable[..., Awaitable[Any]]:
+        async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            loop = asyncio.get_running_loop()
+            sync = SyncContext(context, loop)
+            incoming = _sync_requests(requests, loop)
+            try:
+                return await asyncio.wrap_future(
+                    _in_thread(f"grpc-upload {method}", lambda: behaviour(incoming, sync))
+                )
+            except Aborted as aborted:
+                await context.abort(aborted.code, aborted.details)
+            finally:
+                sync.end()
+
+        return handle
+
+
+def _is_async(behaviour: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)

@@ -1,0 +1,98 @@
+"""How a sync handler asks the event loop to wait for it, instead of waiting in its thread.
+
+The API serves on grpc.aio (server/api/grpc_server.py); plain handlers stay sync and run
+in a small thread pool (server/api/_aio.py). A blocking query must not hold one of those
+threads for its wait, so when the bridge runs a handler it sets a ``Parking`` for it, and
+the query, finding nothing new yet, raises ``ParkRequest`` with what it waits for. The
+bridge then waits on the loop (server/api/_notify.py) while holding the caller's parking
+place (server/api/_limits.py), and runs the handler again once ``ready`` holds or the
+deadline passes; the second run answers at once. A handler run outside the bridge (no
+``Parking``) waits in its thread as before.
+
+A blocking read on a follower is forwarded the same way: ``ForwardRequest`` carries the
+call, and the bridge makes it on an aio channel, so the follower holds no thread either.
+Only reads take these exits: running a read twice is harmless.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drover.server.state_store import Snapshot
+
+__all__ = ["ForwardRequest", "ParkRequest", "Parking", "current_parking", "node_caller", "parking_scope"]
+
+
+@dataclass(slots=True)
+class Parking:
+    """One RPC's wait, kept across the runs of its handler: the deadline is fixed by the
+    first run, so a handler woken by an unrelated change does not wait its full time again."""
+
+    deadline: float | None = None
+    runs: int = field(default=0)
+
+    def deadline_after(self, timeout: float) -> float:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + timeout
+        return self.deadline
+
+
+class ParkRequest(Exception):
+    """Wait until ``ready(snapshot)`` (checked when one of ``tables`` changes) or
+    ``deadline`` (monotonic), holding one parking place of ``caller``; then run again."""
+
+    def __init__(
+        self, tables: tuple[str, ...], ready: Callable[[Snapshot], bool], deadline: float, caller: str
+    ) -> None:
+        super().__init__("blocking query parked")
+        self.tables = tables
+        self.ready = ready
+        self.deadline = deadline
+        self.caller = caller
+
+
+class ForwardRequest(Exception):
+    """Make this (blocking, read) call on ``address`` and answer with its answer."""
+
+    def __init__(
+        self,
+        address: str,
+        path: str,
+        request: Any,
+        response_cls: Any,
+        timeout: float,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> None:
+        super().__init__(f"forward {path} to {address}")
+        self.address = address
+        self.path = path
+        self.request = request
+        self.response_cls = response_cls
+        self.timeout = timeout
+        self.metadata = metadata
+
+
+_PARKING: contextvars.ContextVar[Parking | None] = contextvars.ContextVar("drover_parking", default=None)
+
+
+def current_parking() -> Parking | None:
+    """The Parking of the handler this thread runs for the bridge (None: wait in place)."""
+    return _PARKING.get()
+
+
+def parking_scope(parking: Parking) -> contextvars.Context:
+    """A context whose handler runs see ``parking``."""
+    context = contextvars.copy_context()
+    context.run(_PARKING.set, parking)
+    return context
+
+
+def node_caller(node_id: str) -> str:
+    """Who parks a node's alloc watch: the node (it proved its secret), not its host, so
+    many nodes behind one address (NAT, a simulator, a test) are many callers."""
+    return f"node {node_id}"

@@ -1,0 +1,143 @@
+"""The API holds a fleet's watches without a thread each (server/api/_aio.py).
+
+One real server process; a thousand registered nodes each open their alloc watch
+(``Nodes.WatchClientAllocs``) and keep it open. While every one of them is open, a unary
+read must still answer within a 1 s deadline, and the server must still run on a bounded
+number of threads. On the thread-per-call server this replaced, the pool ran out first:
+the watches past it never got their first message, and the read queued behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import grpc
+import pytest
+
+from deploy.cluster import LocalCluster, wait_for
+from drover.v1 import api_pb2, api_pb2_grpc
+from tests.cluster.conftest import wait_settled
+from tests.cluster.nodes import simulated_node, simulated_secret
+
+WATCHES: Final = 1_000
+CHANNELS: Final = 8
+READ_DEADLINE_S: Final = 1.0
+# The server's threads with every watch open: raft, leader services, the API pool (32),
+# grpc's own; a thread per watch would be a thousand more.
+MAX_SERVER_THREADS: Final = 200
+
+
+class _Fleet:
+    """``WATCHES`` nodes on one asyncio loop in a thread of this test: register each, then
+    hold its watch open; counts the watches that got their first message and those that
+    ended (none should, while the test runs)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.registered = 0
+        self.opened = 0
+        self.ended: list[str] = []
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete, args=(self._main(),), daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        # Separate connections: one HTTP/2 connection would carry every stream otherwise.
+        channels = [
+            grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(CHANNELS)
+        ]
+        try:
+            stubs = [api_pb2_grpc.NodesStub(c) for c in channels]
+            gate = asyncio.Semaphore(50)
+
+            async def register(i: int) -> None:
+                async with gate:
+                    node = simulated_node(f"watch-{i:04d}")
+                    await stubs[i % CHANNELS].Register(api_pb2.NodeRegisterRequest(node=node), timeout=60)
+                    self.registered += 1
+
+            await asyncio.gather(*(register(i) for i in range(WATCHES)))
+            tasks = [
+                asyncio.create_task(self._watch(stubs[i % CHANNELS], f"watch-{i:04d}"))
+                for i in range(WATCHES)
+            ]
+            await self._stop.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for channel in channels:
+                await channel.close()
+
+    async def _watch(self, stub: api_pb2_grpc.NodesStub, node_id: str) -> None:
+        request = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=simulated_secret(node_id))
+        first = True
+        try:
+            async for _response in stub.WatchClientAllocs(request, timeout=600):
+                if first:
+                    self.opened += 1
+                    first = False
+            self.ended.append(f"{node_id}: ended")
+        except grpc.aio.AioRpcError as exc:
+            self.ended.append(f"{node_id}: {exc.code().name} {exc.details()}")
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no thread count for {pid}")
+
+
+@pytest.fixture
+def one_server(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path / "cluster", servers=1) as cluster:
+        wait_settled(cluster)
+        yield cluster
+
+
+def test_api__a_thousand_watches_open__a_read_answers_within_a_second(one_server: LocalCluster) -> None:
+    address = one_server.grpc_addresses[0]
+    fleet = _Fleet(address)
+    fleet.start()
+    try:
+        wait_for(
+            lambda: fleet.registered == WATCHES,
+            120,
+            message=lambda: f"{WATCHES} nodes registered ({fleet.registered})",
+        )
+        wait_for(
+            lambda: fleet.ended or fleet.opened == WATCHES,
+            120,
+            message=lambda: f"{WATCHES} watches open ({fleet.opened} got their first message)",
+        )
+        assert fleet.ended == []
+        with grpc.insecure_channel(address) as channel:
+            jobs = api_pb2_grpc.JobsStub(channel)
+            nodes = api_pb2_grpc.NodesStub(channel)
+            for _ in range(3):
+                jobs.List(api_pb2.JobListRequest(), timeout=READ_DEADLINE_S)
+                listed = nodes.List(api_pb2.NodeListRequest(prefix="watch-"), timeout=READ_DEADLINE_S)
+                assert len(listed.nodes) == WATCHES
+        pid = one_server.pid(0)
+        assert pid is not None
+        assert _threads(pid) < MAX_SERVER_THREADS
+        assert fleet.ended == [], fleet.ended[:5]
+    finally:
+        fleet.stop()
