@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from tests.bench import foundation, heartbeats, scheduling
+from tests.bench import fleet, foundation, heartbeats, scheduling
 from tests.bench._procs import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "bench-results"
@@ -69,6 +69,13 @@ def _scheduling_config(opts: Options) -> scheduling.SchedulingConfig:
     )
 
 
+def _fleet_config(opts: Options) -> fleet.FleetConfig:
+    cfg = fleet.FleetConfig.make(quick=opts.quick)
+    if opts.duration is None:
+        return cfg
+    return dataclasses.replace(cfg, duration_s=opts.duration, failover_at_s=opts.duration / 2)
+
+
 def _heartbeats_config(opts: Options) -> heartbeats.HeartbeatsConfig:
     cfg = heartbeats.HeartbeatsConfig.make(quick=opts.quick, wait_quiet_s=opts.wait_quiet_s)
     return cfg if opts.duration is None else dataclasses.replace(cfg, window_s=opts.duration)
@@ -89,6 +96,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         run=lambda opts: heartbeats.run_heartbeats(_heartbeats_config(opts)),
         summary=heartbeats.summary_lines,
         budget_s=lambda opts: _heartbeats_config(opts).budget_s(),
+    ),
+    fleet.NAME: Benchmark(
+        run=lambda opts: fleet.run_fleet(_fleet_config(opts)),
+        summary=fleet.summary_lines,
+        budget_s=lambda opts: _fleet_config(opts).budget_s(),
     ),
 }
 

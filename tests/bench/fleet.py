@@ -1,0 +1,616 @@
+"""The fleet benchmark: thousands of clients speaking the real client protocol to a
+3-server cluster, through a leader failover.
+
+Each simulated client does what the client agent (client_agent/) does, over grpc.aio in a
+few child processes (``python -m tests.bench.fleet sim ...``, one asyncio loop each, one
+coroutine pair per client):
+
+* ``Nodes.Register`` with the node's secret; again after any failed call (the agent's rule);
+* ``Nodes.UpdateStatus(ready)`` every half of the TTL the leader returned;
+* its alloc watch: a blocking ``Nodes.GetClientAllocs(min_index=last index)`` held open
+  (at most ``WATCH_WAIT_S``), forwarded to the leader by a follower as for real clients;
+* ``Nodes.UpdateAllocs``: every alloc placed on it reported ``running``, as its runner would.
+
+A call that fails ``UNAVAILABLE`` (its server is gone) moves the client to the next server.
+
+The benchmark process registers a service job (``job_count`` allocs, one per client that
+gets one), then holds the fleet for ``duration_s`` while it reads the jobs table as
+``drover job status`` does (``Jobs.List`` on the leader, every ``READ_INTERVAL_S``), and
+SIGKILLs the leader at ``failover_at_s``. Measured: heartbeat latency (p50/p99, before and
+after the failover), the job-status read latency, false downs (a node never paused that a
+server judged anyway: its "heartbeat missed" log line or node event, or a non-ready status
+seen by a poller), and how long after the kill each client's heartbeat was accepted again
+(by the new leader: heartbeats are writes), against the failover TTL the new leader gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+
+from deploy.cluster import LocalCluster
+from drover.sdk import DroverClient, DroverError
+from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
+from tests.bench import _procs
+from tests.bench._stats import latency_ms
+from tests.bench.heartbeats import StatusPoller, job_proto, node_id, node_proto, node_secret
+
+NAME: Final = "fleet"
+MODULE: Final = "tests.bench.fleet"
+AGENT_MODULE: Final = "tests.bench._agent"
+TARGET_CLIENTS: Final = 5_000
+TARGET_P99_MS: Final = 100.0
+MIN_TTL_S: Final = 5.0
+MAX_HEARTBEATS_PER_S: Final = 200
+GRACE_S: Final = 5.0
+FAILOVER_TTL_S: Final = 120.0
+SERVER_ARGS: Final = (
+    "-min-heartbeat-ttl",
+    f"{MIN_TTL_S:g}s",
+    "-max-heartbeats-per-second",
+    str(MAX_HEARTBEATS_PER_S),
+    "-heartbeat-grace",
+    f"{GRACE_S:g}s",
+    "-failover-heartbeat-ttl",
+    f"{FAILOVER_TTL_S:g}s",
+)
+CLUSTER_WAIT_S: Final = 60.0
+RPC_TIMEOUT_S: Final = 10.0
+HEARTBEAT_TIMEOUT_S: Final = 5.0
+WATCH_WAIT_S: Final = 30.0
+READ_INTERVAL_S: Final = 0.25
+CONTROL_POLL_S: Final = 0.2
+MAX_ERROR_SAMPLES: Final = 8
+
+KIND_HEARTBEAT: Final = 0
+KIND_REGISTER: Final = 1
+KIND_REPORT: Final = 2
+# One call: (wall-clock start, latency s, ok 0/1, kind, node index).
+Record = tuple[float, float, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    clients: int
+    processes: int
+    job_count: int
+    duration_s: float
+    failover_at_s: float
+    channels_per_process: int = 24
+    register_concurrency: int = 16
+    registration_timeout_s: float = 300.0
+
+    @classmethod
+    def make(cls, *, quick: bool) -> FleetConfig:
+        if quick:
+            return cls(clients=200, processes=2, job_count=40, duration_s=30.0, failover_at_s=12.0)
+        return cls(clients=TARGET_CLIENTS, processes=4, job_count=500, duration_s=600.0, failover_at_s=300.0)
+
+    def base_ttl_s(self) -> float:
+        return max(MIN_TTL_S, self.clients / MAX_HEARTBEATS_PER_S)
+
+    def budget_s(self) -> float:
+        return (
+            3 * CLUSTER_WAIT_S + self.registration_timeout_s + self.duration_s + 4 * self.base_ttl_s() + 180.0
+        )
+
+
+# --- the simulator (a child process) ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Client:
+    index: int
+    slot: int
+    ttl_s: float = MIN_TTL_S
+    registered: bool = False
+
+
+class _Sim:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.nonce: str = args.nonce
+        self.first: int = args.first
+        self.count: int = args.count
+        self.control = Path(args.control)
+        self.out = Path(args.out)
+        servers = [s for s in args.servers.split(",") if s]
+        self.addresses = [servers[i % len(servers)] for i in range(args.channels)]
+        self.register_sem = asyncio.Semaphore(args.register_concurrency)
+        self.rng = random.Random(f"{self.nonce}/{self.first}")
+        self.records: list[Record] = []
+        self.errors: Counter[str] = Counter()
+        self.error_samples: list[str] = []
+        self.stop = asyncio.Event()
+        self.registered: set[int] = set()
+        self.reported: set[str] = set()
+        self.stubs: list[api_pb2_grpc.NodesStub] = []
+
+    def _failed(self, kind: str, client: _Client, exc: grpc.aio.AioRpcError) -> None:
+        code = exc.code().name
+        self.errors[f"{kind}:{code}"] += 1
+        if len(self.error_samples) < MAX_ERROR_SAMPLES:
+            self.error_samples.append(f"{kind} {code}: {exc.details()}")
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+            client.slot = (client.slot + 1) % len(self.stubs)
+        client.registered = False  # the agent registers again after any failure
+
+    async def _timed(self, kind: int, client: _Client, call: Callable[[api_pb2_grpc.NodesStub], Any]) -> Any:
+        start_wall, start = time.time(), time.perf_counter()
+        ok = 0
+        try:
+            response = await call(self.stubs[client.slot])
+            ok = 1
+            return response
+        finally:
+            self.records.append((start_wall, time.perf_counter() - start, ok, kind, client.index))
+
+    async def _register(self, client: _Client) -> None:
+        request = api_pb2.NodeRegisterRequest(node=node_proto(self.nonce, client.index))
+        async with self.register_sem:
+            response = await self._timed(
+                KIND_REGISTER, client, lambda s: s.Register(request, timeout=RPC_TIMEOUT_S)
+            )
+        client.ttl_s = response.heartbeat_ttl_ns / 1e9 or client.ttl_s
+        client.registered = True
+        self.registered.add(client.index)
+
+    async def _heartbeats(self, client: _Client) -> None:
+        beat = api_pb2.NodeUpdateStatusRequest(
+            node_id=node_id(self.nonce, client.index),
+            status="ready",
+            secret_id=node_secret(self.nonce, client.index),
+        )
+        failures = 0
+        first = True
+        while not self.stop.is_set():
+            try:
+                if not client.registered:
+                    await self._register(client)
+                else:
+                    response = await self._timed(
+                        KIND_HEARTBEAT, client, lambda s: s.UpdateStatus(beat, timeout=HEARTBEAT_TIMEOUT_S)
+                    )
+                    client.ttl_s = response.heartbeat_ttl_ns / 1e9 or client.ttl_s
+            except grpc.aio.AioRpcError as exc:
+                self._failed("register" if not client.registered else "heartbeat", client, exc)
+                failures += 1
+                await self._sleep(min(client.ttl_s / 4, self.rng.uniform(0.1, min(2.0, 0.1 * 2**failures))))
+                continue
+            failures = 0
+            if first:
+                first = False  # agents start at random moments: spread the fleet over a TTL/2
+                await self._sleep(self.rng.uniform(0, client.ttl_s / 2))
+            else:
+                await self._sleep(client.ttl_s / 2)
+
+    async def _watch(self, client: _Client) -> None:
+        """The alloc watch, and the runner's reports of what it is given."""
+        nid, secret = node_id(self.nonce, client.index), node_secret(self.nonce, client.index)
+        index = 0
+        failures = 0
+        while not self.stop.is_set():
+            if not client.registered:
+                await self._sleep(CONTROL_POLL_S)
+                continue
+            request = api_pb2.ClientAllocsRequest(
+                node_id=nid,
+                secret_id=secret,
+                options=api_pb2.QueryOptions(min_index=index, wait_ns=int(WATCH_WAIT_S * 1e9)),
+            )
+            try:
+                response = await self.stubs[client.slot].GetClientAllocs(
+                    request, timeout=WATCH_WAIT_S + RPC_TIMEOUT_S
+                )
+                index = max(index, response.meta.index)
+                updates = [
+                    _running(a)
+                    for a in response.allocs
+                    if a.desired_status == "run"
+                    and a.client_status == "pending"
+                    and a.id not in self.reported
+                ]
+                if updates:
+                    report = api_pb2.AllocUpdateRequest(node_id=nid, secret_id=secret, allocs=updates)
+                    await self._timed(
+                        KIND_REPORT, client, lambda s, r=report: s.UpdateAllocs(r, timeout=RPC_TIMEOUT_S)
+                    )
+                    self.reported.update(u.id for u in updates)
+                failures = 0
+            except grpc.aio.AioRpcError as exc:
+                self._failed("watch", client, exc)
+                failures += 1
+                await self._sleep(self.rng.uniform(0.1, min(2.0, 0.1 * 2**failures)))
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
+    async def _control(self) -> None:
+        while not self.stop.is_set():
+            if (_procs.read_json(self.control) or {}).get("stop"):
+                self.stop.set()
+                break
+            status = {"registered": len(self.registered), "reported": len(self.reported)}
+            _procs.write_json(self.out.with_suffix(".status.json"), status)
+            await self._sleep(CONTROL_POLL_S)
+
+    async def run(self) -> None:
+        options = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
+        channels = [grpc.aio.insecure_channel(a, options=options) for a in self.addresses]
+        self.stubs = [api_pb2_grpc.NodesStub(c) for c in channels]
+        try:
+            clients = [_Client(i, i % len(self.stubs)) for i in range(self.first, self.first + self.count)]
+            tasks = [asyncio.create_task(self._heartbeats(c)) for c in clients]
+            tasks += [asyncio.create_task(self._watch(c)) for c in clients]
+            await self._control()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for channel in channels:
+                await channel.close()
+        _procs.write_json(
+            self.out,
+            {
+                "records": self.records,
+                "errors": dict(self.errors),
+                "error_samples": self.error_samples,
+                "reported": len(self.reported),
+            },
+        )
+
+
+def _running(alloc: structs_pb2.Allocation) -> structs_pb2.Allocation:
+    update = structs_pb2.Allocation(id=alloc.id, node_id=alloc.node_id, client_status="running")
+    task = update.task_states["server"]
+    task.state = "running"
+    task.started_at_ns = time.time_ns()
+    return update
+
+
+def sim_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE} sim")
+    parser.add_argument("--nonce", required=True)
+    parser.add_argument("--first", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--servers", required=True)
+    parser.add_argument("--channels", type=int, default=24)
+    parser.add_argument("--register-concurrency", type=int, default=16)
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    _procs.start_watchdog(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    sim = _Sim(args)
+    loop = asyncio.new_event_loop()
+    loop.add_signal_handler(signal.SIGTERM, sim.stop.set)
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    return 0
+
+
+# --- the benchmark's side ---------------------------------------------------------------------
+
+
+class _Reader:
+    """``drover job status``'s read (Jobs.List, on the leader) every ``READ_INTERVAL_S``."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self._api = DroverClient(addresses, timeout=RPC_TIMEOUT_S, retry_deadline=RPC_TIMEOUT_S)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-reader", daemon=True)
+        self.samples: list[tuple[float, float, int]] = []  # (wall start, latency s, ok)
+
+    def __enter__(self) -> _Reader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(RPC_TIMEOUT_S * 2)
+        self._api.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(READ_INTERVAL_S):
+            start_wall, start = time.time(), time.perf_counter()
+            try:
+                self._api.list_jobs()
+                ok = 1
+            except DroverError:
+                ok = 0
+            self.samples.append((start_wall, time.perf_counter() - start, ok))
+
+
+def _stats(records: Sequence[Record], kind: int, start: float, end: float) -> dict[str, Any]:
+    lat = [lat for t, lat, ok, k, _ in records if k == kind and ok and start <= t < end]
+    failed = sum(1 for t, _, ok, k, _ in records if k == kind and not ok and start <= t < end)
+    return {
+        "calls": len(lat),
+        "errors": failed,
+        "per_s": round(len(lat) / max(end - start, 1e-9), 1),
+        "latency_ms": latency_ms(lat),
+    }
+
+
+def back_after_failover(records: Sequence[Record], clients: int, killed_at: float) -> dict[str, Any]:
+    """For each client, how long after the kill its first heartbeat (or re-registration)
+    accepted by the new leader started; the slowest, and who never came back."""
+    first_ok: dict[int, float] = {}
+    for t, _lat, ok, kind, client in records:
+        if ok and kind in (KIND_HEARTBEAT, KIND_REGISTER) and t >= killed_at:
+            first_ok[client] = min(first_ok.get(client, t), t)
+    back = sorted(t - killed_at for t in first_ok.values())
+    return {
+        "clients_back": len(back),
+        "clients_missing": clients - len(back),
+        "slowest_s": round(back[-1], 2) if back else None,
+        "p50_s": round(back[len(back) // 2], 2) if back else None,
+    }
+
+
+def false_downs(
+    cluster: LocalCluster, api: DroverClient, poller: StatusPoller, nonce: str, clients: int
+) -> dict[str, Any]:
+    fleet = {node_id(nonce, i) for i in range(clients)}
+    by_log: set[str] = set()
+    for i in range(len(cluster.server_names)):
+        for line in cluster.log(i).splitlines():
+            if "heartbeat_missed" in line:
+                by_log.update(
+                    w[len("node_id=") :]
+                    for w in line.split()
+                    if w.startswith("node_id=") and w[len("node_id=") :] in fleet
+                )
+    by_event = {
+        n.id
+        for n in api.list_nodes().nodes
+        if n.id in fleet and any("heartbeat missed" in e.message for e in n.events)
+    }
+    by_poll = {nid for nid in poller.non_ready_seen if nid in fleet}
+    union = by_log | by_event | by_poll
+    return {
+        "count": len(union),
+        "by_log": len(by_log),
+        "by_event": len(by_event),
+        "by_poll": len(by_poll),
+        "examples": sorted(union)[:10],
+    }
+
+
+@dataclass(slots=True)
+class _Fleet:
+    cfg: FleetConfig
+    base: Path
+    nonce: str
+    cluster: LocalCluster
+    children: list[_procs.Child]
+    control: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.control = self.base / "control.json"
+        _procs.write_json(self.control, {})
+
+    def spawn(self) -> None:
+        per = -(-self.cfg.clients // self.cfg.processes)
+        servers = ",".join(self.cluster.grpc_addresses)
+        for k in range(self.cfg.processes):
+            first, count = k * per, min(per, self.cfg.clients - k * per)
+            if count <= 0:
+                break
+            name = f"sim{k}"
+            argv = _procs.python_module_argv(
+                MODULE, "sim", "--nonce", self.nonce, "--first", str(first), "--count", str(count),
+                "--servers", servers, "--channels", str(self.cfg.channels_per_process),
+                "--register-concurrency", str(self.cfg.register_concurrency),
+                "--control", str(self.control), "--out", str(self.base / f"{name}.json"),
+            )  # fmt: skip
+            self.children.append(_procs.spawn(name, argv, self.base / f"{name}.log", self.cfg.budget_s()))
+
+    def status(self, key: str) -> int:
+        total = 0
+        for child in self.children:
+            total += int((_procs.read_json(self.base / f"{child.name}.status.json") or {}).get(key, 0))
+        return total
+
+    def collect(self) -> tuple[list[Record], dict[str, int], list[str]]:
+        _procs.write_json(self.control, {"stop": True})
+        records: list[Record] = []
+        errors: Counter[str] = Counter()
+        samples: list[str] = []
+        for child in self.children:
+            path = self.base / f"{child.name}.json"
+            doc = _procs.wait_until(lambda p=path: _procs.read_json(p), 60.0, f"{child.name} results", [])
+            records.extend((float(a), float(b), int(c), int(d), int(e)) for a, b, c, d, e in doc["records"])
+            errors.update(doc["errors"])
+            samples.extend(doc["error_samples"][:3])
+        return records, dict(errors), samples
+
+
+def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
+    cfg, cluster = fleet.cfg, fleet.cluster
+    out: dict[str, Any] = {}
+    started = time.monotonic()
+    fleet.spawn()
+    _procs.wait_until(
+        lambda: fleet.status("registered") >= cfg.clients, cfg.registration_timeout_s, "every client registered",
+        fleet.children, interval=0.5,
+    )  # fmt: skip
+    out["registration_s"] = round(time.monotonic() - started, 2)
+    api.register_job(job_proto(cfg.job_count))
+    placed = time.monotonic()
+    _procs.wait_until(
+        lambda: fleet.status("reported") >= cfg.job_count, 180.0, f"{cfg.job_count} allocs reported running",
+        fleet.children, interval=0.5,
+    )  # fmt: skip
+    out["job_placed_and_running_s"] = round(time.monotonic() - placed, 2)
+    leader = cluster.leader_index(CLUSTER_WAIT_S)
+    poll_at = (leader + 1) % len(cluster.server_names)
+    with StatusPoller(cluster.grpc_addresses[poll_at]) as poller, _Reader(cluster.grpc_addresses) as reader:
+        window_start = time.time()
+        _procs.wait_until(
+            lambda: time.time() >= window_start + cfg.failover_at_s, cfg.failover_at_s + 5, "the failover moment",
+            fleet.children, interval=0.2,
+        )  # fmt: skip
+        killed_at = time.time()
+        cluster.kill(leader)
+        new_leader = cluster.wait_for_leader(CLUSTER_WAIT_S)
+        out["failover"] = {
+            "killed": cluster.server_names[leader],
+            "new_leader": new_leader,
+            "election_s": round(time.time() - killed_at, 2),
+        }
+        _procs.wait_until(
+            lambda: time.time() >= window_start + cfg.duration_s, cfg.duration_s + 5, "the end of the window",
+            fleet.children, interval=0.5,
+        )  # fmt: skip
+        window_end = time.time()
+        non_ready = {nid: s for nid, s in poller.snapshot().items() if s != "ready"}
+    records, errors, samples = fleet.collect()
+    reads = [(t, lat, ok) for t, lat, ok in reader.samples if window_start <= t < window_end]
+    out["window_s"] = round(window_end - window_start, 1)
+    out["heartbeats"] = {
+        "all": _stats(records, KIND_HEARTBEAT, window_start, window_end),
+        "before_failover": _stats(records, KIND_HEARTBEAT, window_start, killed_at),
+        "after_failover": _stats(records, KIND_HEARTBEAT, killed_at, window_end),
+        # The settled part: from one base TTL after the kill, once every client has moved.
+        "settled_after_failover": _stats(records, KIND_HEARTBEAT, killed_at + cfg.base_ttl_s(), window_end),
+    }
+    out["job_status_read"] = {
+        "calls": sum(ok for _, _, ok in reads),
+        "errors": sum(1 - ok for _, _, ok in reads),
+        "latency_ms": latency_ms(lat for _, lat, ok in reads if ok),
+    }
+    out["back_after_failover"] = {
+        **back_after_failover(records, cfg.clients, killed_at),
+        "failover_ttl_s": FAILOVER_TTL_S,
+    }
+    out["false_downs"] = false_downs(cluster, api, poller, fleet.nonce, cfg.clients)
+    out["non_ready_at_end"] = len(non_ready)
+    out["client_errors"] = errors
+    out["client_error_samples"] = samples
+    return out
+
+
+def run_fleet(cfg: FleetConfig) -> dict[str, Any]:
+    """The whole benchmark on one fresh cluster; failures are recorded, not raised."""
+    errors: list[str] = []
+    results: dict[str, Any] = {}
+    env = {_procs.PARENT_PID_ENV: str(os.getpid()), _procs.MAX_SECONDS_ENV: f"{cfg.budget_s():.0f}"}
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="drover-bench-fleet-") as tmp,
+            _procs.children_stopped_on_exit() as children,
+        ):
+            base = Path(tmp)
+            cluster = LocalCluster(
+                base / "cluster", servers=3, extra_args=SERVER_ARGS, env=env, agent_module=AGENT_MODULE
+            )
+            with cluster:
+                cluster.wait_for_leader(CLUSTER_WAIT_S)
+                cluster.wait_converged(CLUSTER_WAIT_S)
+                with DroverClient(
+                    cluster.grpc_addresses, timeout=RPC_TIMEOUT_S, retry_deadline=CLUSTER_WAIT_S
+                ) as api:
+                    _wait_announced(api, len(cluster.server_names))
+                    fleet = _Fleet(cfg, base, os.urandom(3).hex(), cluster, children)
+                    try:
+                        results = _measure(fleet, api)
+                    except Exception as exc:
+                        detail = "".join(traceback.format_exception_only(exc)).strip()
+                        results = {"error": detail[:4000], "traceback": traceback.format_exc()[-4000:]}
+                        errors.append(detail.splitlines()[0][:300])
+    except _procs.BenchError as exc:
+        errors.append(str(exc).splitlines()[0][:300])
+        results.setdefault("error", str(exc)[:4000])
+    hb = results.get("heartbeats", {}).get("all", {})
+    reads = results.get("job_status_read", {})
+    back = results.get("back_after_failover", {})
+    targets_met = {
+        "no_false_down": results.get("false_downs", {}).get("count") == 0,
+        "heartbeat_p99_ms": hb.get("calls", 0) > 0 and hb["latency_ms"]["p99"] < TARGET_P99_MS,
+        "job_status_read_p99_ms": reads.get("calls", 0) > 0 and reads["latency_ms"]["p99"] < TARGET_P99_MS,
+        "all_back_within_failover_ttl": back.get("clients_missing") == 0
+        and (back.get("slowest_s") or 1e9) < FAILOVER_TTL_S,
+        "at_target_scale": cfg.clients >= TARGET_CLIENTS,
+    }
+    return {
+        "config": {
+            "clients": cfg.clients,
+            "processes": cfg.processes,
+            "job_count": cfg.job_count,
+            "duration_s": cfg.duration_s,
+            "failover_at_s": cfg.failover_at_s,
+            "server_args": list(SERVER_ARGS),
+        },
+        "results": results,
+        "targets": {"clients": TARGET_CLIENTS, "p99_ms_max": TARGET_P99_MS, "false_downs": 0},
+        "targets_met": targets_met,
+        "errors": errors,
+    }
+
+
+def _wait_announced(api: DroverClient, servers: int) -> None:
+    """Every server announced its gRPC address: followers can forward to the leader."""
+
+    def announced() -> bool:
+        peers = api.raft_peers().peers
+        return len(peers) == servers and all(p.grpc_address for p in peers)
+
+    _procs.wait_until(announced, CLUSTER_WAIT_S, "every server to announce its gRPC address", interval=0.2)
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    res = doc.get("results", {})
+    if res.get("error") and "heartbeats" not in res:
+        return [f"  ERROR {str(res['error']).splitlines()[0][:300]}"]
+    cfg = doc.get("config", {})
+    lines = [
+        f"  {cfg.get('clients')} clients in {cfg.get('processes')} processes, registered in "
+        f"{res.get('registration_s')} s; {cfg.get('job_count')} allocs running in {res.get('job_placed_and_running_s')} s"
+    ]
+    for phase, s in res.get("heartbeats", {}).items():
+        ms = s["latency_ms"]
+        lines.append(
+            f"  heartbeats {phase:<22} {s['per_s']:7.1f}/s p50 {ms['p50']:7.2f} ms p99 {ms['p99']:8.2f} ms "
+            f"max {ms['max']:8.2f} ms errors {s['errors']}"
+        )
+    reads = res.get("job_status_read", {})
+    if reads:
+        ms = reads["latency_ms"]
+        lines.append(
+            f"  job status read: {reads['calls']} ok, {reads['errors']} failed; p50 {ms['p50']} ms p99 {ms['p99']} ms max {ms['max']} ms"
+        )
+    lines.append(f"  failover: {res.get('failover')}; back: {res.get('back_after_failover')}")
+    lines.append(
+        f"  false downs: {res.get('false_downs', {}).get('count')}   targets met: {doc.get('targets_met')}"
+    )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["sim"]:
+        return sim_main(args[1:])
+    print(f"usage: python -m tests.bench.run --only {NAME} [--quick]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
