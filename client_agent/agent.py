@@ -371,10 +371,16 @@ class ClientAgent:
         """How ``alloc_id``'s templates read services: with this node's secret, from any server."""
 
         def fetch(
-            names: Sequence[str], min_index: int, wait_s: float
+            names: Sequence[str], min_index: int, wait_s: float, cancel: threading.Event | None
         ) -> tuple[Sequence[structs_pb2.ServiceRegistration], int]:
             resp = self._rpc.service_registrations(
-                self.node_id, self.secret_id, alloc_id, names, min_index=min_index, wait_s=wait_s
+                self.node_id,
+                self.secret_id,
+                alloc_id,
+                names,
+                min_index=min_index,
+                wait_s=wait_s,
+                cancel=cancel,
             )
             return resp.registrations, resp.meta.index
 

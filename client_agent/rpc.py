@@ -32,6 +32,8 @@ __all__ = ["NodesRpc", "ServerPool", "TunnelStream", "alloc_update_message"]
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # Statuses that mean "this node must register (again) before it is heard".
 _REFUSED: Final = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED})
+# How often a cancellable call looks at its cancel flag.
+_CANCEL_POLL_S: Final = 0.1
 _CHANNEL_OPTIONS: Final = (*fast_reconnect_options(max_backoff_ms=1000), *MESSAGE_SIZE_OPTIONS)
 
 T = TypeVar("T")
@@ -92,6 +94,9 @@ class ServerPool:
             return fn(api_pb2_grpc.ServicesStub(channel))
         except KeyError:
             raise ServerUnreachable(address, "CANCELLED", "the agent is shutting down") from None
+        except grpc.FutureCancelledError:
+            # Cancelled by this agent (its alloc stopped): not the server's fault.
+            raise ServerUnreachable(address, "CANCELLED", "the call was cancelled") from None
         except grpc.RpcError as exc:
             raise self._translate(address, exc) from exc
 
@@ -206,9 +211,12 @@ class NodesRpc:
         *,
         min_index: int,
         wait_s: float,
+        cancel: threading.Event | None = None,
     ) -> api_pb2.ServiceInfoResponse:
         """The registrations of ``names`` in ``alloc_id``'s namespace, from any server's own
-        state; with ``min_index``, once the registrations pass it or after ``wait_s``."""
+        state; with ``min_index``, once the registrations pass it or after ``wait_s``.
+        ``cancel`` set ends a waiting call at once (CANCELLED): an alloc that stops must not
+        wait out a blocking query."""
         req = api_pb2.ServiceClientInfoRequest(
             node_id=node_id,
             secret_id=secret_id,
@@ -217,7 +225,16 @@ class NodesRpc:
             options=api_pb2.QueryOptions(stale=True, min_index=min_index, wait_ns=int(wait_s * 1e9)),
         )
         deadline = wait_s + self._timeout_s
-        return self.pool.call_services(lambda s: s.ClientInfo(req, timeout=deadline))
+
+        def call(stub: api_pb2_grpc.ServicesStub) -> api_pb2.ServiceInfoResponse:
+            future = stub.ClientInfo.future(req, timeout=deadline)
+            while cancel is not None and not future.done():
+                if cancel.wait(_CANCEL_POLL_S):
+                    future.cancel()
+            response: api_pb2.ServiceInfoResponse = future.result()
+            return response
+
+        return self.pool.call_services(call)
 
     def update_allocs(self, node_id: str, secret_id: str, statuses: Sequence[AllocStatus]) -> None:
         req = api_pb2.AllocUpdateRequest(

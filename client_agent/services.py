@@ -22,8 +22,10 @@ from drover.v1 import structs_pb2
 
 __all__ = ["Fetch", "ServiceCache", "registration_view"]
 
-# (service names, min_index, wait seconds) -> (registrations, index)
-Fetch = Callable[[Sequence[str], int, float], tuple[Sequence[structs_pb2.ServiceRegistration], int]]
+# (service names, min_index, wait seconds, cancel flag) -> (registrations, index)
+Fetch = Callable[
+    [Sequence[str], int, float, threading.Event | None], tuple[Sequence[structs_pb2.ServiceRegistration], int]
+]
 
 WATCH_WAIT_S: Final = 30.0
 RETRY_S: Final = 1.0
@@ -63,7 +65,7 @@ class ServiceCache:
         if known is not None:
             return known
         try:
-            registrations, index = self._fetch([name], 0, 0.0)
+            registrations, index = self._fetch([name], 0, 0.0, None)
         except RpcFailed as exc:
             # Rendered as no registrations now; the watch fills it in and re-renders.
             self._log.warning("services.lookup_failed", service=name, error=str(exc))
@@ -98,7 +100,7 @@ class ServiceCache:
                 self._stop.wait(RETRY_S)
                 continue
             try:
-                registrations, new_index = self._fetch(names, max(index, 1), WATCH_WAIT_S)
+                registrations, new_index = self._fetch(names, max(index, 1), WATCH_WAIT_S, self._stop)
             except RpcFailed as exc:
                 self._log.info("services.watch_retry", error=str(exc))
                 self._stop.wait(RETRY_S)
