@@ -60,7 +60,7 @@ typecheck: install
 	    -e 's#^$(TYPECHECK_TREE)/drover/#proto/drover/#'
 
 test: install lint
-	$(BIN)/pytest -q -m "not chaos and not bench" -p no:cacheprovider
+	$(BIN)/pytest -q -m "not chaos and not bench" -p no:cacheprovider --durations=25
 
 # One dev agent on 127.0.0.1:4646 with the demo job; Ctrl-C stops it.
 dev: install
