@@ -14,7 +14,9 @@ applying the same entry derives the same registrations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Final
 
 from drover.scheduler.structs import (
@@ -32,6 +34,57 @@ __all__ = ["registration_id", "registrations_for", "service_address"]
 
 _LOOPBACK: Final = "127.0.0.1"
 _PROVIDER_NOMAD: Final = "nomad"
+_REFERENCE: Final = re.compile(r"\$\{([^{}]+)\}")
+
+
+def _names(
+    alloc: Allocation,
+    job: Job,
+    node: Node | None,
+    group_meta: Mapping[str, str],
+    task: str,
+    task_meta: Mapping[str, str],
+) -> dict[str, str]:
+    """What a service's name and tags may refer to, as the client's task environment
+    names it (client_agent/taskenv.py): only what the alloc, its job and its node fix, so
+    every server resolves the same text."""
+    values = {
+        "NOMAD_JOB_ID": job.id,
+        "NOMAD_JOB_NAME": job.name or job.id,
+        "NOMAD_JOB_PARENT_ID": job.parent_id,
+        "NOMAD_GROUP_NAME": alloc.task_group,
+        "NOMAD_TASK_NAME": task,
+        "NOMAD_NAMESPACE": alloc.namespace,
+        "NOMAD_ALLOC_ID": alloc.id,
+        "NOMAD_SHORT_ALLOC_ID": alloc.id[:8],
+        "NOMAD_ALLOC_NAME": alloc.name,
+        "NOMAD_ALLOC_INDEX": str(alloc.index),
+        "NOMAD_REGION": "global",
+    }
+    for key, value in {**job.meta, **group_meta, **task_meta}.items():
+        values[f"NOMAD_META_{key}"] = values[f"NOMAD_META_{key.upper()}"] = value
+    if node is not None:
+        values.update(
+            {
+                "NOMAD_DC": node.datacenter,
+                "NOMAD_NODE_ID": node.id,
+                "NOMAD_NODE_NAME": node.name,
+                "node.unique.id": node.id,
+                "node.unique.name": node.name,
+                "node.datacenter": node.datacenter,
+                "node.class": node.node_class,
+            }
+        )
+        values.update({f"attr.{k}": v for k, v in node.attributes.items()})
+        values.update({f"meta.{k}": v for k, v in node.meta.items()})
+    return values
+
+
+def _interpolate(text: str, values: Mapping[str, str]) -> str:
+    """``${name}`` replaced where known; the rest left as written (as the client does)."""
+    if "${" not in text:
+        return text
+    return _REFERENCE.sub(lambda m: values.get(m.group(1).strip(), m.group(0)), text)
 
 
 def registration_id(alloc_id: str, owner: str, service: Service) -> str:
@@ -62,15 +115,18 @@ def service_address(alloc: Allocation, node: Node | None, service: Service) -> t
     return ip, 0
 
 
-def _service_blocks(job: Job, group_name: str) -> Iterable[tuple[str, Service]]:
+def _service_blocks(
+    job: Job, group_name: str
+) -> Iterable[tuple[str, Service, Mapping[str, str], Mapping[str, str]]]:
+    """(task name or "", service, group meta, task meta) of each service of the group."""
     for group in job.groups:
         if group.name != group_name:
             continue
         for service in group.services:
-            yield "", service
+            yield "", service, group.meta, {}
         for task in group.tasks:
             for service in task.services:
-                yield task.name, service
+                yield task.name, service, group.meta, task.meta
 
 
 def registrations_for(
@@ -86,9 +142,15 @@ def registrations_for(
     ):
         return ()
     found: list[ServiceRegistration] = []
-    for task, service in _service_blocks(job, alloc.task_group):
-        if service.provider != _PROVIDER_NOMAD or not service.name:
+    for task, written, group_meta, task_meta in _service_blocks(job, alloc.task_group):
+        if written.provider != _PROVIDER_NOMAD or not written.name:
             continue
+        values = _names(alloc, job, node, group_meta, task, task_meta)
+        service = replace(
+            written,
+            name=_interpolate(written.name, values),
+            tags=tuple(_interpolate(tag, values) for tag in written.tags),
+        )
         address, port = service_address(alloc, node, service)
         found.append(
             ServiceRegistration(

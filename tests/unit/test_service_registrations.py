@@ -210,3 +210,30 @@ def test_services_api__client_info__only_for_an_alloc_of_that_node_with_its_secr
             "ClientInfo",
             api_pb2.ServiceClientInfoRequest(node_id="n1", secret_id="n2-secret", alloc_id=alloc_id),
         )
+
+
+def test_registrations_for__name_and_tags__interpolated_as_the_task_sees_them() -> None:
+    base = _service_job()
+    group = replace(
+        base.groups[0],
+        meta={"tier": "front"},
+        services=(
+            Service(
+                name="${NOMAD_JOB_NAME}-${NOMAD_GROUP_NAME}",
+                tags=(
+                    "${node.unique.name}",
+                    "${NOMAD_META_tier}",
+                    "alloc-${NOMAD_ALLOC_INDEX}",
+                    "${no.such}",
+                ),
+            ),
+        ),
+        tasks=(replace(base.groups[0].tasks[0], services=(Service(name="${NOMAD_TASK_NAME}-svc"),)),),
+    )
+    job = replace(base, groups=(group,))
+    node = mock.node(name="box-1")
+    alloc = mock.alloc(job, node, 2, client_status=ALLOC_CLIENT_RUNNING)
+    group_reg, task_reg = registrations_for(alloc, job, node, 5)
+    assert group_reg.service_name == "web-web"
+    assert group_reg.tags == ("box-1", "front", "alloc-2", "${no.such}")
+    assert task_reg.service_name == "web-svc"
