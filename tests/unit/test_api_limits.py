@@ -162,7 +162,10 @@ def test_parked__server_total_bound() -> None:
     held = [limits.parked(f"c{i}") for i in range(MAX_PARKED_TOTAL)]
     for cm in held:
         cm.__enter__()
-    with pytest.raises(ResourceExhaustedError, match=f"this server has {MAX_PARKED_TOTAL}"), limits.parked("new"):
+    with (
+        pytest.raises(ResourceExhaustedError, match=f"this server has {MAX_PARKED_TOTAL}"),
+        limits.parked("new"),
+    ):
         pass
     for cm in held:
         cm.__exit__(None, None, None)
