@@ -279,6 +279,7 @@ PRODUCT_PACKAGES = ("server", "scheduler", "client_agent")
 # private pysyncobj names in server/raft/patches.py (tests/unit/test_raft_patches.py).
 PYSYNCOBJ_ADAPTER = frozenset(
     {
+        "server/raft/durable_journal.py",
         "server/raft/journal.py",
         "server/raft/node.py",
         "server/raft/patches.py",
