@@ -863,6 +863,24 @@ class LocalCluster:
         self._spawn(member)
         return len(self._clients) - 1
 
+    def add_server(self, name: str, extra_args: Sequence[str] = ()) -> int:
+        """Start one more server on a started cluster, joining it through the servers'
+        gRPC addresses (``-join``) with the cluster's key, TLS and ACL flags, and return its
+        index for the server methods. Stopped with the rest by ``stop_all``."""
+        if not self._started:
+            raise ClusterError("cluster not started")
+        if name in self.server_names or name in self.client_names:
+            raise ClusterError(f"an agent named {name!r} already exists")
+        grpc_port, raft_port, http_port = pick_free_ports(3)
+        spec = ServerSpec(name, grpc_port, raft_port, LOOPBACK, http_port=http_port)
+        data_dir = self.base_dir / name
+        join = ["-join", ",".join(self.grpc_addresses), *self._extra_args, *extra_args]
+        argv = server_argv(spec, data_dir, (), join, self._agent_module, raft_key_file=self._raft_key_file)
+        member = _Member(name, argv, data_dir, self.base_dir / f"{name}.log", spec, http_port)
+        self._servers.append(member)
+        self._spawn(member)
+        return len(self._servers) - 1
+
     def client_data_dir(self, j: int) -> Path:
         return self._client(j).data_dir
 

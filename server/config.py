@@ -39,6 +39,15 @@ class ServerConfig:
     # The cluster key, the same file on every server: required with peers (the agent says
     # how to make one); a server without peers makes a random key of its own.
     raft_key_file: str = ""
+    # Servers already in a running cluster, gRPC "host:port": a server that has never
+    # been in one (no saved peer set) asks them to add it before it starts raft
+    # (server/membership.py). Needs raft_key_file; with ACLs on, DROVER_TOKEN a management
+    # token.
+    join: tuple[str, ...] = ()
+    # Autopilot (server/autopilot.py): the leader removes a server that has not answered
+    # for longer than the threshold, never below a quorum of the configured size.
+    autopilot_cleanup_dead_servers: bool = False
+    autopilot_dead_server_threshold: str = "60s"
     # Leader-side worker threads (used once the scheduling pipeline lands).
     num_workers: int = 2
     log_json: bool = False
@@ -143,7 +152,7 @@ GC_DURATION_KEYS: Final = (
     "gc_interval",
 )
 # Keys whose value lists "host:port" addresses; a string value is split on commas.
-_ADDRESS_KEYS = frozenset({"peers", "servers"})
+_ADDRESS_KEYS = frozenset({"peers", "servers", "join"})
 
 
 def load_server_config(flags: Mapping[str, object], config_file: str | None) -> ServerConfig:

@@ -24,6 +24,7 @@ from drover.common.prometheus import agent_registry
 from drover.common.tls import TLSError, TLSMaterial, open_channel
 from drover.scheduler.structs import ServerMember
 from drover.scheduler.validate import Limits
+from drover.server.api.health import HealthReporter
 from drover.server.clock import Clock, IdSource, SystemClock, UuidIds
 from drover.server.codec import to_proto
 from drover.server.config import ServerConfig
@@ -34,6 +35,7 @@ from drover.server.fsm import FSM, encode_entry
 from drover.server.gc.runner import GarbageCollector, gc_settings
 from drover.server.heartbeat import HeartbeatConfig, HeartbeatTimers
 from drover.server.leader import LeaderServices
+from drover.server.membership import JoinRefusedError, MembershipLoop, autopilot_settings, initial_peers
 from drover.server.raft import RaftNode, RaftTuning
 from drover.server.restore_followup import RestoreWatch
 from drover.server.state_store import StateStore
@@ -87,9 +89,9 @@ def read_raft_key(cfg: ServerConfig) -> str:
         if os.stat(cfg.raft_key_file).st_mode & 0o007:
             log.warning("server.raft_key_file_world_readable", path=cfg.raft_key_file, hint="chmod 600")
         return key
-    if cfg.peers:
+    if cfg.peers or cfg.join:
         raise StartupError(
-            "refusing to start: this server has -peers but no -raft-key-file, and pysyncobj's transport "
+            "refusing to start: this server has -peers or -join but no -raft-key-file, and pysyncobj's transport "
             "unpickles what peers send, so anyone who reaches the raft port could run code here. Make one "
             "key for all servers (head -c 32 /dev/urandom | base64 > raft.key; chmod 600 raft.key) and "
             "pass -raft-key-file raft.key to each."
@@ -164,9 +166,20 @@ class ServerCore:
         self.raft_address = f"{cfg.bind}:{cfg.raft_port}"
         self.grpc_address = f"{cfg.bind}:{cfg.grpc_port}"
         os.makedirs(cfg.data_dir, exist_ok=True)
+        self._stop = threading.Event()
+        # NOT_SERVING until the membership loop has seen a leader and a quorum.
+        self.health = HealthReporter()
+        raft_dir = os.path.join(cfg.data_dir, "raft")
+        try:
+            autopilot = autopilot_settings(cfg)
+            # The saved peer set, or joining a running cluster (-join), or -peers.
+            peers = initial_peers(cfg, self.raft_address, raft_dir, self.tls, self._stop)
+        except (ValueError, JoinRefusedError) as exc:
+            self._lock.release()
+            raise StartupError(str(exc)) from exc
         self.raft = RaftNode(
             self.raft_address,
-            list(cfg.peers),
+            peers,
             self.fsm,
             os.path.join(cfg.data_dir, "raft"),
             password=password,
@@ -187,7 +200,7 @@ class ServerCore:
         # Sections other parts of this agent add to Operator.AgentInfo, read at each call
         # (the -dev agent's embedded client adds "client").
         self.agent_info_sections: dict[str, Callable[[], Mapping[str, str]]] = {}
-        self._stop = threading.Event()
+        self._membership = MembershipLoop(self, raft_dir, autopilot, self._stop)
         self._threads: list[threading.Thread] = []
         self._grpc: ApiServer | None = None
         self._channels: dict[str, grpc.Channel] = {}
@@ -206,12 +219,13 @@ class ServerCore:
         announcer = threading.Thread(target=self._announce_loop, name="member-announcer", daemon=True)
         announcer.start()
         self._threads.append(announcer)
+        self._threads.append(self._membership.start())
         log.info(
             "server.started",
             server=self.name,
             grpc=self.grpc_address,
             raft=self.raft_address,
-            peers=list(self.cfg.peers),
+            peers=self.raft.members(),
             tls=_tls_mode(self.tls, self.cfg),
         )
         if self.tls is None and not is_loopback(self.cfg.bind):

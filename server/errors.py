@@ -9,7 +9,8 @@
     └── RaftError            could not commit                     -> INTERNAL
         ├── NotLeaderError   this server is not the leader        -> UNAVAILABLE (retryable)
         ├── NoLeaderError    no leader known / leadership moved   -> UNAVAILABLE (retryable)
-        └── CommitTimeoutError  outcome unknown                   -> DEADLINE_EXCEEDED
+        ├── CommitTimeoutError  outcome unknown                   -> DEADLINE_EXCEEDED
+        └── MembershipBusyError  a membership change could not start -> ABORTED
 
 drover.scheduler.validate.ValidationError is translated at the API boundary (server/api/).
 """
@@ -63,3 +64,10 @@ class NoLeaderError(RaftError):
 
 class CommitTimeoutError(RaftError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class MembershipBusyError(RaftError):
+    """A membership change or leadership transfer that did not start (the previous change
+    is not committed yet, the follower is not caught up): nothing changed, retry later."""
+
+    code = grpc.StatusCode.ABORTED

@@ -7,6 +7,10 @@ an operator uses, and a killed server must not be listed as a follower. The prob
 parallel, so a dead member costs one timeout, not one per member. A probe carries the
 caller's token: with ACLs on, a member that refuses it (PERMISSION_DENIED) still answered,
 so it is alive, but its version and applied index stay unknown to that caller.
+
+A member of the table whose raft address is no longer in the answering server's raft
+configuration (removed by ``operator raft remove-peer`` or autopilot) is "left", whether or
+not it still answers: it takes no part in the quorum.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from drover.v1 import api_pb2, api_pb2_grpc
 if TYPE_CHECKING:
     from drover.server.core import ServerCore
 
-__all__ = ["PROBE_TIMEOUT_S", "STATUS_ALIVE", "STATUS_FAILED", "agent_info", "server_members"]
+__all__ = ["PROBE_TIMEOUT_S", "STATUS_ALIVE", "STATUS_FAILED", "STATUS_LEFT", "agent_info", "server_members"]
 
 PROBE_TIMEOUT_S: Final = 1.0
 STATUS_ALIVE: Final = "alive"
 STATUS_FAILED: Final = "failed"
+STATUS_LEFT: Final = "left"
 
 
 def _probe(core: ServerCore, member: ServerMember, token: str) -> api_pb2.ServerMemberStatus:
@@ -68,14 +73,19 @@ def server_members(core: ServerCore, token: str) -> api_pb2.ServerMembersRespons
     """Every server of the state's servers table, probed; the leader marked by raft address."""
     members = sorted(core.store.snapshot().servers(), key=lambda m: m.name)
     leader = core.raft.leader_address()
-    others = [m for m in members if m.name != core.name]
+    voters = set(core.raft.members())
+    others = [m for m in members if m.name != core.name and m.raft_address in voters]
     with ThreadPoolExecutor(max_workers=max(1, len(others)), thread_name_prefix="members-probe") as pool:
         probed = dict(
             zip((m.name for m in others), pool.map(lambda m: _probe(core, m, token), others), strict=True)
         )
     response = api_pb2.ServerMembersResponse(served_by=core.name)
     for member in members:
-        if member.name == core.name:
+        if member.name != core.name and member.name not in probed:
+            status = api_pb2.ServerMemberStatus(
+                name=member.name, grpc_address=member.grpc_address, raft_address=member.raft_address
+            )
+        elif member.name == core.name:
             status = api_pb2.ServerMemberStatus(
                 name=member.name,
                 grpc_address=member.grpc_address,
@@ -87,6 +97,8 @@ def server_members(core: ServerCore, token: str) -> api_pb2.ServerMembersRespons
         else:
             status = probed[member.name]
         status.leader = leader is not None and member.raft_address == leader
+        if member.raft_address not in voters:
+            status.status = STATUS_LEFT
         response.members.append(status)
     return response
 

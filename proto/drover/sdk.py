@@ -925,6 +925,19 @@ class Client:
         to check every server, use one single-address client per server."""
         return self._call(lambda s: s.operator.Invariants, api_pb2.InvariantsRequest())
 
+    def raft_remove_peer(self, *, raft_address: str = "", name: str = "") -> api_pb2.RaftRemovePeerResponse:
+        """Remove a server from the raft configuration, by raft address or by name."""
+        req = api_pb2.RaftRemovePeerRequest(raft_address=raft_address, name=name)
+        return self._call(lambda s: s.operator.RaftRemovePeer, req, write=True)
+
+    def raft_transfer_leadership(
+        self, *, raft_address: str = "", name: str = ""
+    ) -> api_pb2.RaftTransferLeadershipResponse:
+        """Hand leadership to the server named (or the most caught-up one); answers once
+        another server leads."""
+        req = api_pb2.RaftTransferLeadershipRequest(raft_address=raft_address, name=name)
+        return self._call(lambda s: s.operator.RaftTransferLeadership, req, write=True)
+
     def server_members(self) -> api_pb2.ServerMembersResponse:
         """Every server as the answering one sees it (alive if it answered a probe)."""
         return self._call(lambda s: s.operator.ServerMembers, api_pb2.ServerMembersRequest())

@@ -52,6 +52,9 @@ Operator.GarbageCollect     management, as Nomad's /v1/system/gc: it deletes his
                             every namespace's operators may still want
 Operator.SnapshotRestore    management: a restore replaces the ACL tables too, so any
                             lesser right could make itself management with it
+Operator.RaftJoin           management: a voter holds and rewrites every table
+Operator.RaftRemovePeer     operator write (Nomad's raft remove-peer)
+Operator.RaftTransferLeadership  operator write
 ACL.Bootstrap               nothing: it works once (the FSM refuses a second bootstrap)
 ACL.TokenSelf               any valid token
 ACL.ListPolicies/GetPolicy  any valid token; a client token sees only its own policies
@@ -223,6 +226,9 @@ RIGHTS: Final[Mapping[str, Need]] = {
     "Operator.ReconcileSummaries": _level(Scope.OPERATOR, POLICY_WRITE),
     "Operator.SnapshotSave": _level(Scope.OPERATOR, POLICY_WRITE, alternative="snapshot-save"),
     "Operator.SnapshotRestore": Need(Scope.MANAGEMENT, why="a restore replaces the ACL tables"),
+    "Operator.RaftJoin": Need(Scope.MANAGEMENT, why="a voter holds and can rewrite every table"),
+    "Operator.RaftRemovePeer": _level(Scope.OPERATOR, POLICY_WRITE),
+    "Operator.RaftTransferLeadership": _level(Scope.OPERATOR, POLICY_WRITE),
     "Operator.GarbageCollect": Need(
         Scope.MANAGEMENT, why="deletes every namespace's history, as Nomad's system gc"
     ),

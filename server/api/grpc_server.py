@@ -16,7 +16,7 @@ from concurrent import futures
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
 from drover.common.grpc_options import SERVER_MESSAGE_SIZE_OPTIONS
@@ -131,12 +131,11 @@ async def _create(address: str, core: ServerCore) -> tuple[ApiServer, int]:
     api_pb2_grpc.add_DeploymentsServicer_to_server(DeploymentsServicer(core), server)
     api_pb2_grpc.add_EventsServicer_to_server(EventsServicer(core), server)
     api_pb2_grpc.add_ServicesServicer_to_server(ServicesServicer(core), server)
-    health_servicer = health.HealthServicer()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    # Health stays open with ACLs on: it says SERVING and nothing else (load balancers and
-    # probes hold no token). Reflection describes the API to anyone who asks and checks no
-    # token, so with ACLs on it is off (use proto/drover/v1/*.proto).
+    # SERVING only with a leader and a quorum, per service and overall (server/api/health.py).
+    core.health.add_to_server(server)
+    # Health stays open with ACLs on: it says SERVING or NOT_SERVING and nothing else
+    # (load balancers and probes hold no token). Reflection describes the API to anyone
+    # who asks and checks no token, so with ACLs on it is off (use proto/drover/v1/*.proto).
     if not core.cfg.acl_enabled:
         names = [svc.full_name for svc in api_pb2.DESCRIPTOR.services_by_name.values()]
         reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -9,6 +9,7 @@ import grpc
 from prometheus_client import generate_latest
 
 from drover.scheduler.structs import SchedulerConfig
+from drover.server import membership
 from drover.server.api._base import call_token, meta_for, query, rpc, write_meta
 from drover.server.cluster_ops import set_scheduler_config
 from drover.server.codec import from_proto, to_proto
@@ -88,6 +89,27 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         # Forwarded to the leader like every write; it selects with every threshold 0.
         deleted, index = self.core.gc.collect(FORCE)
         return api_pb2.SystemGCResponse(meta=write_meta(index or self.core.store.index), **deleted)
+
+    @rpc("Operator", "write")
+    def RaftJoin(
+        self, request: api_pb2.RaftJoinRequest, context: grpc.ServicerContext
+    ) -> api_pb2.RaftJoinResponse:
+        index, members = membership.join(self.core, request.name, request.raft_address)
+        return api_pb2.RaftJoinResponse(meta=write_meta(index), raft_addresses=members)
+
+    @rpc("Operator", "write")
+    def RaftRemovePeer(
+        self, request: api_pb2.RaftRemovePeerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.RaftRemovePeerResponse:
+        index, address = membership.remove_peer(self.core, request.raft_address, request.name)
+        return api_pb2.RaftRemovePeerResponse(meta=write_meta(index), raft_address=address)
+
+    @rpc("Operator", "write")
+    def RaftTransferLeadership(
+        self, request: api_pb2.RaftTransferLeadershipRequest, context: grpc.ServicerContext
+    ) -> api_pb2.RaftTransferLeadershipResponse:
+        address, name = membership.transfer_leadership(self.core, request.raft_address, request.name)
+        return api_pb2.RaftTransferLeadershipResponse(leader_raft_address=address, leader_name=name)
 
     @rpc("Operator", "local")
     def Metrics(

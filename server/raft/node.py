@@ -27,6 +27,7 @@ from pysyncobj.config import FAIL_REASON
 from drover.server.datadir import narrow_files, private_dir
 from drover.server.errors import (
     CommitTimeoutError,
+    MembershipBusyError,
     NoLeaderError,
     NotLeaderError,
     RaftError,
@@ -82,6 +83,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             # Without it pysyncobj listens on every interface (0.0.0.0), whatever the
             # address the server was told to bind.
             bindAddress=self_address,
+            # Servers join and leave a running cluster (`agent -join`, `operator raft
+            # remove-peer`): pysyncobj then logs each change as a membership entry and
+            # takes it into its configuration when appended, one change at a time.
+            dynamicMembershipChange=True,
         )
         super().__init__(self_address, peers, conf)
         narrow_files(data_dir)  # the journal pysyncobj just created with our umask
@@ -192,6 +197,71 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def peers(self) -> list[tuple[str, bool]]:
         """(raft address, connected) for every other member."""
         return [(str(n.id), bool(self.isNodeConnected(n))) for n in sorted(self.otherNodes, key=str)]
+
+    def members(self) -> list[str]:
+        """Every voter's raft address, this server's included, as its configuration holds
+        them now (a change counts from when it is appended, as pysyncobj applies it)."""
+        return sorted([self.self_address(), *(str(n) for n in self.otherNodes)])
+
+    # -- membership --------------------------------------------------------------------
+    def add_member(self, address: str, timeout: float) -> None:
+        """On the leader: add ``address`` as a voter; returns once the change is committed."""
+        self._change_membership(self.addNodeToCluster, address, timeout)
+
+    def remove_member(self, address: str, timeout: float) -> None:
+        """On the leader: remove ``address``; returns once the change is committed."""
+        self._change_membership(self.removeNodeFromCluster, address, timeout)
+
+    def _change_membership(self, change: Callable[..., None], address: str, timeout: float) -> None:
+        if not self._isLeader():
+            raise NotLeaderError(self.leader_address())
+        done = threading.Event()
+        box: list[int] = [FAIL_REASON.SUCCESS]
+
+        def on_result(_result: Any, error: int) -> None:
+            box[0] = error
+            done.set()
+
+        change(address, callback=on_result)
+        if not done.wait(timeout):
+            raise CommitTimeoutError(
+                f"membership change not committed within {timeout:.1f}s; it may still apply"
+            )
+        error = box[0]
+        if error == FAIL_REASON.SUCCESS:
+            return
+        if error == FAIL_REASON.REQUEST_DENIED:
+            # pysyncobj takes one change at a time: the previous one is not committed yet.
+            raise MembershipBusyError("another membership change is not committed yet, retry")
+        if error in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED):
+            raise NoLeaderError(f"leadership changed before commit ({_FAIL_NAMES.get(error, error)})")
+        raise RaftError(f"raft refused the membership change ({_FAIL_NAMES.get(error, error)})")
+
+    def transfer_leadership_to(self, address: str | None, timeout: float) -> str:
+        """On the leader: hand leadership to ``address`` (None: the most caught-up connected
+        follower) and wait until another server leads; the new leader's raft address.
+
+        pysyncobj sends TimeoutNow only to a follower whose log matches the leader's to
+        the last entry, so under writes a request can be refused a few times before the
+        follower catches up: it is retried until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        me = self.self_address()
+        while True:
+            if not self._isLeader():
+                leader = self.leader_address()
+                if leader is not None and leader != me:
+                    return leader
+            else:
+                sent = threading.Event()
+                # Success means only that TimeoutNow was sent; the loop then waits to see
+                # another leader. A refusal (follower behind) is simply tried again.
+                self.transferLeadership(address, callback=lambda _r, _e, done=sent: done.set())
+                sent.wait(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                raise MembershipBusyError(
+                    f"leadership not transferred within {timeout:.1f}s (the follower is behind or unreachable)"
+                )
+            time.sleep(0.05)
 
     def term(self) -> int:
         return int(self.raftCurrentTerm)

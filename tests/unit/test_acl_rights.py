@@ -81,6 +81,9 @@ def test_rights__operator_writes__need_operator_write_or_management() -> None:
     assert need_for("Operator", "SnapshotSave").any_of == ("write",)
     assert need_for("Operator", "SnapshotRestore").scope is Scope.MANAGEMENT
     assert need_for("Operator", "GarbageCollect").scope is Scope.MANAGEMENT
+    assert need_for("Operator", "RaftJoin").scope is Scope.MANAGEMENT
+    assert need_for("Operator", "RaftRemovePeer").any_of == ("write",)
+    assert need_for("Operator", "RaftTransferLeadership").any_of == ("write",)
 
 
 def test_rights__unknown_rpc__has_no_default() -> None:
@@ -236,6 +239,34 @@ CHECKS = [
         OPERATOR_WRITE,
         api_pb2.SystemGCRequest(),
         False,
+    ),
+    (
+        "join-with-operator-write",
+        "Operator.RaftJoin",
+        OPERATOR_WRITE,
+        api_pb2.RaftJoinRequest(),
+        False,
+    ),
+    (
+        "remove-peer-with-operator-read",
+        "Operator.RaftRemovePeer",
+        OPERATOR_READ,
+        api_pb2.RaftRemovePeerRequest(),
+        False,
+    ),
+    (
+        "remove-peer-with-operator-write",
+        "Operator.RaftRemovePeer",
+        OPERATOR_WRITE,
+        api_pb2.RaftRemovePeerRequest(),
+        True,
+    ),
+    (
+        "transfer-with-operator-write",
+        "Operator.RaftTransferLeadership",
+        OPERATOR_WRITE,
+        api_pb2.RaftTransferLeadershipRequest(),
+        True,
     ),
     (
         "reconcile-with-operator-read",

@@ -37,8 +37,10 @@ class FakeOperator(api_pb2_grpc.OperatorServicer):
 
 
 class FakeRaft:
-    def __init__(self, leader: str) -> None:
+    def __init__(self, leader: str, voters: tuple[str, ...] = ()) -> None:
         self.leader = leader
+        # The raft configuration; by default every member of the table is a voter.
+        self.voters = voters
 
     def leader_address(self) -> str:
         return self.leader
@@ -61,6 +63,9 @@ class FakeRaft:
     def self_address(self) -> str:
         return "127.0.0.1:9001"
 
+    def members(self) -> list[str]:
+        return sorted(self.voters)
+
 
 def _closed_port() -> str:
     with socket.socket() as s:
@@ -68,13 +73,13 @@ def _closed_port() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def _core(members: list[ServerMember], leader: str) -> Any:
+def _core(members: list[ServerMember], leader: str, voters: tuple[str, ...] | None = None) -> Any:
     """A ServerCore as server/members.py reads it: its name, its state's servers table,
     raft's view, and its TLS (none: the fakes are plaintext)."""
     return SimpleNamespace(
         name="s1",
         store=SimpleNamespace(snapshot=lambda: SimpleNamespace(servers=lambda: iter(members))),
-        raft=FakeRaft(leader),
+        raft=FakeRaft(leader, tuple(m.raft_address for m in members) if voters is None else voters),
         tls=None,
         grpc_address="127.0.0.1:8001",
         cfg=SimpleNamespace(acl_enabled=True),
@@ -116,6 +121,26 @@ def test_members__answering_refusing_and_silent() -> None:
     assert (by_name["s2"].version, by_name["s2"].raft_applied_index) == ("9.9.9", 40)
     assert (by_name["s3"].version, by_name["s3"].raft_applied_index) == ("", 0)
     assert answering.tokens == refusing.tokens == ["the-callers-secret"]
+
+
+def test_members__a_server_out_of_the_raft_configuration__is_left_and_not_probed() -> None:
+    answering = FakeOperator("9.9.9", 40)
+    with serving((api_pb2_grpc.add_OperatorServicer_to_server, answering), max_workers=2) as a:
+        members = [
+            ServerMember(name="s1", raft_address="127.0.0.1:9001", grpc_address="127.0.0.1:8001"),
+            ServerMember(name="s2", raft_address="127.0.0.1:9002", grpc_address=a),
+            ServerMember(name="s3", raft_address="127.0.0.1:9003", grpc_address=_closed_port()),
+        ]
+        core = _core(members, leader="127.0.0.1:9001", voters=("127.0.0.1:9001", "127.0.0.1:9003"))
+
+        response = server_members(core, "")
+
+    assert [(m.name, m.status) for m in response.members] == [
+        ("s1", "alive"),
+        ("s2", "left"),
+        ("s3", "failed"),
+    ]
+    assert answering.tokens == [], "a server that left is not asked"
 
 
 def test_agent_info__sections_of_this_agent_only() -> None:

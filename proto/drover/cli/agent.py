@@ -26,6 +26,20 @@ def register(top: Subcommands) -> None:
     flag(p, "http-port", type=int, help="metrics, leader and health over HTTP (4649; 0: any free port)")
     flag(p, "peers", help="other servers' raft addresses, comma-separated")
     flag(p, "raft-key-file")
+    flag(
+        p,
+        "join",
+        metavar="ADDR[,ADDR]",
+        help="server: join a running cluster through these servers' gRPC addresses (retries until in)",
+    )
+    flag(
+        p,
+        "autopilot-cleanup-dead-servers",
+        action="store_true",
+        default=None,
+        help="server: the leader removes a server silent longer than the threshold (never below quorum)",
+    )
+    flag(p, "autopilot-dead-server-threshold", metavar="DURATION", help="server: see above (60s)")
     flag(p, "servers", help="servers' gRPC addresses, comma-separated")
     flag(p, "datacenter")
     flag(p, "node-class")
@@ -86,6 +100,9 @@ _AGENT_KEYS: Final = {
         "http_port",
         "peers",
         "raft_key_file",
+        "join",
+        "autopilot_cleanup_dead_servers",
+        "autopilot_dead_server_threshold",
         "num_workers",
         "min_heartbeat_ttl",
         "max_heartbeats_per_second",

@@ -30,12 +30,38 @@ server's own FSM, so the state printed is the state the server had at that index
 """
 
 
+_REMOVE_PEER_EPILOG: Final = """\
+Forwarded to the leader, which commits the change before answering. The leader itself can
+not be removed: run transfer-leadership first. A removed server that still runs is
+refused by the others; stop it and wipe its data dir before it joins again (-join).
+"""
+
+
 def register(top: Subcommands) -> None:
     operator = add_group(top, "operator", "cluster operations")
     scheduler_config.register(operator)
     raft = add_group(operator, "raft", "raft peers, and offline tools for a stopped server's raft data")
     p = add_command(raft, "list-peers", _cmd_raft_peers, "list the raft peers")
     read_flags(p)
+    p = add_command(
+        raft,
+        "remove-peer",
+        _cmd_raft_remove_peer,
+        "remove a server from the raft configuration (a failed host, before its replacement joins)",
+        _REMOVE_PEER_EPILOG,
+    )
+    conn_flags(p)
+    flag(p, "peer-address", metavar="HOST:PORT", help="the server's raft address")
+    flag(p, "peer-id", metavar="NAME", help="the server's name (as server members lists it)")
+    p = add_command(
+        raft,
+        "transfer-leadership",
+        _cmd_raft_transfer_leadership,
+        "hand leadership to another server (the one named, or the most caught-up)",
+    )
+    conn_flags(p)
+    flag(p, "peer-id", metavar="NAME", help="the server to lead next (default: the most caught-up)")
+    flag(p, "peer-address", metavar="HOST:PORT", help="the same, by raft address")
     p = add_command(
         raft,
         "logs",
@@ -114,6 +140,32 @@ def _cmd_raft_peers(args: argparse.Namespace) -> int:
             for p in resp.peers
         ]
         print_table(["Node", "Raft Address", "gRPC Address", "State", "Voter", "Connected"], rows)
+    return 0
+
+
+def _cmd_raft_remove_peer(args: argparse.Namespace) -> int:
+    peer_address: str = args.peer_address or ""
+    peer_id: str = args.peer_id or ""
+    if bool(peer_address) == bool(peer_id):
+        raise CLIError("give exactly one of -peer-address and -peer-id")
+    with connect(args) as client:
+        resp = client.raft_remove_peer(raft_address=peer_address, name=peer_id)
+    print(
+        f"Removed peer {peer_id or resp.raft_address} ({resp.raft_address}) at raft index {resp.meta.index}"
+    )
+    return 0
+
+
+def _cmd_raft_transfer_leadership(args: argparse.Namespace) -> int:
+    peer_address: str = args.peer_address or ""
+    peer_id: str = args.peer_id or ""
+    if peer_address and peer_id:
+        raise CLIError("give at most one of -peer-address and -peer-id")
+    with connect(args) as client:
+        resp = client.raft_transfer_leadership(raft_address=peer_address, name=peer_id)
+    print(
+        f"Leadership transferred to {resp.leader_name or resp.leader_raft_address} ({resp.leader_raft_address})"
+    )
     return 0
 
 

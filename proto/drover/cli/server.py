@@ -12,7 +12,8 @@ __all__ = ["register"]
 
 _MEMBERS_EPILOG = """\
 Status is "alive" if the server answered a probe from the server asked (within a second),
-"failed" if not. Answered by the first server that answers, from its own view (no leader
+"failed" if not, "left" if it is no longer in the raft configuration (operator raft
+remove-peer, or autopilot). Answered by the first server that answers, from its own view (no leader
 needed). Columns: Name, Address (gRPC), Raft Address, Status, Leader, Applied Index, Version.
 """
 

@@ -2146,6 +2146,147 @@ class AllocGetResponse(_message.Message):
 Global___AllocGetResponse: _TypeAlias = AllocGetResponse  # noqa: Y015
 
 @_typing.final
+class RaftJoinRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The joiner's server name and raft address ("host:port"), as its -raft-port binds it."""
+    raft_address: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        raft_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "raft_address", b"raft_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftJoinRequest: _TypeAlias = RaftJoinRequest  # noqa: Y015
+
+@_typing.final
+class RaftJoinResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    RAFT_ADDRESSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    @_builtins.property
+    def raft_addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every voter's raft address after the change, the joiner's included: its -peers."""
+
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        raft_addresses: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "raft_addresses", b"raft_addresses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftJoinResponse: _TypeAlias = RaftJoinResponse  # noqa: Y015
+
+@_typing.final
+class RaftRemovePeerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    raft_address: _builtins.str
+    """One of the two: the peer's raft address, or its server name."""
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        raft_address: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "raft_address", b"raft_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftRemovePeerRequest: _TypeAlias = RaftRemovePeerRequest  # noqa: Y015
+
+@_typing.final
+class RaftRemovePeerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    raft_address: _builtins.str
+    @_builtins.property
+    def meta(self) -> Global___WriteMeta: ...
+    def __init__(
+        self,
+        *,
+        meta: Global___WriteMeta | None = ...,
+        raft_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "raft_address", b"raft_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftRemovePeerResponse: _TypeAlias = RaftRemovePeerResponse  # noqa: Y015
+
+@_typing.final
+class RaftTransferLeadershipRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """At most one of the two; neither: the most caught-up connected follower."""
+    raft_address: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        raft_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "raft_address", b"raft_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftTransferLeadershipRequest: _TypeAlias = RaftTransferLeadershipRequest  # noqa: Y015
+
+@_typing.final
+class RaftTransferLeadershipResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEADER_RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
+    LEADER_NAME_FIELD_NUMBER: _builtins.int
+    leader_raft_address: _builtins.str
+    """The raft address of the server leading once the transfer is done."""
+    leader_name: _builtins.str
+    def __init__(
+        self,
+        *,
+        leader_raft_address: _builtins.str = ...,
+        leader_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_name", b"leader_name", "leader_raft_address", b"leader_raft_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftTransferLeadershipResponse: _TypeAlias = RaftTransferLeadershipResponse  # noqa: Y015
+
+@_typing.final
 class SystemGCRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

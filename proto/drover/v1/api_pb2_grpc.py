@@ -1944,6 +1944,21 @@ class OperatorStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.SystemGCRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.SystemGCResponse.FromString,
                 _registered_method=True)
+        self.RaftJoin = channel.unary_unary(
+                '/drover.v1.Operator/RaftJoin',
+                request_serializer=drover_dot_v1_dot_api__pb2.RaftJoinRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.RaftJoinResponse.FromString,
+                _registered_method=True)
+        self.RaftRemovePeer = channel.unary_unary(
+                '/drover.v1.Operator/RaftRemovePeer',
+                request_serializer=drover_dot_v1_dot_api__pb2.RaftRemovePeerRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.RaftRemovePeerResponse.FromString,
+                _registered_method=True)
+        self.RaftTransferLeadership = channel.unary_unary(
+                '/drover.v1.Operator/RaftTransferLeadership',
+                request_serializer=drover_dot_v1_dot_api__pb2.RaftTransferLeadershipRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.RaftTransferLeadershipResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -2037,6 +2052,31 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RaftJoin(self, request, context):
+        """Add a server to the raft configuration: what `agent -server -join` calls (forwarded to
+        the leader, which answers once the change is committed). A raft address already in
+        answers the same, so a joiner may retry. Management: a voter can rewrite everything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RaftRemovePeer(self, request, context):
+        """Remove a server from the raft configuration (by raft address or name); never the
+        leader itself (transfer leadership first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RaftTransferLeadership(self, request, context):
+        """Hand leadership to a caught-up follower (the one named, or the most caught-up one);
+        answers once another server leads.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -2099,6 +2139,21 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.GarbageCollect,
                     request_deserializer=drover_dot_v1_dot_api__pb2.SystemGCRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.SystemGCResponse.SerializeToString,
+            ),
+            'RaftJoin': grpc.unary_unary_rpc_method_handler(
+                    servicer.RaftJoin,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.RaftJoinRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.RaftJoinResponse.SerializeToString,
+            ),
+            'RaftRemovePeer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RaftRemovePeer,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.RaftRemovePeerRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.RaftRemovePeerResponse.SerializeToString,
+            ),
+            'RaftTransferLeadership': grpc.unary_unary_rpc_method_handler(
+                    servicer.RaftTransferLeadership,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.RaftTransferLeadershipRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.RaftTransferLeadershipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2425,6 +2480,87 @@ class Operator:
             '/drover.v1.Operator/GarbageCollect',
             drover_dot_v1_dot_api__pb2.SystemGCRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.SystemGCResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RaftJoin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/RaftJoin',
+            drover_dot_v1_dot_api__pb2.RaftJoinRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.RaftJoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RaftRemovePeer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/RaftRemovePeer',
+            drover_dot_v1_dot_api__pb2.RaftRemovePeerRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.RaftRemovePeerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RaftTransferLeadership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drover.v1.Operator/RaftTransferLeadership',
+            drover_dot_v1_dot_api__pb2.RaftTransferLeadershipRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.RaftTransferLeadershipResponse.FromString,
             options,
             channel_credentials,
             insecure,

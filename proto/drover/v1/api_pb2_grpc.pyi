@@ -592,6 +592,19 @@ class OperatorStub:
     terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
     without allocs, terminal deployments. The leader writes raft entries (server/gc/).
     """
+    RaftJoin: _grpc.UnaryUnaryMultiCallable[_api_pb2.RaftJoinRequest, _api_pb2.RaftJoinResponse]
+    """Add a server to the raft configuration: what `agent -server -join` calls (forwarded to
+    the leader, which answers once the change is committed). A raft address already in
+    answers the same, so a joiner may retry. Management: a voter can rewrite everything.
+    """
+    RaftRemovePeer: _grpc.UnaryUnaryMultiCallable[_api_pb2.RaftRemovePeerRequest, _api_pb2.RaftRemovePeerResponse]
+    """Remove a server from the raft configuration (by raft address or name); never the
+    leader itself (transfer leadership first).
+    """
+    RaftTransferLeadership: _grpc.UnaryUnaryMultiCallable[_api_pb2.RaftTransferLeadershipRequest, _api_pb2.RaftTransferLeadershipResponse]
+    """Hand leadership to a caught-up follower (the one named, or the most caught-up one);
+    answers once another server leads.
+    """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -628,6 +641,19 @@ class OperatorAsyncStub(OperatorStub):
     """Collect everything eligible now, with every threshold 0 (Nomad's /v1/system/gc):
     terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
     without allocs, terminal deployments. The leader writes raft entries (server/gc/).
+    """
+    RaftJoin: _aio.UnaryUnaryMultiCallable[_api_pb2.RaftJoinRequest, _api_pb2.RaftJoinResponse]  # type: ignore[assignment]
+    """Add a server to the raft configuration: what `agent -server -join` calls (forwarded to
+    the leader, which answers once the change is committed). A raft address already in
+    answers the same, so a joiner may retry. Management: a voter can rewrite everything.
+    """
+    RaftRemovePeer: _aio.UnaryUnaryMultiCallable[_api_pb2.RaftRemovePeerRequest, _api_pb2.RaftRemovePeerResponse]  # type: ignore[assignment]
+    """Remove a server from the raft configuration (by raft address or name); never the
+    leader itself (transfer leadership first).
+    """
+    RaftTransferLeadership: _aio.UnaryUnaryMultiCallable[_api_pb2.RaftTransferLeadershipRequest, _api_pb2.RaftTransferLeadershipResponse]  # type: ignore[assignment]
+    """Hand leadership to a caught-up follower (the one named, or the most caught-up one);
+    answers once another server leads.
     """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
@@ -734,6 +760,37 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         """Collect everything eligible now, with every threshold 0 (Nomad's /v1/system/gc):
         terminal evals and allocs, dead jobs (periodic and dispatched children too), down nodes
         without allocs, terminal deployments. The leader writes raft entries (server/gc/).
+        """
+
+    @_abc_1.abstractmethod
+    def RaftJoin(
+        self,
+        request: _api_pb2.RaftJoinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RaftJoinResponse, _abc.Awaitable[_api_pb2.RaftJoinResponse]]:
+        """Add a server to the raft configuration: what `agent -server -join` calls (forwarded to
+        the leader, which answers once the change is committed). A raft address already in
+        answers the same, so a joiner may retry. Management: a voter can rewrite everything.
+        """
+
+    @_abc_1.abstractmethod
+    def RaftRemovePeer(
+        self,
+        request: _api_pb2.RaftRemovePeerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RaftRemovePeerResponse, _abc.Awaitable[_api_pb2.RaftRemovePeerResponse]]:
+        """Remove a server from the raft configuration (by raft address or name); never the
+        leader itself (transfer leadership first).
+        """
+
+    @_abc_1.abstractmethod
+    def RaftTransferLeadership(
+        self,
+        request: _api_pb2.RaftTransferLeadershipRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RaftTransferLeadershipResponse, _abc.Awaitable[_api_pb2.RaftTransferLeadershipResponse]]:
+        """Hand leadership to a caught-up follower (the one named, or the most caught-up one);
+        answers once another server leads.
         """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
