@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from drover.server.state_store import TABLES, Snapshot
+from drover.server.state_store import Snapshot
 
 if TYPE_CHECKING:
     from drover.server.core import ServerCore
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["IndexNotifier", "attach_notifier", "notifier_for"]
 
+# The key of waiters on no table in particular: woken by any new index.
+_ANY: Final = ""
 # How often the watching thread looks again without a change (a restore may lower the index).
 _RECHECK_S: Final = 1.0
 
@@ -75,7 +77,7 @@ class IndexNotifier:
         snap = self._store.snapshot()
         everything = self._store.closed or self._stopped.is_set()
         for table, waiters in list(self._waiters.items()):
-            index = snap.table_index(table)
+            index = snap.index if table == _ANY else snap.table_index(table)
             if not everything and index == self._seen.get(table):
                 continue
             self._seen[table] = index
@@ -89,7 +91,7 @@ class IndexNotifier:
     ) -> Snapshot:
         """The first snapshot for which ``ready`` holds, or the current one at ``deadline``
         (monotonic) or once the store closes. Cancelling the caller's task ends the wait."""
-        names = tables or TABLES
+        names = tables or (_ANY,)
         while True:
             snap = self._store.snapshot()
             remaining = deadline - time.monotonic()
@@ -97,7 +99,7 @@ class IndexNotifier:
                 return snap
             waiter: asyncio.Future[None] = self._loop.create_future()
             for name in names:
-                self._seen.setdefault(name, snap.table_index(name))
+                self._seen.setdefault(name, snap.index if name == _ANY else snap.table_index(name))
                 self._waiters.setdefault(name, set()).add(waiter)
             try:
                 await asyncio.wait_for(waiter, remaining)

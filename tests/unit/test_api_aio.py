@@ -1,0 +1,155 @@
+"""The API's grpc.aio plumbing (server/api/_aio.py, _notify.py, the aio interceptors) on a
+real grpc.aio server in this process, on the API's own loop, with sync handlers as the
+servicers are: calls counted by code, undecodable requests refused, a parked query that
+holds a parking place but no thread and answers when the state moves, the parking bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
+
+from deploy.cluster import wait_for
+from drover.server.api import _limits
+from drover.server.api._aio import SyncBridge
+from drover.server.api._decode import AioDecodeGuard
+from drover.server.api._limits import CallerLimits
+from drover.server.api._notify import IndexNotifier
+from drover.server.api._park import ParkRequest, current_parking
+from drover.server.api.grpc_server import api_loop
+from drover.server.state_store import StateStore
+from drover.server.telemetry.rpc import AioRpcMetrics
+
+PARK_METHOD = "/test.Park/Wait"
+
+
+@dataclasses.dataclass
+class _Rig:
+    address: str
+    store: StateStore
+    limits: CallerLimits
+    runs: list[str]
+
+
+def _count(method: str, code: str) -> float:
+    return REGISTRY.get_sample_value("drover_rpc_requests_total", {"method": method, "code": code}) or 0.0
+
+
+def _parked_handler(store: StateStore, runs: list[str]) -> grpc.GenericRpcHandler:
+    """``/test.Park/Wait``: answers the store's index once it is at least 5, parking (as a
+    blocking query does) until then; records each run's thread."""
+
+    def wait(request: bytes, context: grpc.ServicerContext) -> bytes:
+        runs.append(threading.current_thread().name)
+        snap = store.snapshot()
+        parking = current_parking()
+        if snap.index < 5 and parking is not None:
+            raise ParkRequest((), lambda s: s.index >= 5, parking.deadline_after(30.0), "tester")
+        return str(snap.index).encode()
+
+    handler = grpc.unary_unary_rpc_method_handler(wait)
+    return grpc.method_handlers_generic_handler("test.Park", {"Wait": handler})
+
+
+@pytest.fixture
+def rig() -> Iterator[_Rig]:
+    store = StateStore()
+    limits = CallerLimits()
+    runs: list[str] = []
+    pool = futures.ThreadPoolExecutor(4, thread_name_prefix="test-pool")
+
+    async def build() -> tuple[grpc.aio.Server, IndexNotifier, SyncBridge, int]:
+        notifier = IndexNotifier(store, asyncio.get_running_loop())
+        bridge = SyncBridge(pool, notifier, limits, None)
+        server = grpc.aio.server(
+            migration_thread_pool=pool, interceptors=[AioRpcMetrics(), AioDecodeGuard(), bridge]
+        )
+        servicer = health.HealthServicer()
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers((_parked_handler(store, runs),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, notifier, bridge, port
+
+    loop = api_loop()
+    server, notifier, bridge, port = asyncio.run_coroutine_threadsafe(build(), loop).result(10)
+    try:
+        yield _Rig(f"127.0.0.1:{port}", store, limits, runs)
+    finally:
+        notifier.stop()
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+        asyncio.run_coroutine_threadsafe(bridge.close(), loop).result(10)
+        store.close()
+        pool.shutdown(wait=False)
+
+
+def test_aio__sync_unary_handler__counted_by_method_and_code(rig: _Rig) -> None:
+    ok_before, missing_before = _count("Health.Check", "OK"), _count("Health.Check", "NOT_FOUND")
+    with grpc.insecure_channel(rig.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert _count("Health.Check", "OK") - ok_before == 2
+    assert _count("Health.Check", "NOT_FOUND") - missing_before == 1
+
+
+def test_aio__sync_stream_the_caller_cancels__counted_cancelled(rig: _Rig) -> None:
+    before = _count("Health.Watch", "CANCELLED")
+    with grpc.insecure_channel(rig.address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+        wait_for(lambda: _count("Health.Watch", "CANCELLED") > before, 10, message="the cancel counted")
+    assert _count("Health.Watch", "CANCELLED") - before == 1
+
+
+def test_aio__undecodable_request__invalid_argument_naming_the_method(rig: _Rig) -> None:
+    with grpc.insecure_channel(rig.address) as channel:
+        check: Any = channel.unary_unary("/grpc.health.v1.Health/Check")
+        with pytest.raises(grpc.RpcError) as caught:
+            check(b"\xff\xff\xff", timeout=5)  # a truncated varint: not a HealthCheckRequest
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "/grpc.health.v1.Health/Check" in (caught.value.details() or "")
+
+
+def test_aio__parked_query__holds_a_place_not_a_thread__answers_when_the_state_moves(rig: _Rig) -> None:
+    with grpc.insecure_channel(rig.address) as channel:
+        wait: Any = channel.unary_unary(PARK_METHOD)
+        call = wait.future(b"", timeout=30)
+        wait_for(lambda: rig.limits.parked_total() == 1, 10, message="the query parked")
+        # Parked: its first run gave its pool thread back (nothing runs it now).
+        assert not call.done() and len(rig.runs) == 1
+        tables = dataclasses.replace(rig.store.snapshot().tables, index=5)
+        rig.store.commit(tables)
+        assert call.result(timeout=10) == b"5"
+    assert rig.limits.parked_total() == 0
+    assert len(rig.runs) == 2 and all(name.startswith("test-pool") for name in rig.runs)
+
+
+def test_aio__parked_query_past_the_callers_bound__resource_exhausted(
+    rig: _Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_limits, "MAX_PARKED_PER_CALLER", 1)
+    with grpc.insecure_channel(rig.address) as channel:
+        wait: Any = channel.unary_unary(PARK_METHOD)
+        first = wait.future(b"", timeout=30)
+        wait_for(lambda: rig.limits.parked_total() == 1, 10, message="the first query parked")
+        with pytest.raises(grpc.RpcError) as caught:
+            wait(b"", timeout=10)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "tester has 1 blocking queries waiting" in (caught.value.details() or "")
+        first.cancel()
+    wait_for(lambda: rig.limits.parked_total() == 0, 10, message="the cancelled query's place given back")
