@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("drover.server")
 
 ANNOUNCE_INTERVAL: Final = 0.5
+# How long a default read waits for a majority to confirm this leader (one election timeout
+# at least: a leader that hears from no majority for that long has likely been replaced).
+READ_CONFIRM_TIMEOUT_S: Final = 1.0
 
 
 class StartupError(Exception):
@@ -280,6 +283,12 @@ class ServerCore:
             if member.raft_address == raft_leader:
                 return member.grpc_address
         return None
+
+    def confirm_leadership(self) -> None:
+        """Before a default (non-stale) read is answered here: a majority confirms, after the
+        read arrived, that this server still leads (server/raft/read_confirm.py), so a leader
+        deposed without knowing it answers UNAVAILABLE instead of a stale state."""
+        self.raft.confirm_leadership(READ_CONFIRM_TIMEOUT_S)
 
     def channel_to(self, address: str) -> grpc.Channel:
         with self._channels_lock:

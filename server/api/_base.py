@@ -3,7 +3,10 @@
 Writes run on the leader: a follower forwards the call, unchanged, to the leader's gRPC
 address (at most one hop: a forwarded call that lands on a non-leader is UNAVAILABLE, and
 the SDK retries). Reads run on the leader too, unless the caller set ``stale``, in which
-case any server answers from its own state.
+case any server answers from its own state; a default read is answered only once a
+majority has confirmed the leader since it arrived (``ServerCore.confirm_leadership``), so
+a deposed leader that does not know it yet answers UNAVAILABLE, not a stale state. A
+blocking query is confirmed when it starts, not again when its wait ends.
 
 ACLs (server/acl/, on with ``-acl-enabled``): the server that runs a method authorizes it,
 against its own state, just before running it; a forwarded call carries the caller's
@@ -180,6 +183,7 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
                     return _forward(core, service, name, request, context)
                 if kind == "read":
                     _wait_leader_ready(core)
+                    core.confirm_leadership()
                 return here()
 
             # Rate and parking limits per caller come first (server/api/_limits.py).

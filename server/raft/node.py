@@ -36,6 +36,7 @@ from drover.server.errors import (
 from drover.server.fsm import FSM, ApplyResult
 from drover.server.raft import patches
 from drover.server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
+from drover.server.raft.read_confirm import ReadConfirmations
 from drover.server.raft.snapshot_writer import SnapshotWriter
 from drover.server.raft.tuning import RaftTuning, tuned_conf
 from drover.server.telemetry.metrics import FSM_APPLY_SECONDS, RAFT_COMMIT_SECONDS, entry_type_label
@@ -91,7 +92,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         super().__init__(self_address, peers, conf)
         narrow_files(data_dir)  # the journal pysyncobj just created with our umask
         self._writer.attach(self.log_end_index)
-        patches.install(self, tuning)
+        self._reads = ReadConfirmations()
+        patches.install(self, tuning, self._reads)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, data: bytes) -> ApplyResult:
@@ -179,6 +181,25 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     # -- status ------------------------------------------------------------------------
     def is_leader(self) -> bool:
         return bool(self._isLeader())
+
+    def confirm_leadership(self, timeout: float) -> None:
+        """Return only once a majority has confirmed, after this call began, that this
+        server still leads in its term (server/raft/read_confirm.py): a leader deposed
+        without knowing it raises NoLeaderError instead of answering from its state."""
+        if not self._isLeader():
+            raise NotLeaderError(self.leader_address())
+        term = self.term()
+        followers = [str(n.id) for n in self.otherNodes]
+        if not followers:
+            return  # a single server is its own majority
+        seq = self._reads.request()
+        patches.hurry_appends(self)
+        if not self._reads.wait(
+            seq, term, followers, timeout, lambda: self.is_leader() and self.term() == term
+        ):
+            raise NoLeaderError(
+                f"leadership of term {term} not confirmed by a majority within {timeout:.1f}s"
+            )
 
     def leader_ready(self) -> bool:
         """Leader, and every entry of earlier terms is applied here (our no-op committed)."""

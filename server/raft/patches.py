@@ -13,6 +13,7 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | refuse forwarded commands (``forwardable``) | a deposed leader's queue can still hold a plan its applier checked; appended by the new leader it would bypass that leader's plan applier, so only member announcements are accepted | ``_SyncObj__onMessageReceived`` (wrapped), ``_SyncObj__transport`` (send the refusal) |
 | append entries by Raft's rule (``_take_append_entries``, server/raft/append.py) | a follower truncates on every stale append, re-applying entries and briefly losing acknowledged ones; with compaction this emptied logs for good | ``_SyncObj__raftCurrentTerm``, ``_SyncObj__raftLog``, ``_SyncObj__raftCommitIndex``, ``_SyncObj__raftLastApplied`` (read), ``_SyncObj__deleteEntriesFrom`` (called, and shadowed on the instance for one call), ``_SyncObj__transport`` (send the retry hint) |
 | keep the leader's next index (``_install_message_hook``) | late acks set a follower's next index behind what is in flight, so the leader re-sends entries the follower holds | ``_SyncObj__raftNextIndex`` |
+| leader-confirmed reads (``_install_message_hook``, server/raft/read_confirm.py) | a deposed leader must not answer a default read: a probe follows each append to a follower while a read waits, and the follower acks it while the probe's term is its own | ``_SyncObj__transport`` (its ``send`` wrapped on the instance; the follower's ack), ``_SyncObj__raftCurrentTerm`` (read) |
 | time appends (``_install_message_hook``) | ``drover_raft_append_seconds``: from the leader's oldest unanswered append to a follower until its answer, as Nomad's appendEntries timer | ``_SyncObj__transport`` (its ``send`` wrapped on the instance) |
 | elect soon after the leader's socket closes (``_install_leader_lost_election``) | pysyncobj waits out its 1-2 s election timeout even when the leader's kernel closed its sockets at once | ``_SyncObj__onNodeDisconnected`` (wrapped), ``_SyncObj__transport``, ``_SyncObj__selfNode``, ``_SyncObj__otherNodes``, ``_SyncObj__raftLeader`` (read), ``_SyncObj__raftElectionDeadline`` (moved earlier) |
 | batches stop before the entry that would take them over the batch size (``_install_bounded_batches``) | pysyncobj sends the entry that crosses the batch size along with the batch, so a message could be the batch size plus one whole entry, over the frame bound below: the follower would never catch up | ``_SyncObj__getEntries`` (shadowed on the instance) |
@@ -33,6 +34,7 @@ Reads, which change nothing:
 | ``noop_index`` | a leader serves reads only once its no-op of this term is applied | ``_SyncObj__noopIDx`` |
 | ``log_end_index`` | the snapshot writer's guard: never compact past the log's end | ``_SyncObj__getCurrentLogIndex`` |
 | ``tick_thread`` | ``RaftNode.close`` joins the tick thread | ``_SyncObj__thread`` |
+| ``hurry_appends`` (a write, of a deadline only) | a read waiting for its confirmation gets the next appends (and probes) at the next tick, not at the next heartbeat | ``_SyncObj__newAppendEntriesTime`` |
 | ``last_contact_ages`` | the leader's last contact per follower, a metric (server/telemetry/metrics.py) | ``_SyncObj__lastResponseTime`` |
 | pysyncobj's command types (server/raft/journal.py) | the journal and forwarded commands start with a type byte | ``_COMMAND_TYPE`` (from ``pysyncobj.syncobj``) |
 
@@ -69,6 +71,7 @@ from drover.server.raft.append import plan_append
 from drover.server.raft.durable_journal import DurableJournal
 from drover.server.raft.frames import HANDSHAKE_FRAME_BYTES, RejectLog, batch_length
 from drover.server.raft.journal import command_bytes
+from drover.server.raft.read_confirm import ACK, PROBE, ReadConfirmations, answer_probe
 from drover.server.raft.tuning import RaftTuning
 from drover.server.telemetry.metrics import RAFT_APPEND_SECONDS
 from drover.v1 import raft_pb2
@@ -78,6 +81,7 @@ __all__ = [
     "check_version",
     "forwardable",
     "frame_limit_installed",
+    "hurry_appends",
     "install",
     "install_durable_journal",
     "install_frame_guard",
@@ -110,12 +114,12 @@ def check_version() -> None:
         )
 
 
-def install(raft: SyncObj, tuning: RaftTuning) -> None:
+def install(raft: SyncObj, tuning: RaftTuning, reads: ReadConfirmations | None = None) -> None:
     """Every per-node patch in the table above, on a node whose ``SyncObj.__init__`` has run
     (``install_frame_guard`` and ``install_durable_journal`` must run before it: connections
     open, and the journal is read, during ``__init__``)."""
     _install_durable_acks(raft)
-    _install_message_hook(raft)
+    _install_message_hook(raft, reads)
     _install_leader_lost_election(raft, tuning)
     _install_bounded_batches(raft)
 
@@ -132,6 +136,13 @@ def noop_index(raft: SyncObj) -> int | None:
 
 def log_end_index(raft: SyncObj) -> int:
     return int(raft._SyncObj__getCurrentLogIndex())
+
+
+def hurry_appends(raft: SyncObj) -> None:
+    """Have the tick thread send appends (and read probes) at its next tick. Written from
+    a reader's thread: one deadline, which the tick thread at worst overwrites with the
+    next heartbeat's, so a read then waits that one heartbeat more."""
+    raft._SyncObj__newAppendEntriesTime = 0
 
 
 def tick_thread(raft: SyncObj) -> Any:
@@ -223,7 +234,7 @@ def _install_durable_acks(raft: SyncObj) -> None:
 # Message hook: forwarded commands, append entries, next index
 
 
-def _install_message_hook(raft: SyncObj) -> None:
+def _install_message_hook(raft: SyncObj, reads: ReadConfirmations | None = None) -> None:
     """Route pysyncobj's incoming messages through the three message patches.
 
     Keep the leader's nextIndex for a follower from moving backwards on a late ack:
@@ -250,12 +261,28 @@ def _install_message_hook(raft: SyncObj) -> None:
             pending = append_sent.get(node)
             if pending is None or pending[0] != term:
                 append_sent[node] = (term, time.perf_counter())
+            sent = original_send(node, message)
+            probe = (
+                reads.probe_for(str(node.id), term) if reads is not None and isinstance(term, int) else None
+            )
+            if probe is not None:
+                original_send(node, probe)  # after the append, on the same connection
+            return sent
         return original_send(node, message)
 
     transport.send = _send
 
     def _on_message(peer: Any, message: Any) -> None:
         kind = message.get("type")
+        if kind == PROBE:
+            answer = answer_probe(message, int(raft._SyncObj__raftCurrentTerm))
+            if answer is not None:
+                transport.send(peer, answer)
+            return
+        if kind == ACK:
+            if reads is not None:
+                reads.on_ack(str(peer.id), message)
+            return
         if kind == "next_node_idx":
             pending = append_sent.pop(peer, None)
             if pending is not None:

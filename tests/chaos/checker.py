@@ -49,6 +49,7 @@ from tests.chaos.workload import (
     CLIENT_RANK,
     DISPATCH_PARENT,
     PERIODIC_PARENT,
+    READ_KIND,
     SEQ_KEY,
 )
 from tests.fixtures import mock
@@ -302,6 +303,69 @@ def check_realtime_order(history: History) -> CheckResult:
         "a write acknowledged before another was invoked was applied at a lower raft index",
         problems,
         acknowledged=len(acked),
+    )
+
+
+def check_stale_reads(history: History) -> CheckResult:
+    """A default read sees every write acknowledged before it was invoked (reads a deposed
+    leader cannot answer: server/raft/read_confirm.py); a stale read may lag and is not held
+    to it.
+
+    Per job (its writes are sequential, tests/chaos/history.py): the newest acknowledged
+    write completed before the read began must show. After a register, update, scale or
+    stop the job is there with ``modify_index`` at least the write's index; after a purge
+    it is absent or re-registered later (a higher ``modify_index``). A job may be absent
+    after a non-purge write only if a purge whose outcome is unknown or acknowledged was
+    invoked before the read completed. Zero default reads judged is a failure: a check
+    that saw nothing has shown nothing."""
+    writes = _by_key(history, JOB_KINDS)
+    problems: list[str] = []
+    judged = stale = 0
+    for read in history:
+        if read.kind != READ_KIND or not read.ok:
+            continue
+        if read.args.get("stale"):
+            stale += 1
+            continue
+        before = [w for w in writes.get(read.key, []) if w.ok and w.t_complete < read.t_invoke]
+        if not before:
+            continue
+        judged += 1
+        last = max(before, key=lambda w: w.index)
+        absent = bool(read.result.get("absent"))
+        seen = int(read.result.get("modify_index", 0))
+        if last.kind == "purge":
+            if not absent and seen <= last.index:
+                problems.append(
+                    f"read of {read.key!r} at t={read.t_invoke:.3f}s saw modify_index {seen}, but a purge was "
+                    f"acknowledged at index {last.index} (t={last.t_complete:.3f}s)"
+                )
+            continue
+        if absent:
+            purged = any(
+                w.kind == "purge" and not w.failed and w.t_invoke < read.t_complete
+                for w in writes.get(read.key, [])
+                if w.index > last.index or w.unknown
+            )
+            if not purged:
+                problems.append(
+                    f"read of {read.key!r} at t={read.t_invoke:.3f}s found no job, but {last.kind} was "
+                    f"acknowledged at index {last.index} (t={last.t_complete:.3f}s) and no purge followed"
+                )
+        elif seen < last.index:
+            problems.append(
+                f"read of {read.key!r} at t={read.t_invoke:.3f}s saw modify_index {seen}, older than the "
+                f"{last.kind} acknowledged at index {last.index} (t={last.t_complete:.3f}s)"
+            )
+    if not judged:
+        problems.append("no default read followed an acknowledged write: nothing was checked")
+    return _result(
+        "default_reads_not_stale",
+        "4",
+        "a default (non-stale) read sees every write acknowledged before it was invoked",
+        problems,
+        judged=judged,
+        stale_reads=stale,
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any, Final
 from tests.chaos.checker import CheckResult
 from tests.chaos.history import History
 from tests.chaos.nemesis import Failover
+from tests.chaos.workload import READ_KIND
 
 FAILOVER_TARGET_P50_S: Final = 2.0
 FAILOVER_TARGET_P99_S: Final = 5.0
@@ -68,7 +69,7 @@ def op_figures(history: History, workload_s: float) -> dict[str, Any]:
         by_kind.setdefault(op.kind, Counter())[op.outcome or "open"] += 1
         if op.error:
             errors[op.error.split(":", 1)[0]] += 1
-    acked = sum(op.ok for op in ops)
+    acked = sum(op.ok and op.kind != READ_KIND for op in ops)  # acknowledged writes
     return {
         "total": len(ops),
         "acknowledged": acked,

@@ -48,7 +48,7 @@ from tests.chaos.nemesis import Nemesis, plan_schedule
 from tests.chaos.partition import ENV as PARTITION_ENV
 from tests.chaos.partition import PartitionControl
 from tests.chaos.report import build_report, write_report
-from tests.chaos.workload import Workload, WorkloadConfig
+from tests.chaos.workload import READ_KIND, Workload, WorkloadConfig
 from tests.cluster.conftest import wait_settled
 
 RESULTS_DIR = REPO_ROOT / "bench-results"
@@ -235,6 +235,7 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         checker.check_acked_jobs(history, final),
         checker.check_acked_nodes(history, final),
         checker.check_realtime_order(history),
+        checker.check_stale_reads(history),
         checker.check_converged(converged, settle_error, per_server),
         checker.check_summaries(per_server),
         checker.check_system_allocs(per_server),
@@ -287,7 +288,7 @@ def run_chaos(config: ChaosConfig, base_dir: Path, results_dir: Path = RESULTS_D
         reconnects=[w.to_dict() for w in [*nemesis.reconnects, whole_run]] if clients is not None else [],
         disagreements=[d.to_dict() for d in nemesis.disagreements],
     )
-    acked_times = [op.t_complete for op in history.ops() if op.ok]
+    acked_times = [op.t_complete for op in history.ops() if op.ok and op.kind != READ_KIND]
     path = write_report(report, results_dir, stamp, acked_times)
     return ChaosOutcome(report, path, checks)
 

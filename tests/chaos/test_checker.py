@@ -48,7 +48,7 @@ from tests.chaos.history import FAIL, INFO, OK, History, Op
 from tests.chaos.nemesis import CUT_CLIENT, DISAGREE, KILL_LEADER, KILL_TWO, PARTITION, plan_schedule
 from tests.chaos.partition import PartitionControl, watch_blocked
 from tests.chaos.report import leader_changes, percentile, plot_timeline
-from tests.chaos.workload import Caller, WorkloadConfig, build_job, record_write
+from tests.chaos.workload import READ_KIND, Caller, WorkloadConfig, build_job, record_write
 from tests.fixtures import mock
 
 
@@ -152,6 +152,69 @@ def test_checker__indexes_against_real_time__violation_fails() -> None:
     # Overlapping writes may be applied in either order.
     overlapping = _history(_op("probe", "p", 1.0, index=10), _op("probe", "q", 1.05, index=9))
     assert checker.check_realtime_order(overlapping).passed
+
+
+def _read(key: str, t: float, *, stale: bool = False, outcome: str = OK, **seen: Any) -> Op:
+    """A reader's get_job invoked at ``t``: ``seen`` is ``modify_index=N`` or ``absent=True``."""
+    return Op("reads", READ_KIND, key, {"stale": stale}, t, t + 0.05, outcome, 0, "", dict(seen))
+
+
+def test_checker__default_read_sees_acknowledged_writes__passes() -> None:
+    history = _history(
+        _op("register", "a", 1.0, index=10, seq=1),
+        _read("a", 1.2, modify_index=10),
+        _op("purge", "a", 2.0, index=20),
+        _read("a", 2.2, absent=True),
+        _op("register", "a", 3.0, index=30, seq=2),
+        _read("a", 3.05, modify_index=30),  # concurrent with the register: it may show
+    )
+    result = checker.check_stale_reads(history)
+    assert result.passed, result.details
+    assert result.figures["judged"] == 3
+
+
+def test_checker__default_read_older_than_acknowledged_write__fails() -> None:
+    # Acknowledged at 1.1 s at index 10; a default read invoked at 1.5 s still saw index 5:
+    # a deposed leader answered from its own state.
+    history = _history(_op("update-inplace", "a", 1.0, index=10, seq=2), _read("a", 1.5, modify_index=5))
+    result = checker.check_stale_reads(history)
+    assert not result.passed
+    assert "older than the update-inplace acknowledged at index 10" in result.details[0]
+
+
+def test_checker__default_read_sees_purged_job__fails() -> None:
+    history = _history(_op("purge", "a", 1.0, index=10), _read("a", 1.5, modify_index=8))
+    assert not checker.check_stale_reads(history).passed
+
+
+def test_checker__default_read_misses_registered_job__fails_unless_a_purge_may_have_landed() -> None:
+    missing = _history(_op("register", "a", 1.0, index=10, seq=1), _read("a", 1.5, absent=True))
+    assert not checker.check_stale_reads(missing).passed
+    maybe_purged = _history(
+        _op("register", "a", 1.0, index=10, seq=1),
+        _op("purge", "a", 1.3, outcome=INFO),
+        _read("a", 1.5, absent=True),
+    )
+    assert checker.check_stale_reads(maybe_purged).passed
+
+
+def test_checker__stale_read_may_lag__not_judged() -> None:
+    history = _history(
+        _op("register", "a", 1.0, index=10, seq=1),
+        _read("a", 1.5, stale=True, modify_index=5),
+        _read("a", 1.6, modify_index=10),
+    )
+    result = checker.check_stale_reads(history)
+    assert result.passed, result.details
+    assert result.figures == {"judged": 1, "stale_reads": 1}
+
+
+def test_checker__no_default_read_judged__fails() -> None:
+    history = _history(
+        _op("register", "a", 1.0, index=10, seq=1), _read("a", 1.5, stale=True, modify_index=5)
+    )
+    result = checker.check_stale_reads(history)
+    assert not result.passed and "nothing was checked" in result.details[0]
 
 
 def _rejections(node: str, seconds: Iterable[int]) -> str:

@@ -53,6 +53,8 @@ SHRINK_NODE: Final = "node-shrinks"
 PERIODIC_PARENT: Final = "tpl-periodic"
 DISPATCH_PARENT: Final = "tpl-dispatch"
 SEQ_KEY: Final = "chaos.seq"
+# The kind of the reader's ops (``record_read``): reads, not writes.
+READ_KIND: Final = "read"
 # How far a client's report may move an alloc; lost/unknown are the servers' to set.
 CLIENT_RANK: Final = {"pending": 0, "running": 1, "complete": 2, "failed": 2}
 DRAIN: Final = structs_pb2.DrainStrategy(deadline_ns=5_000_000_000)
@@ -75,6 +77,9 @@ class WorkloadConfig:
     failure_rate: float = 0.01
     rpc_timeout_s: float = 3.0
     retry_deadline_s: float = 8.0
+    # The reader: one job read this often, a fifth of them stale (checker.check_stale_reads).
+    read_interval_s: tuple[float, float] = (0.03, 0.1)
+    stale_read_share: float = 0.2
 
 
 def job_id_for(worker: int, slot: int, job_type: str) -> str:
@@ -232,6 +237,23 @@ def record_write(
     return op
 
 
+def record_read(history: History, caller: Caller, job_id: str, *, stale: bool) -> Op:
+    """One ``get_job``, recorded as kind ``read``: ``ok`` with ``modify_index`` (or
+    ``absent``: NOT_FOUND is an answer); ``info`` for any other error. Never an index: the
+    index checks are about writes."""
+    op = history.invoke("reads", READ_KIND, job_id, stale=stale)
+    try:
+        job = caller.call(lambda c: c.get_job(job_id, stale=stale)).job
+    except DroverError as exc:
+        if exc.code.name == "NOT_FOUND":
+            history.complete(op, absent=True)
+        else:
+            history.fail(op, f"{exc.code.name}: {exc.message}")
+        return op
+    history.complete(op, modify_index=int(job.modify_index))
+    return op
+
+
 @dataclass
 class _Slot:
     job_id: str
@@ -320,6 +342,7 @@ class Workload:
         self._spawn(self._writers, "templates", self._templates)
         self._spawn(self._writers, "drains", self._drains)
         self._spawn(self._writers, "probe", self._probe)
+        self._spawn(self._writers, "reads", self._reads)
         self._spawn(self._background, "heartbeats", self._heartbeats)
         self._spawn(self._background, "clients", self._clients)
 
@@ -487,6 +510,22 @@ class Workload:
             if self._undrain(caller, node_id).ok:
                 return
         self.errors.append(f"could not undrain {node_id} after {attempts} attempts")
+
+    def _reads(self) -> None:
+        """Read one workload job at a time, by default (leader-confirmed) or stale, and
+        record what was seen: its ``modify_index``, or that it is absent. The checker holds
+        every default read to every write acknowledged before it was invoked."""
+        rng = random.Random(f"{self.config.seed}:reads")
+        caller = Caller(self.addresses, self.config, 1)
+        try:
+            while not self._stop_writes.wait(rng.uniform(*self.config.read_interval_s)):
+                if not self.job_ids:
+                    continue
+                job_id = rng.choice(self.job_ids)
+                stale = rng.random() < self.config.stale_read_share
+                record_read(self.history, caller, job_id, stale=stale)
+        finally:
+            caller.close()
 
     def _probe(self) -> None:
         # Its own short retries: the SDK's backoff grows to seconds during an election, which
