@@ -48,6 +48,10 @@ class ServerConfig:
     # for longer than the threshold, never below a quorum of the configured size.
     autopilot_cleanup_dead_servers: bool = False
     autopilot_dead_server_threshold: str = "60s"
+    # Raft log entries between snapshots (Nomad's raft_snapshot_threshold): each server
+    # compacts its log into a snapshot once this many entries are applied past the last.
+    # Lower means smaller logs and more frequent snapshot writes.
+    raft_snapshot_threshold: int = 20_000
     # Leader-side worker threads (used once the scheduling pipeline lands).
     num_workers: int = 2
     log_json: bool = False
@@ -229,6 +233,9 @@ def _load(
     for key in GC_DURATION_KEYS:
         if key in merged:
             _check_gc_duration(key, str(merged[key]))
+    threshold = merged.get("raft_snapshot_threshold")
+    if isinstance(threshold, int) and threshold < 1:
+        raise ConfigError(f"key 'raft_snapshot_threshold': must be >= 1, got {threshold}")
     config = cls(**merged)  # type: ignore[arg-type]
     if not isinstance(config, DevConfig):
         _check_tls(config)

@@ -7,6 +7,7 @@ gRPC server) and stops them in ``stop``. Leader-only services are started and st
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import secrets
@@ -162,6 +163,11 @@ class ServerCore:
         self.store = StateStore()
         if cfg.event_buffer_size < 1:
             raise StartupError("event_buffer_size: must be >= 1")
+        # The configured threshold (checked >= 1 at load) is the one in force, whatever
+        # tuning a caller passed.
+        tuning = dataclasses.replace(
+            tuning or RaftTuning(), compaction_min_entries=cfg.raft_snapshot_threshold
+        )
         # Before the raft node: it replays the log into the FSM, and so into the buffer.
         self.events = EventBuffer(cfg.event_buffer_size)
         self.fsm = FSM(self.store, events=self.events)

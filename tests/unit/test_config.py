@@ -305,3 +305,15 @@ def test_server__half_a_tls_setting__one_line_naming_the_flags(flags: dict[str, 
 def test_client__ca_only_is_enough() -> None:
     cfg = load_client_config({"node_name": "c1", "data_dir": "/d", "tls_ca_file": "ca"}, None)
     assert cfg.tls is not None and not cfg.tls.has_identity
+
+
+def test_server__raft_snapshot_threshold__flag_file_and_bad_value(tmp_path: Path) -> None:
+    from drover.cli._parser import build_parser
+
+    args = build_parser().parse_args(["agent", "-server", "-raft-snapshot-threshold", "500"])
+    assert args.raft_snapshot_threshold == 500
+    assert load_server_config({"node_name": "s1", "data_dir": "/d"}, None).raft_snapshot_threshold == 20_000
+    path = write(tmp_path, "s.hcl", 'node_name = "s1"\ndata_dir = "/d"\nraft_snapshot_threshold = 1000\n')
+    assert load_server_config({}, path).raft_snapshot_threshold == 1000
+    with pytest.raises(ConfigError, match="key 'raft_snapshot_threshold': must be >= 1, got 0"):
+        load_server_config({"raft_snapshot_threshold": 0}, path)

@@ -53,6 +53,7 @@ def register(top: Subcommands) -> None:
         help="client: offer the raw_exec driver (runs job commands unisolated as this agent's user)",
     )
     flag(p, "num-workers", type=int)
+    flag(p, "raft-snapshot-threshold", type=int, help="server: raft entries between log snapshots (20000)")
     flag(p, "min-heartbeat-ttl", metavar="DURATION", help="shortest client heartbeat TTL (10s)")
     flag(p, "max-heartbeats-per-second", type=int, help="heartbeat rate the TTL scales to (50)")
     flag(p, "heartbeat-grace", metavar="DURATION", help="extra wait before a node is marked down (10s)")
@@ -103,6 +104,7 @@ _AGENT_KEYS: Final = {
         "join",
         "autopilot_cleanup_dead_servers",
         "autopilot_dead_server_threshold",
+        "raft_snapshot_threshold",
         "num_workers",
         "min_heartbeat_ttl",
         "max_heartbeats_per_second",
