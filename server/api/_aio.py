@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 import structlog
 
+from drover.common.grpc_handlers import Kind, rebuild_handler
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import channel_options
 from drover.server.api._limits import CallerLimits
@@ -200,25 +201,18 @@ class SyncBridge(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        deserialize, serialize = handler.request_deserializer, handler.response_serializer
         method = str(handler_call_details.method)
-        if handler.unary_unary is not None and not _is_async(handler.unary_unary):
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary), deserialize, serialize
-            )
-        if handler.unary_stream is not None and not _is_async(handler.unary_stream):
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(method, handler.unary_stream, streaming_requests=False), deserialize, serialize
-            )
-        if handler.stream_unary is not None and not _is_async(handler.stream_unary):
-            return grpc.stream_unary_rpc_method_handler(
-                self._client_stream(method, handler.stream_unary), deserialize, serialize
-            )
-        if handler.stream_stream is not None and not _is_async(handler.stream_stream):
-            return grpc.stream_stream_rpc_method_handler(
-                self._stream(method, handler.stream_stream, streaming_requests=True), deserialize, serialize
-            )
-        return handler
+
+        def bridged(kind: Kind, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+            if _is_async(behaviour):
+                return behaviour
+            if kind == "unary_unary":
+                return self._unary(behaviour)
+            if kind == "stream_unary":
+                return self._client_stream(method, behaviour)
+            return self._stream(method, behaviour, streaming_requests=kind == "stream_stream")
+
+        return rebuild_handler(handler, bridged)
 
     # -- unary: the pool, with parking and async forwarding ---------------------------------
 

@@ -7,8 +7,8 @@ the port can send such bytes in a loop, filling the log and reading as a server 
 interceptor here wraps every method's deserializer: an undecodable request becomes a
 marker, the method answers INVALID_ARGUMENT naming the message type it expected, and the
 log gets one WARN line per ``WARN_INTERVAL_S`` with how many were suppressed since.
-``DecodeGuard`` is for a sync ``grpc.server``, ``AioDecodeGuard`` for the API's grpc.aio
-server (whose handlers are all coroutines or async generators by then: server/api/_aio.py).
+``AioDecodeGuard`` is for the API's grpc.aio server, whose handlers are all coroutines or
+async generators by then (server/api/_aio.py).
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 import grpc
 import structlog
 
+from drover.common.grpc_handlers import Kind, rebuild_handler
 from drover.server.api._limits import peer_host
 
-__all__ = ["WARN_INTERVAL_S", "AioDecodeGuard", "DecodeGuard", "RateLimitedWarning"]
+__all__ = ["WARN_INTERVAL_S", "AioDecodeGuard", "RateLimitedWarning"]
 
 log = structlog.get_logger("drover.api")
 
@@ -80,65 +81,6 @@ def _guarded(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], An
     return safe
 
 
-def _refuse(request: _Undecodable, context: grpc.ServicerContext, method: str) -> NoReturn:
-    _WARNING.warn(method=method, peer=peer_host(context.peer() or ""), reason=request.reason)
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: does not decode as {method}'s request message")
-
-
-class DecodeGuard(grpc.ServerInterceptor):
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = str(handler_call_details.method)
-        deserialize = _guarded(handler.request_deserializer)
-        serialize = handler.response_serializer
-        if handler.unary_unary is not None:
-            unary_unary = handler.unary_unary
-
-            def uu(request: Any, context: grpc.ServicerContext) -> Any:
-                if isinstance(request, _Undecodable):
-                    _refuse(request, context, method)
-                return unary_unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(uu, deserialize, serialize)
-        if handler.unary_stream is not None:
-            unary_stream = handler.unary_stream
-
-            def us(request: Any, context: grpc.ServicerContext) -> Any:
-                if isinstance(request, _Undecodable):
-                    _refuse(request, context, method)
-                return unary_stream(request, context)
-
-            return grpc.unary_stream_rpc_method_handler(us, deserialize, serialize)
-
-        def checked(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-            for request in requests:
-                if isinstance(request, _Undecodable):
-                    _refuse(request, context, method)
-                yield request
-
-        if handler.stream_unary is not None:
-            stream_unary = handler.stream_unary
-
-            def su(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-                return stream_unary(checked(requests, context), context)
-
-            return grpc.stream_unary_rpc_method_handler(su, deserialize, serialize)
-        stream_stream = handler.stream_stream
-        if stream_stream is None:
-            return handler
-
-        def ss(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            return stream_stream(checked(requests, context), context)
-
-        return grpc.stream_stream_rpc_method_handler(ss, deserialize, serialize)
-
-
 async def _refuse_aio(
     request: _Undecodable, context: grpc.aio.ServicerContext[Any, Any], method: str
 ) -> NoReturn:
@@ -160,7 +102,6 @@ class AioDecodeGuard(grpc.aio.ServerInterceptor):
             return handler
         method = str(handler_call_details.method)
         deserialize = _guarded(handler.request_deserializer)
-        serialize = handler.response_serializer
 
         def one(behavior: Callable[..., Any]) -> Callable[..., Any]:
             if inspect.isasyncgenfunction(behavior):
@@ -208,12 +149,7 @@ class AioDecodeGuard(grpc.aio.ServerInterceptor):
 
             return call_of_many
 
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(one(handler.unary_unary), deserialize, serialize)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(one(handler.unary_stream), deserialize, serialize)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(many(handler.stream_unary), deserialize, serialize)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(many(handler.stream_stream), deserialize, serialize)
-        return handler
+        def checked(kind: Kind, behavior: Callable[..., Any]) -> Callable[..., Any]:
+            return one(behavior) if kind.startswith("unary_") else many(behavior)
+
+        return rebuild_handler(handler, checked, request_deserializer=deserialize)

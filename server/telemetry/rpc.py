@@ -5,9 +5,9 @@ an inner one (an undecodable request) is counted with its code too. Only methods
 has are wrapped (an unknown method never reaches a handler), so ``method`` is a bounded
 label: ``Jobs.Register``, ``Health.Check``.
 
-``RpcMetrics`` is for a sync ``grpc.server``; ``AioRpcMetrics`` for the API's grpc.aio
-server, where every handler is a coroutine or an async generator by the time it is seen
-(sync ones are bridged by the innermost interceptor, server/api/_aio.py).
+``AioRpcMetrics`` is for the API's grpc.aio server, where every handler is a coroutine or
+an async generator by the time it is seen (sync ones are bridged by the innermost
+interceptor, server/api/_aio.py).
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from drover.common.grpc_handlers import rebuild_handler
 from drover.server.telemetry.metrics import RPC_REQUESTS, RPC_SECONDS
 
-__all__ = ["AioRpcMetrics", "RpcMetrics", "method_label"]
+__all__ = ["AioRpcMetrics", "method_label"]
 
 
 def method_label(full_method: str) -> str:
@@ -31,89 +32,11 @@ def method_label(full_method: str) -> str:
     return f"{service.rsplit('.', 1)[-1]}.{method}"
 
 
-def _code_of(context: grpc.ServicerContext, ended: str) -> str:
+def _aio_code_of(context: grpc.aio.ServicerContext[Any, Any], ended: str) -> str:
     """The call's status code: the one the servicer set (abort, set_code), else what its
     ending implies (``ended``: OK, UNKNOWN for an exception, CANCELLED for a stream closed
-    under it). A servicer that returned normally for a caller already gone (a watch that
-    ends when its caller cancels) did not answer anyone: CANCELLED, or DEADLINE_EXCEEDED
-    when the caller's deadline ran out."""
-    code = context.code()  # type: ignore[attr-defined] # None when the servicer set none
-    if isinstance(code, grpc.StatusCode):
-        return code.name
-    if ended == "OK" and not context.is_active():
-        remaining = context.time_remaining()
-        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
-    return ended
-
-
-class RpcMetrics(grpc.ServerInterceptor):
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = method_label(str(handler_call_details.method))
-
-        def observe(context: grpc.ServicerContext, started: float, ended: str) -> None:
-            code = _code_of(context, ended)
-            RPC_REQUESTS.labels(method, code).inc()
-            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
-
-        def unary_response(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
-            def timed(request: Any, context: grpc.ServicerContext) -> Any:
-                started = time.perf_counter()
-                ended = "UNKNOWN"
-                try:
-                    response = behavior(request, context)
-                    ended = "OK"
-                    return response
-                finally:
-                    observe(context, started, ended)
-
-            return timed
-
-        def stream_response(
-            behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]],
-        ) -> Callable[..., Any]:
-            def timed(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                started = time.perf_counter()
-                ended = "UNKNOWN"
-                try:
-                    yield from behavior(request, context)
-                    ended = "OK"
-                except GeneratorExit:
-                    ended = "CANCELLED"  # grpc closed the stream: the caller went away
-                    raise
-                finally:
-                    observe(context, started, ended)
-
-            return timed
-
-        deserialize, serialize = handler.request_deserializer, handler.response_serializer
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                unary_response(handler.unary_unary), deserialize, serialize
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                stream_response(handler.unary_stream), deserialize, serialize
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                unary_response(handler.stream_unary), deserialize, serialize
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                stream_response(handler.stream_stream), deserialize, serialize
-            )
-        return handler
-
-
-def _aio_code_of(context: grpc.aio.ServicerContext[Any, Any], ended: str) -> str:
-    """``_code_of`` for an aio call (which has no ``is_active``)."""
+    under it); a call that returned normally after the caller's deadline ran out answered
+    no one: DEADLINE_EXCEEDED."""
     code = context.code()  # None when the servicer set none
     if isinstance(code, grpc.StatusCode):
         return code.name
@@ -175,13 +98,4 @@ class AioRpcMetrics(grpc.aio.ServerInterceptor):
 
             return timed_call
 
-        deserialize, serialize = handler.request_deserializer, handler.response_serializer
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(timed(handler.unary_unary), deserialize, serialize)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(timed(handler.unary_stream), deserialize, serialize)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(timed(handler.stream_unary), deserialize, serialize)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(timed(handler.stream_stream), deserialize, serialize)
-        return handler
+        return rebuild_handler(handler, lambda _kind, behavior: timed(behavior))

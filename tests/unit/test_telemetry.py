@@ -5,19 +5,15 @@ server, and the endpoint itself on a loopback port."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from drover.client.metrics import ClientCollector, client_health, client_routes
@@ -27,7 +23,7 @@ from drover.common.prometheus import agent_registry, metrics_response
 from drover.server.config import ConfigError, load_dev_config, load_server_config
 from drover.server.fsm import encode_entry
 from drover.server.telemetry.metrics import RPC_REQUESTS, entry_type_label
-from drover.server.telemetry.rpc import RpcMetrics, method_label
+from drover.server.telemetry.rpc import method_label
 from drover.v1 import raft_pb2
 
 
@@ -212,55 +208,8 @@ def test_http_endpoint__a_taken_port_fails_at_construction(endpoint: HttpEndpoin
         HttpEndpoint("127.0.0.1", endpoint.port, {})
 
 
-# --- the RPC interceptor on a real gRPC server --------------------------------------------
-
-
-def _count(method: str, code: str) -> float:
-    return REGISTRY.get_sample_value("drover_rpc_requests_total", {"method": method, "code": code}) or 0.0
-
-
-def test_rpc_metrics__counts_by_method_and_code() -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(2), interceptors=[RpcMetrics()])
-    servicer = health.HealthServicer()
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    ok_before, missing_before = _count("Health.Check", "OK"), _count("Health.Check", "NOT_FOUND")
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
-            stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
-            with pytest.raises(grpc.RpcError) as caught:
-                stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
-            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    finally:
-        server.stop(0).wait(5)
-    assert _count("Health.Check", "OK") - ok_before == 2
-    assert _count("Health.Check", "NOT_FOUND") - missing_before == 1
-
-
-def test_rpc_metrics__a_stream_the_caller_cancels_counts_as_cancelled() -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[RpcMetrics()])
-    servicer = health.HealthServicer()
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    before = _count("Health.Watch", "CANCELLED")
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
-            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-            watch.cancel()
-            deadline = time.monotonic() + 10
-            while _count("Health.Watch", "CANCELLED") == before and time.monotonic() < deadline:
-                time.sleep(0.02)
-    finally:
-        server.stop(0).wait(5)
-    assert _count("Health.Watch", "CANCELLED") - before == 1
-
+# The RPC interceptor the API serves with (AioRpcMetrics) is counted on a real grpc.aio
+# server in tests/unit/test_api_aio.py.
 
 # --- the ports { } block -----------------------------------------------------------------
 

@@ -1,0 +1,42 @@
+"""Rebuild a gRPC method handler with its behaviour wrapped, whichever of the four kinds it is.
+
+Every server interceptor drover has (the RPC metrics, the decode guard, the sync-to-aio
+bridge: server/telemetry/rpc.py, server/api/_decode.py, server/api/_aio.py) does the same
+thing around a different wrapper: find which of ``unary_unary``, ``unary_stream``,
+``stream_unary`` and ``stream_stream`` the handler has and build the same kind of handler
+around the wrapped behaviour. That choice is made here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+import grpc
+
+__all__ = ["Kind", "rebuild_handler"]
+
+Kind = Literal["unary_unary", "unary_stream", "stream_unary", "stream_stream"]
+
+_BUILDERS: Final[tuple[tuple[Kind, Callable[..., grpc.RpcMethodHandler[Any, Any]]], ...]] = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler),
+)
+
+
+def rebuild_handler(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    wrap: Callable[[Kind, Callable[..., Any]], Callable[..., Any]],
+    *,
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The handler of the same kind whose behaviour is ``wrap(kind, behaviour)``, with
+    ``request_deserializer`` in place of the handler's own when given."""
+    deserialize = request_deserializer or handler.request_deserializer
+    for kind, build in _BUILDERS:
+        behaviour = getattr(handler, kind)
+        if behaviour is not None:
+            return build(wrap(kind, behaviour), deserialize, handler.response_serializer)
+    return handler
