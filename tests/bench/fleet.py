@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import os
 import random
-import signal
 import sys
 import tempfile
 import threading
@@ -49,7 +48,7 @@ from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from tests.bench import _procs
 from tests.bench._stats import latency_ms
-from tests.bench.heartbeats import StatusPoller, job_proto, node_id, node_proto, node_secret
+from tests.bench.heartbeats import StatusPoller, job_proto, node_id, node_proto, node_secret, run_sim_process
 
 NAME: Final = "fleet"
 MODULE: Final = "tests.bench.fleet"
@@ -285,25 +284,7 @@ def _running(alloc: structs_pb2.Allocation) -> structs_pb2.Allocation:
 
 
 def sim_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE} sim")
-    parser.add_argument("--nonce", required=True)
-    parser.add_argument("--first", type=int, required=True)
-    parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--servers", required=True)
-    parser.add_argument("--channels", type=int, default=24)
-    parser.add_argument("--register-concurrency", type=int, default=16)
-    parser.add_argument("--control", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    _procs.start_watchdog(lambda: os.kill(os.getpid(), signal.SIGTERM))
-    sim = _Sim(args)
-    loop = asyncio.new_event_loop()
-    loop.add_signal_handler(signal.SIGTERM, sim.stop.set)
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return 0
+    return run_sim_process(argv, MODULE, _Sim)
 
 
 # --- the benchmark's side ---------------------------------------------------------------------

@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Self
+from typing import Any, Final, Protocol, Self
 
 import grpc
 
@@ -349,8 +349,25 @@ class _Sim:
         )
 
 
+class SimProcess(Protocol):
+    """A simulator process's body: built from the ``sim`` arguments, run on one event loop
+    until ``stop`` is set (by SIGTERM, or its watchdog)."""
+
+    stop: asyncio.Event
+
+    async def run(self) -> None: ...
+
+
 def sim_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE} sim")
+    return run_sim_process(argv, MODULE, _Sim)
+
+
+def run_sim_process(
+    argv: Sequence[str], module: str, make: Callable[[argparse.Namespace], SimProcess]
+) -> int:
+    """The ``sim`` subcommand both fleet benchmarks (this one and tests/bench/fleet.py)
+    spawn: one process, its share of the simulated clients, stopped by SIGTERM."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module} sim")
     parser.add_argument("--nonce", required=True)
     parser.add_argument("--first", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
@@ -361,7 +378,7 @@ def sim_main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     _procs.start_watchdog(lambda: os.kill(os.getpid(), signal.SIGTERM))
-    sim = _Sim(args)
+    sim = make(args)
     loop = asyncio.new_event_loop()
     loop.add_signal_handler(signal.SIGTERM, sim.stop.set)
     try:
