@@ -183,7 +183,11 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
                     return _forward(core, service, name, request, context)
                 if kind == "read":
                     _wait_leader_ready(core)
-                    core.confirm_leadership()
+                    # Once per call: a blocking query woken from its wait runs again, and
+                    # what it then reads is newer than the state confirmed when it began.
+                    parking = current_parking()
+                    if parking is None or parking.runs <= 1:
+                        core.confirm_leadership()
                 return here()
 
             # Rate and parking limits per caller come first (server/api/_limits.py).

@@ -7,7 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from drover.server.api._base import get_by_id
+from drover.server.api._base import get_by_id, rpc
+from drover.server.api._park import Parking, parking_scope
 from drover.server.errors import NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -53,3 +54,66 @@ def test_get_by_id__unknown__not_found_naming_it(core: Any) -> None:
 def test_get_by_id__empty__required(core: Any) -> None:
     with pytest.raises(ValidationError, match=r"^node_id: required$"):
         get_by_id(core, api_pb2.QueryOptions(), "nodes", "node", "", Snapshot.node)
+
+
+# --- leader-confirmed reads, once per call (in-process fakes of the core and context) -----
+
+
+@dataclass
+class _LeadingRaft:
+    def is_leader(self) -> bool:
+        return True
+
+    def leader_ready(self) -> bool:
+        return True
+
+
+@dataclass
+class _Cfg:
+    acl_enabled: bool = False
+
+
+@dataclass(eq=False)  # hashable by identity, as ServerCore (the limits are kept per core)
+class _ConfirmingCore:
+    raft: _LeadingRaft = field(default_factory=_LeadingRaft)
+    cfg: _Cfg = field(default_factory=_Cfg)
+    confirmations: int = 0
+
+    def confirm_leadership(self) -> None:
+        self.confirmations += 1
+
+
+class _Context:
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+class _Jobs:
+    def __init__(self, core: _ConfirmingCore) -> None:
+        self.core = core
+
+    @rpc("Jobs", "read")
+    def Get(self, request: api_pb2.JobGetRequest, context: Any) -> str:
+        return "answered"
+
+
+def test_rpc_read__confirms_leadership_once_per_call_not_again_when_a_parked_query_reruns() -> None:
+    core = _ConfirmingCore()
+    jobs = _Jobs(core)
+    request = api_pb2.JobGetRequest(job_id="web")
+
+    assert jobs.Get(request, _Context()) == "answered"
+    assert core.confirmations == 1
+
+    parking = Parking()
+    for _run in range(3):  # the first run, then two wakes of a blocking query
+        parking.runs += 1
+        assert parking_scope(parking).run(jobs.Get, request, _Context()) == "answered"
+    assert core.confirmations == 2
+
+    stale = api_pb2.JobGetRequest(job_id="web", options=api_pb2.QueryOptions(stale=True))
+    assert jobs.Get(stale, _Context()) == "answered"
+    assert core.confirmations == 2  # a stale read asks no one
