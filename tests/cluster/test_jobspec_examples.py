@@ -11,9 +11,8 @@ from pathlib import Path
 from deploy.cluster import wait_for
 from drover.sdk import Client
 from tests.cluster.cli import drover_cli
-from tests.cluster.test_task_runtime import EXAMPLES, dev_agent, task_stdout
-
-__all__ = ["dev_agent"]  # the fixture, shared with the task runtime tests
+from tests.cluster.conftest import DevAgent
+from tests.cluster.test_task_runtime import EXAMPLES, task_stdout
 
 # Example file -> (job ID, how many allocs it places, the client status they reach).
 _EXAMPLES = {
@@ -33,11 +32,12 @@ def _cli(address: str, *args: str) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-def test_jobspec_examples__each_runs_and_places(dev_agent: str, tmp_path: Path) -> None:
+def test_jobspec_examples__each_runs_and_places(dev_agent: DevAgent, tmp_path: Path) -> None:
+    address = dev_agent.address
     for name in _EXAMPLES:
-        code, out = _cli(dev_agent, "job", "run", "-detach", str(EXAMPLES / name))
+        code, out = _cli(address, "job", "run", "-detach", str(EXAMPLES / name))
         assert code == 0, f"{name}: {out}"
-    with Client(dev_agent) as client:
+    with Client(address) as client:
         for name, (job_id, count, status) in _EXAMPLES.items():
 
             def reached(job_id: str = job_id, count: int = count, status: str = status) -> bool:
@@ -48,9 +48,9 @@ def test_jobspec_examples__each_runs_and_places(dev_agent: str, tmp_path: Path) 
 
             wait_for(reached, 90, message=f"{count} allocs of {name} {status}")
         (report,) = client.list_allocs(job_id="resources-memory-max").allocs
-    assert task_stdout(tmp_path / "dev", report.id, "report").strip() == "memory=32 memory_max=64"
+    assert task_stdout(dev_agent.data_dir, report.id, "report").strip() == "memory=32 memory_max=64"
 
-    code, out = _cli(dev_agent, "job", "inspect", "scaling")
+    code, out = _cli(address, "job", "inspect", "scaling")
     assert code == 0, out
     scaling = json.loads(out)["groups"][0]["scaling"]
     assert (int(scaling["min"]), int(scaling["max"])) == (1, 4)
@@ -58,31 +58,32 @@ def test_jobspec_examples__each_runs_and_places(dev_agent: str, tmp_path: Path) 
     answers: list[tuple[int, str]] = []
 
     def scaled_past_the_deployment() -> bool:
-        answers[:] = [_cli(dev_agent, "job", "scale", "-detach", "scaling", "web", "9")]
+        answers[:] = [_cli(address, "job", "scale", "-detach", "scaling", "web", "9")]
         return "active deployment" not in answers[0][1]
 
     wait_for(scaled_past_the_deployment, 90, message="the scaling job's deployment to end")
     code, out = answers[0]
     assert code == 1, out
     assert "must be <= the scaling policy's max 4, got 9" in out
-    code, out = _cli(dev_agent, "job", "scale", "-detach", "scaling", "web", "3")
+    code, out = _cli(address, "job", "scale", "-detach", "scaling", "web", "3")
     assert code == 0, out
 
-    result = drover_cli("node", "pool", "list", "-address", dev_agent)
+    result = drover_cli("node", "pool", "list", "-address", address)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
     assert rows == {"all": "1", "default": "1"}
 
 
-def test_jobspec_refused_keys__one_line_and_exit_1(dev_agent: str, tmp_path: Path) -> None:
+def test_jobspec_refused_keys__one_line_and_exit_1(dev_agent: DevAgent, tmp_path: Path) -> None:
+    address = dev_agent.address
     job_file = tmp_path / "vault.nomad.hcl"
     job_file.write_text(
         'job "v" {\n  group "g" {\n    task "t" {\n      driver = "raw_exec"\n'
         '      vault { policies = ["x"] }\n      config { command = "/bin/true" }\n    }\n  }\n}\n'
     )
     for command in ("run", "plan", "validate"):
-        result = drover_cli("job", command, "-address", dev_agent, str(job_file))
+        result = drover_cli("job", command, "-address", address, str(job_file))
         assert result.returncode == 1, result.stdout + result.stderr
         lines = (result.stdout + result.stderr).strip().splitlines()
         assert lines == [
