@@ -260,6 +260,23 @@ def fake() -> Iterator[tuple[FakeDrover, str]]:
         yield state, addr
 
 
+def job_on_spec(
+    capsys: pytest.CaptureFixture[str],
+    addr: str,
+    tmp_path: Path,
+    verb: str,
+    spec: str,
+    *flags: str,
+    name: str = "web",
+) -> tuple[int, str, list[str]]:
+    """`job <verb>` on a file ``<name>.hcl`` holding ``spec`` (a line ``fake_jobspec`` parses):
+    the run and plan tests differ in the spec and the fake's answers, not in how the command
+    is run."""
+    path = tmp_path / f"{name}.hcl"
+    path.write_text(spec)
+    return run(capsys, "job", verb, *flags, "-address", addr, str(path))
+
+
 def web_job(count: int = 2) -> structs.Job:
     task = structs.Task(name="app", driver="mock")
     return structs.Job(id="web", groups=(structs.TaskGroup(name="web", count=count, tasks=(task,)),))
@@ -385,9 +402,7 @@ def test_job_run__monitor_prints_allocs_as_they_appear(
     ]
     # One alloc shows up before the 2nd eval read, the other before the 3rd.
     state.alloc_script = {2: [web_alloc(ALLOC_ID, NODE_ID)], 3: [web_alloc(ALLOC_ID_2, NODE_ID_2)]}
-    path = tmp_path / "web.hcl"
-    path.write_text("web 2")
-    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 2")
     assert (code, err) == (0, [])
     assert out.splitlines() == [
         f'Job "web" registered (version 0), evaluation {EVAL_ID}',
@@ -456,9 +471,7 @@ def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(
     )
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX), done]
     state.alloc_script = {2: [web_alloc(ALLOC_ID, NODE_ID)]}
-    path = tmp_path / "web.hcl"
-    path.write_text("web 3")
-    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 3")
     # Placements failed: Nomad's exit status 2, no error line.
     assert (code, err) == (2, [])
     lines = out.splitlines()
@@ -480,9 +493,7 @@ def test_job_run__follow_up_eval_is_shown(
     state, addr = fake
     done = scripted_eval("complete", EVAL_INDEX + 1, next_eval=EVAL_ID_2)
     state.eval_script[EVAL_ID] = [done]
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, out, _ = run(capsys, "job", "run", "-verbose", "-address", addr, str(path))
+    code, out, _ = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-verbose")
     assert code == 0
     assert f'    Follow-up evaluation "{EVAL_ID_2}" created' in out.splitlines()
     # Already complete at the first read: one eval read, one alloc read, no blocking.
@@ -499,9 +510,7 @@ def test_job_run__failed_eval__exit_1(
     state, addr = fake
     failed = scripted_eval("failed", EVAL_INDEX + 1, status_description="maximum attempts reached (5)")
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX), failed]
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1")
     assert code == 1
     assert err == [f'Error: evaluation "{EVAL_ID[:8]}" failed: maximum attempts reached (5)']
     assert 'finished with status "failed"' in out
@@ -515,9 +524,7 @@ def test_job_run__monitor_timeout__exit_0(
 ) -> None:
     state, addr = fake
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX)]
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, out, err = run(capsys, "job", "run", "-monitor-timeout", "0.5", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-monitor-timeout", "0.5")
     assert (code, err) == (0, [])
     # It stopped when its 0.5 s were up: the blocking queries it sent, each held open for
     # its full wait by the fake, asked for no more than that in all (on a slow machine
@@ -535,9 +542,7 @@ def test_job_run__periodic_job__nothing_to_monitor(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     state, addr = fake
-    path = tmp_path / "nightly.hcl"
-    path.write_text("periodic")
-    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "periodic", name="nightly")
     assert (code, err) == (0, [])
     assert out.splitlines() == [
         'Job "nightly" registered (version 0)',
@@ -560,11 +565,9 @@ def test_job_run__bad_job_file__one_error_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     state, addr = fake
-    path = tmp_path / "bad.hcl"
-    path.write_text("bad")
-    code, _, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "bad", name="bad")
     assert code == 1
-    assert err == [f"Error: {path}:1,1: unexpected 'bad'"]
+    assert err == [f"Error: {tmp_path / 'bad.hcl'}:1,1: unexpected 'bad'"]
     assert state.requests == []
 
 
@@ -575,9 +578,7 @@ def test_job_run__invalid_job__rejected_locally(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     state, addr = fake
-    path = tmp_path / "web.hcl"
-    path.write_text("web -1")
-    code, _, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "web -1")
     assert code == 1
     assert len(err) == 1 and err[0].startswith("Error: job.groups[0].count")
     assert state.requests == []
@@ -600,9 +601,7 @@ def test_job_run__invalid_argument_from_server__exit_1_one_line(
         grpc.StatusCode.INVALID_ARGUMENT,
         "job.groups[0].tasks[0].driver: unknown driver\n(second line)",
     )
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1")
     assert code == 1
     assert err == ["Error: job.groups[0].tasks[0].driver: unknown driver (second line)"]
     assert out == ""
@@ -617,9 +616,7 @@ def test_job_run__write_not_retried_after_deadline_exceeded(
 ) -> None:
     state, addr = fake
     state.faults["Jobs.Register"].append((grpc.StatusCode.DEADLINE_EXCEEDED, "commit timed out"))
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, _, err = run(capsys, "job", "run", "-detach", "-address", addr, str(path))
+    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-detach")
     assert (code, err) == (1, ["Error: commit timed out"])
     assert len(state.calls("Jobs.Register")) == 1
 
@@ -632,9 +629,7 @@ def test_job_run__write_retried_while_no_leader(
 ) -> None:
     state, addr = fake
     state.faults["Jobs.Register"] += [(grpc.StatusCode.UNAVAILABLE, "no leader")] * 2
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, _, err = run(capsys, "job", "run", "-detach", "-address", addr, str(path))
+    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-detach")
     assert (code, err) == (0, [])
     assert len(state.calls("Jobs.Register")) == 3
 
@@ -825,9 +820,7 @@ def test_job_plan__table_of_buckets(
     state, addr = fake
     state.jobs["web"] = structs_pb2.Job(id="web", version=3)
     state.plan_response = plan_fixture()
-    path = tmp_path / "web.hcl"
-    path.write_text("web 4")
-    code, out, err = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "plan", "web 4")
     # Allocations would be created and updated: Nomad's exit status 1, no error line.
     assert (code, err) == (1, [])
     assert out.splitlines() == [
@@ -857,9 +850,7 @@ def test_job_plan__new_job(
     plan = api_pb2.JobPlanResponse(job_changed=True)
     plan.groups["web"].buckets["place"] = 2
     state.plan_response = plan
-    path = tmp_path / "web.hcl"
-    path.write_text("web 2")
-    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 2")
     assert code == 1  # two allocations would be created
     lines = out.splitlines()
     assert lines[0] == 'Job: "web" (new)'
@@ -878,9 +869,7 @@ def test_job_plan__no_changes__exit_0(
     plan = api_pb2.JobPlanResponse(current_version=2, job_changed=False)
     plan.groups["web"].buckets["ignore"] = 2
     state.plan_response = plan
-    path = tmp_path / "web.hcl"
-    path.write_text("web 2")
-    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 2")
     assert code == 0
     assert out.splitlines()[0] == 'Job: "web" (no changes)'
 
@@ -893,9 +882,7 @@ def test_job_plan__group_without_buckets_gets_a_zero_row(
 ) -> None:
     state, addr = fake
     state.plan_response = api_pb2.JobPlanResponse(job_changed=True)
-    path = tmp_path / "web.hcl"
-    path.write_text("web 0")
-    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 0")
     assert code == 0
     assert out.splitlines()[3].split() == ["web", "0", "0", "0", "0", "0", "0", "0"]
 
@@ -908,9 +895,7 @@ def test_job_plan__json(
 ) -> None:
     state, addr = fake
     state.plan_response = plan_fixture()
-    path = tmp_path / "web.hcl"
-    path.write_text("web 4")
-    code, out, _ = run(capsys, "job", "plan", "-json", "-address", addr, str(path))
+    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 4", "-json")
     assert code == 1  # the same exit status as without -json: allocations would change
     assert json.loads(out) == {
         "meta": {"index": 40, "known_leader": False, "served_by": ""},
@@ -944,9 +929,7 @@ def test_job_plan__periodic_job(
 ) -> None:
     state, addr = fake
     state.plan_response = api_pb2.JobPlanResponse(job_changed=True)
-    path = tmp_path / "nightly.hcl"
-    path.write_text("periodic")
-    code, out, _ = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "periodic", name="nightly")
     assert code == 0
     assert out.splitlines() == [
         'Job: "nightly" (new)',
@@ -965,9 +948,7 @@ def test_job_plan__read_retried_after_deadline_exceeded(
     state, addr = fake
     state.faults["Jobs.Plan"].append((grpc.StatusCode.DEADLINE_EXCEEDED, "slow"))
     state.faults["Jobs.Plan"].append((grpc.StatusCode.UNAVAILABLE, "no leader"))
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, _, err = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, _, err = job_on_spec(capsys, addr, tmp_path, "plan", "web 1")
     assert (code, err) == (0, [])
     assert len(state.calls("Jobs.Plan")) == 3
 
@@ -980,9 +961,7 @@ def test_job_plan__invalid_argument__exit_1(
 ) -> None:
     state, addr = fake
     state.outage["Jobs.Plan"] = (grpc.StatusCode.INVALID_ARGUMENT, "job.type: can not change")
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
-    code, out, err = run(capsys, "job", "plan", "-address", addr, str(path))
+    code, out, err = job_on_spec(capsys, addr, tmp_path, "plan", "web 1")
     assert (code, out, err) == (1, "", ["Error: job.type: can not change"])
 
 
