@@ -48,40 +48,39 @@ from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from tests.bench import _procs
 from tests.bench._stats import latency_ms
-from tests.bench.heartbeats import StatusPoller, job_proto, node_id, node_proto, node_secret, run_sim_process
+from tests.bench.heartbeats import (
+    CLUSTER_WAIT_S,
+    CONTROL_POLL_S,
+    HEARTBEAT_TIMEOUT_S,
+    KIND_HEARTBEAT,
+    KIND_REGISTER,
+    MAX_ERROR_SAMPLES,
+    MIN_TTL_S,
+    RPC_TIMEOUT_S,
+    Record,
+    StatusPoller,
+    base_ttl_s,
+    job_proto,
+    node_id,
+    node_proto,
+    node_secret,
+    run_sim_process,
+    server_args,
+)
 
 NAME: Final = "fleet"
 MODULE: Final = "tests.bench.fleet"
 AGENT_MODULE: Final = "tests.bench._agent"
 TARGET_CLIENTS: Final = 5_000
 TARGET_P99_MS: Final = 100.0
-MIN_TTL_S: Final = 5.0
-MAX_HEARTBEATS_PER_S: Final = 200
-GRACE_S: Final = 5.0
 FAILOVER_TTL_S: Final = 120.0
-SERVER_ARGS: Final = (
-    "-min-heartbeat-ttl",
-    f"{MIN_TTL_S:g}s",
-    "-max-heartbeats-per-second",
-    str(MAX_HEARTBEATS_PER_S),
-    "-heartbeat-grace",
-    f"{GRACE_S:g}s",
-    "-failover-heartbeat-ttl",
-    f"{FAILOVER_TTL_S:g}s",
-)
-CLUSTER_WAIT_S: Final = 60.0
-RPC_TIMEOUT_S: Final = 10.0
-HEARTBEAT_TIMEOUT_S: Final = 5.0
+SERVER_ARGS: Final = server_args(f"{FAILOVER_TTL_S:g}s")
 WATCH_WAIT_S: Final = 30.0
 READ_INTERVAL_S: Final = 0.25
-CONTROL_POLL_S: Final = 0.2
-MAX_ERROR_SAMPLES: Final = 8
 
-KIND_HEARTBEAT: Final = 0
-KIND_REGISTER: Final = 1
+# Records are the heartbeat bench's, with the node's index as subject; KIND_HEARTBEAT and
+# KIND_REGISTER are its kinds.
 KIND_REPORT: Final = 2
-# One call: (wall-clock start, latency s, ok 0/1, kind, node index).
-Record = tuple[float, float, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +101,7 @@ class FleetConfig:
         return cls(clients=TARGET_CLIENTS, processes=4, job_count=500, duration_s=600.0, failover_at_s=300.0)
 
     def base_ttl_s(self) -> float:
-        return max(MIN_TTL_S, self.clients / MAX_HEARTBEATS_PER_S)
+        return base_ttl_s(self.clients)
 
     def budget_s(self) -> float:
         return (

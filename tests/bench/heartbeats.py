@@ -76,16 +76,29 @@ AGENT_MODULE: Final = "tests.bench._agent"
 MIN_TTL_S: Final = 5.0
 MAX_HEARTBEATS_PER_S: Final = 200
 GRACE_S: Final = 5.0
-SERVER_ARGS: Final = (
-    "-min-heartbeat-ttl",
-    f"{MIN_TTL_S:g}s",
-    "-max-heartbeats-per-second",
-    str(MAX_HEARTBEATS_PER_S),
-    "-heartbeat-grace",
-    f"{GRACE_S:g}s",
-    "-failover-heartbeat-ttl",
-    "2m",
-)
+
+
+def server_args(failover_ttl: str) -> tuple[str, ...]:
+    """The TTL flags of a cluster under heartbeat load, shared with the fleet bench (which
+    differs only in the TTL it grants after a leader change)."""
+    return (
+        "-min-heartbeat-ttl",
+        f"{MIN_TTL_S:g}s",
+        "-max-heartbeats-per-second",
+        str(MAX_HEARTBEATS_PER_S),
+        "-heartbeat-grace",
+        f"{GRACE_S:g}s",
+        "-failover-heartbeat-ttl",
+        failover_ttl,
+    )
+
+
+def base_ttl_s(clients: int) -> float:
+    """The server's rate-scaled TTL base for this many nodes (a TTL is in [base, 2 base))."""
+    return max(MIN_TTL_S, clients / MAX_HEARTBEATS_PER_S)
+
+
+SERVER_ARGS: Final = server_args("2m")
 JOB_ID: Final = "bench-hb-service"
 CLUSTER_WAIT_S: Final = 60.0
 RPC_TIMEOUT_S: Final = 10.0
@@ -102,7 +115,8 @@ MAX_ERROR_SAMPLES: Final = 8
 # Record kinds in the simulators' output.
 KIND_HEARTBEAT: Final = 0
 KIND_REGISTER: Final = 1
-# One call: (wall-clock start, latency s, ok 0/1, kind, index of the server called).
+# One call: (wall-clock start, latency s, ok 0/1, kind, subject): the subject is the index of
+# the server called here, of the node calling in the fleet bench.
 Record = tuple[float, float, int, int, int]
 
 
@@ -140,8 +154,7 @@ class HeartbeatsConfig:
         )
 
     def base_ttl_s(self) -> float:
-        """The server's rate-scaled TTL base for this many nodes (a TTL is in [base, 2 base))."""
-        return max(MIN_TTL_S, self.clients / MAX_HEARTBEATS_PER_S)
+        return base_ttl_s(self.clients)
 
     def max_ttl_s(self) -> float:
         return 2 * self.base_ttl_s()
