@@ -312,6 +312,40 @@ class DisconnectStrategy:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckRestart:
+    """A check's ``check_restart`` (Nomad's): ``limit`` failing results in a row, once
+    ``grace_ns`` has passed since the task (re)started, restart the task through its restart
+    policy (``limit`` 0: never); ``ignore_warnings`` counts a warning as passing."""
+
+    limit: int = 0
+    grace_ns: int = 1_000_000_000
+    ignore_warnings: bool = False
+
+
+# A check's status as its client reports it (AllocCheckStatus.status), and a
+# registration's health (ServiceRegistration.health), which adds "pending": a check of the
+# service has no result yet.
+CHECK_PASSING: Final = "passing"
+CHECK_WARNING: Final = "warning"
+CHECK_CRITICAL: Final = "critical"
+CHECK_PENDING: Final = "pending"
+CHECK_STATUSES: Final = (CHECK_PASSING, CHECK_WARNING, CHECK_CRITICAL)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocCheckStatus:
+    """One check's latest status in an alloc, reported by its client: ``task`` is the
+    task of a task-level service ("" for a group's), ``service`` its name as written."""
+
+    task: str = ""
+    service: str = ""
+    check: str = ""
+    status: str = ""
+    output: str = ""
+    timestamp_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceCheck:
     """One ``check`` of a ``service { provider = "nomad" }`` block, run by the client.
     ``port`` is a port label of the group's network (http, tcp); ``command``/``args`` run
@@ -328,6 +362,7 @@ class ServiceCheck:
     task: str = ""
     interval_ns: int = 10_000_000_000
     timeout_ns: int = 2_000_000_000
+    check_restart: CheckRestart | None = None
 
 
 # A service's address_mode (Nomad's): which address and port a registration carries. Tasks
@@ -368,6 +403,8 @@ class ServiceRegistration:
     port: int = 0
     create_index: int = 0
     modify_index: int = 0
+    health: str = CHECK_PASSING
+    checks: tuple[AllocCheckStatus, ...] = ()
 
 
 # Task lifecycle hooks (Nomad's): a task without a lifecycle block is a main task.
@@ -773,6 +810,7 @@ class Allocation:
     deployment_status: AllocDeploymentStatus | None = None
     metrics: AllocMetric | None = None
     desired_transition: DesiredTransition | None = None
+    check_statuses: tuple[AllocCheckStatus, ...] = ()
 
     def should_migrate(self) -> bool:
         """An operator asked for this alloc to be stopped and replaced."""

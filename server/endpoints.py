@@ -22,6 +22,7 @@ from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_RUNNING,
     ALLOC_DESIRED_RUN,
+    CHECK_STATUSES,
     HEALTH_HEALTHY,
     HEALTH_UNHEALTHY,
     JOB_TYPE_SYSBATCH,
@@ -567,6 +568,7 @@ class Endpoints:
             )
             for name, state in alloc.task_states.items():
                 slim.task_states[name].CopyFrom(state)
+            slim.check_statuses.extend(alloc.check_statuses)
             if alloc.HasField("deployment_status") and alloc.deployment_status.health:
                 if alloc.deployment_status.health not in (HEALTH_HEALTHY, HEALTH_UNHEALTHY):
                     raise ValidationError(
@@ -739,6 +741,20 @@ def _check_alloc_updates(allocs: list[structs_pb2.Allocation], limits: validate.
             for event in state.events:
                 if len(event.type) > limits.max_name_length or len(event.message) > limits.max_string_length:
                     raise ValidationError(f"{where}.events: a type or message over its length bound")
+        if len(alloc.check_statuses) > limits.max_list_items:
+            raise ValidationError(f"allocs[{i}].check_statuses: at most {limits.max_list_items} checks")
+        for j, check in enumerate(alloc.check_statuses):
+            where = f"allocs[{i}].check_statuses[{j}]"
+            if check.status not in CHECK_STATUSES:
+                raise ValidationError(
+                    f"{where}.status: {check.status[:64]!r} is not one of {', '.join(CHECK_STATUSES)}"
+                )
+            names = (check.task, check.service, check.check)
+            if (
+                any(len(n) > limits.max_name_length for n in names)
+                or len(check.output) > limits.max_string_length
+            ):
+                raise ValidationError(f"{where}: a name or the output over its length bound")
 
 
 def _job_type(snap: Snapshot, namespace: str, job_id: str) -> str:

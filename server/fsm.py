@@ -39,6 +39,7 @@ from drover.scheduler.structs import (
     NODE_STATUS_DOWN,
     NODE_STATUS_READY,
     Allocation,
+    AllocCheckStatus,
     AllocStateChange,
     Deployment,
     DeploymentStatusUpdate,
@@ -368,11 +369,18 @@ def apply_alloc_client_update(txn: Txn, entry: raft_pb2.AllocClientUpdateEntry, 
             )
             history = (*history, change)[-10:]
         task_states = {name: from_proto(ts, TaskState) for name, ts in msg.task_states.items()}
+        # A client's report carries all its alloc's checks (none: none yet); other updates none.
+        checks = (
+            tuple(from_proto(c, AllocCheckStatus) for c in msg.check_statuses)
+            if entry.node_id
+            else existing.check_statuses
+        )
         updated = replace(
             existing,
             client_status=msg.client_status or existing.client_status,
             client_description=msg.client_description,
             task_states=task_states or existing.task_states,
+            check_statuses=checks,
             state_history=history,
             modify_index=index,
             modify_time_ns=entry.updated_at_ns,

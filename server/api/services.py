@@ -4,7 +4,10 @@ Reads only: the FSM writes a registration with the alloc it belongs to
 (server/services/registrations.py). ``ClientInfo`` is the client agent's read for its
 templates' ``nomadService`` lookups: authenticated by the node's secret like the client's
 other calls, and held to the namespace of an alloc on that node, so one node can read only
-what its own allocs could.
+what its own allocs could. It answers only the instances whose checks all pass (an instance
+with no checks passes), as Consul's health filter does for its templates: a template lists
+where to send traffic, and a failing instance should get none. ``Info`` answers every
+instance with its health, for the operator.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from drover.scheduler.structs import DEFAULT_NAMESPACE
 from drover.server.api._base import query, rpc
 from drover.server.codec import to_proto
 from drover.server.errors import NotFoundError, PermissionDeniedError, ValidationError
+from drover.server.services.registrations import is_passing
 from drover.v1 import api_pb2, api_pb2_grpc
 
 if TYPE_CHECKING:
@@ -84,5 +88,6 @@ class ServicesServicer(api_pb2_grpc.ServicesServicer):
         response = api_pb2.ServiceInfoResponse(meta=meta)
         for name in sorted(set(request.service_names)):
             for registration in snap.service_registrations(alloc.namespace, name):
-                to_proto(registration, response.registrations.add())
+                if is_passing(registration):
+                    to_proto(registration, response.registrations.add())
         return response

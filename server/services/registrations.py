@@ -23,18 +23,25 @@ from drover.scheduler.structs import (
     ADDRESS_MODE_ALLOC,
     ALLOC_CLIENT_RUNNING,
     ALLOC_DESIRED_RUN,
+    CHECK_CRITICAL,
+    CHECK_PASSING,
+    CHECK_PENDING,
+    CHECK_WARNING,
     Allocation,
+    AllocCheckStatus,
     Job,
     Node,
     Service,
     ServiceRegistration,
 )
 
-__all__ = ["registration_id", "registrations_for", "service_address"]
+__all__ = ["is_passing", "registration_id", "registrations_for", "service_address", "service_health"]
 
 _LOOPBACK: Final = "127.0.0.1"
 _PROVIDER_NOMAD: Final = "nomad"
 _REFERENCE: Final = re.compile(r"\$\{([^{}]+)\}")
+# A registration's health is its worst check's status, in this order (worst first).
+_HEALTH_ORDER: Final = (CHECK_CRITICAL, CHECK_WARNING, CHECK_PENDING, CHECK_PASSING)
 
 
 def _names(
@@ -115,6 +122,40 @@ def service_address(alloc: Allocation, node: Node | None, service: Service) -> t
     return ip, 0
 
 
+def service_health(
+    alloc: Allocation, task: str, service: Service
+) -> tuple[str, tuple[AllocCheckStatus, ...]]:
+    """The health of ``service`` (as written, owned by ``task`` or the group) in ``alloc``,
+    and the statuses of its checks, from what the alloc's client last reported.
+
+    A check is named as the client names it (client_agent/checks.py, ``check_specs``): its
+    ``name``, else ``check[i]``. A check with no result yet is "pending" (its instance is not
+    yet known to answer, as Consul starts a check critical); a service with no checks is
+    "passing". A registration's health is its worst check's.
+    """
+    if not service.checks:
+        return CHECK_PASSING, ()
+    reported = {s.check: s for s in alloc.check_statuses if s.task == task and s.service == service.name}
+    statuses = tuple(
+        reported.get(check.name or f"check[{i}]")
+        or AllocCheckStatus(
+            task=task, service=service.name, check=check.name or f"check[{i}]", status=CHECK_PENDING
+        )
+        for i, check in enumerate(service.checks)
+    )
+    worst = min(
+        (_HEALTH_ORDER.index(s.status) if s.status in _HEALTH_ORDER else 0 for s in statuses),
+        default=len(_HEALTH_ORDER) - 1,
+    )
+    return _HEALTH_ORDER[worst], statuses
+
+
+def is_passing(registration: ServiceRegistration) -> bool:
+    """Whether the instance should be handed out (nomadService, ``service info`` by default):
+    every check passes. "" is a registration written before health was recorded."""
+    return registration.health in (CHECK_PASSING, "")
+
+
 def _service_blocks(
     job: Job, group_name: str
 ) -> Iterable[tuple[str, Service, Mapping[str, str], Mapping[str, str]]]:
@@ -152,6 +193,7 @@ def registrations_for(
             tags=tuple(_interpolate(tag, values) for tag in written.tags),
         )
         address, port = service_address(alloc, node, service)
+        health, checks = service_health(alloc, task, written)
         found.append(
             ServiceRegistration(
                 id=registration_id(alloc.id, task or alloc.task_group, service),
@@ -167,6 +209,8 @@ def registrations_for(
                 port=port,
                 create_index=index,
                 modify_index=index,
+                health=health,
+                checks=checks,
             )
         )
     return tuple(found)

@@ -337,6 +337,7 @@ class ServiceCheck(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     INTERVAL_NS_FIELD_NUMBER: _builtins.int
     TIMEOUT_NS_FIELD_NUMBER: _builtins.int
+    CHECK_RESTART_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     type: _builtins.str
     port: _builtins.str
@@ -349,6 +350,10 @@ class ServiceCheck(_message.Message):
     timeout_ns: _builtins.int
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def check_restart(self) -> Global___CheckRestart:
+        """Restart the check's task after `limit` failing results in a row (unset: never)."""
+
     def __init__(
         self,
         *,
@@ -363,14 +368,84 @@ class ServiceCheck(_message.Message):
         task: _builtins.str = ...,
         interval_ns: _builtins.int = ...,
         timeout_ns: _builtins.int = ...,
+        check_restart: Global___CheckRestart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["check_restart", b"check_restart"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "interval_ns", b"interval_ns", "method", b"method", "name", b"name", "path", b"path", "port", b"port", "protocol", b"protocol", "task", b"task", "timeout_ns", b"timeout_ns", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "check_restart", b"check_restart", "command", b"command", "interval_ns", b"interval_ns", "method", b"method", "name", b"name", "path", b"path", "port", b"port", "protocol", b"protocol", "task", b"task", "timeout_ns", b"timeout_ns", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ServiceCheck: _TypeAlias = ServiceCheck  # noqa: Y015
+
+@_typing.final
+class CheckRestart(_message.Message):
+    """A check's check_restart block (Nomad's): after `limit` consecutive failing results, once
+    `grace_ns` has passed since the task (re)started, the client restarts the task through its
+    restart policy. `ignore_warnings`: a "warning" result counts as passing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    GRACE_NS_FIELD_NUMBER: _builtins.int
+    IGNORE_WARNINGS_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    grace_ns: _builtins.int
+    ignore_warnings: _builtins.bool
+    def __init__(
+        self,
+        *,
+        limit: _builtins.int = ...,
+        grace_ns: _builtins.int = ...,
+        ignore_warnings: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grace_ns", b"grace_ns", "ignore_warnings", b"ignore_warnings", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckRestart: _TypeAlias = CheckRestart  # noqa: Y015
+
+@_typing.final
+class AllocCheckStatus(_message.Message):
+    """The latest status of one check of an alloc's services, as its client reports it.
+    `task` is the task of a task-level service ("" for a group's); `service` the service's
+    name as written in the job; `status` is "passing", "warning" or "critical".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    CHECK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_NS_FIELD_NUMBER: _builtins.int
+    task: _builtins.str
+    service: _builtins.str
+    check: _builtins.str
+    status: _builtins.str
+    output: _builtins.str
+    timestamp_ns: _builtins.int
+    def __init__(
+        self,
+        *,
+        task: _builtins.str = ...,
+        service: _builtins.str = ...,
+        check: _builtins.str = ...,
+        status: _builtins.str = ...,
+        output: _builtins.str = ...,
+        timestamp_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check", b"check", "output", b"output", "service", b"service", "status", b"status", "task", b"task", "timestamp_ns", b"timestamp_ns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocCheckStatus: _TypeAlias = AllocCheckStatus  # noqa: Y015
 
 @_typing.final
 class Service(_message.Message):
@@ -432,6 +507,8 @@ class ServiceRegistration(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     CREATE_INDEX_FIELD_NUMBER: _builtins.int
     MODIFY_INDEX_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
+    CHECKS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     service_name: _builtins.str
     namespace: _builtins.str
@@ -445,8 +522,14 @@ class ServiceRegistration(_message.Message):
     port: _builtins.int
     create_index: _builtins.int
     modify_index: _builtins.int
+    health: _builtins.str
+    """"passing" (every check of the service passes, or it has none), "warning", "critical",
+    or "pending" (a check has no result yet): what nomadService and `service info` filter on.
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocCheckStatus]: ...
     def __init__(
         self,
         *,
@@ -463,10 +546,12 @@ class ServiceRegistration(_message.Message):
         port: _builtins.int = ...,
         create_index: _builtins.int = ...,
         modify_index: _builtins.int = ...,
+        health: _builtins.str = ...,
+        checks: _abc.Iterable[Global___AllocCheckStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alloc_id", b"alloc_id", "create_index", b"create_index", "datacenter", b"datacenter", "id", b"id", "job_id", b"job_id", "modify_index", b"modify_index", "namespace", b"namespace", "node_id", b"node_id", "port", b"port", "service_name", b"service_name", "tags", b"tags", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alloc_id", b"alloc_id", "checks", b"checks", "create_index", b"create_index", "datacenter", b"datacenter", "health", b"health", "id", b"id", "job_id", b"job_id", "modify_index", b"modify_index", "namespace", b"namespace", "node_id", b"node_id", "port", b"port", "service_name", b"service_name", "tags", b"tags", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1840,6 +1925,7 @@ class Allocation(_message.Message):
     DEPLOYMENT_STATUS_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     DESIRED_TRANSITION_FIELD_NUMBER: _builtins.int
+    CHECK_STATUSES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     namespace: _builtins.str
     eval_id: _builtins.str
@@ -1881,6 +1967,10 @@ class Allocation(_message.Message):
         the scheduler acts on it at its next evaluation of the job.
         """
 
+    @_builtins.property
+    def check_statuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocCheckStatus]:
+        """The client's latest status of each check of the alloc's services."""
+
     def __init__(
         self,
         *,
@@ -1914,10 +2004,11 @@ class Allocation(_message.Message):
         deployment_status: Global___AllocDeploymentStatus | None = ...,
         metrics: Global___AllocMetric | None = ...,
         desired_transition: Global___DesiredTransition | None = ...,
+        check_statuses: _abc.Iterable[Global___AllocCheckStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deployment_status", b"deployment_status", "desired_transition", b"desired_transition", "metrics", b"metrics", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_modify_index", b"alloc_modify_index", "client_description", b"client_description", "client_status", b"client_status", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "deployment_id", b"deployment_id", "deployment_status", b"deployment_status", "desired_description", b"desired_description", "desired_status", b"desired_status", "desired_transition", b"desired_transition", "eval_id", b"eval_id", "followup_eval_id", b"followup_eval_id", "id", b"id", "index", b"index", "job_id", b"job_id", "job_version", b"job_version", "metrics", b"metrics", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "name", b"name", "namespace", b"namespace", "next_allocation", b"next_allocation", "node_id", b"node_id", "node_name", b"node_name", "previous_allocation", b"previous_allocation", "reschedule_events", b"reschedule_events", "resources", b"resources", "state_history", b"state_history", "task_group", b"task_group", "task_states", b"task_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alloc_modify_index", b"alloc_modify_index", "check_statuses", b"check_statuses", "client_description", b"client_description", "client_status", b"client_status", "create_index", b"create_index", "create_time_ns", b"create_time_ns", "deployment_id", b"deployment_id", "deployment_status", b"deployment_status", "desired_description", b"desired_description", "desired_status", b"desired_status", "desired_transition", b"desired_transition", "eval_id", b"eval_id", "followup_eval_id", b"followup_eval_id", "id", b"id", "index", b"index", "job_id", b"job_id", "job_version", b"job_version", "metrics", b"metrics", "modify_index", b"modify_index", "modify_time_ns", b"modify_time_ns", "name", b"name", "namespace", b"namespace", "next_allocation", b"next_allocation", "node_id", b"node_id", "node_name", b"node_name", "previous_allocation", b"previous_allocation", "reschedule_events", b"reschedule_events", "resources", b"resources", "state_history", b"state_history", "task_group", b"task_group", "task_states", b"task_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
