@@ -121,6 +121,14 @@ class Scenario:
         )
 
 
+def running_everywhere(job: Job | None, nodes: list[Node], ran: Job | None = None, **fields: Any) -> Scenario:
+    """Every one of ``nodes`` runs an alloc of ``ran``, by default ``job`` itself: the version
+    the store holds now (None: purged), which the diff weighs against what runs."""
+    source = ran or job
+    assert source is not None, "a purged job needs the version that ran"
+    return Scenario(job, nodes, [running(source, n) for n in nodes], **fields)
+
+
 def node_ids(tuples: Iterable[AllocTuple]) -> list[str]:
     return sorted(t.node_id for t in tuples)
 
@@ -134,9 +142,7 @@ def s_new_nodes() -> Scenario:
 
 
 def s_all_current() -> Scenario:
-    job = mock.system_job()
-    nodes = ready_nodes(3)
-    return Scenario(job, nodes, [running(job, n) for n in nodes])
+    return running_everywhere(mock.system_job(), ready_nodes(3))
 
 
 def s_one_node_new() -> Scenario:
@@ -147,41 +153,31 @@ def s_one_node_new() -> Scenario:
 
 def s_job_stopped() -> Scenario:
     job = mock.system_job()
-    nodes = ready_nodes(3)
-    return Scenario(replace(job, stop=True), nodes, [running(job, n) for n in nodes])
+    return running_everywhere(replace(job, stop=True), ready_nodes(3), job)
 
 
 def s_job_purged() -> Scenario:
-    job = mock.system_job()
-    nodes = ready_nodes(2)
-    return Scenario(None, nodes, [running(job, n) for n in nodes])
+    return running_everywhere(None, ready_nodes(2), mock.system_job())
 
 
 def s_count_zero() -> Scenario:
     job = mock.system_job()
-    nodes = ready_nodes(2)
-    return Scenario(with_group(job, count=0), nodes, [running(job, n) for n in nodes])
+    return running_everywhere(with_group(job, count=0), ready_nodes(2), job)
 
 
 def s_group_removed() -> Scenario:
     job = mock.system_job()
-    nodes = ready_nodes(2)
-    renamed = with_group(job, name="api")
-    return Scenario(renamed, nodes, [running(job, n) for n in nodes])
+    return running_everywhere(with_group(job, name="api"), ready_nodes(2), job)
 
 
 def s_inplace() -> Scenario:
     v0 = mock.system_job()
-    v1 = bump(v0, destructive=False)
-    nodes = ready_nodes(3)
-    return Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0])
+    return running_everywhere(bump(v0, destructive=False), ready_nodes(3), v0, versions=[v0])
 
 
 def s_destructive() -> Scenario:
     v0 = mock.system_job()
-    v1 = bump(v0, destructive=True)
-    nodes = ready_nodes(3)
-    return Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0])
+    return running_everywhere(bump(v0, destructive=True), ready_nodes(3), v0, versions=[v0])
 
 
 def s_alloc_stop_requested() -> Scenario:
@@ -195,15 +191,13 @@ def s_alloc_stop_requested() -> Scenario:
 def s_unknown_old_version() -> Scenario:
     # The old version was garbage-collected from the version table: restart to be safe.
     v0 = mock.system_job()
-    v1 = bump(v0, destructive=False)
-    nodes = ready_nodes(2)
-    return Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[])
+    return running_everywhere(bump(v0, destructive=False), ready_nodes(2), v0, versions=[])
 
 
 def s_node_down() -> Scenario:
-    job = mock.system_job()
-    nodes = [*ready_nodes(2), mock.node(status=structs.NODE_STATUS_DOWN)]
-    return Scenario(job, nodes, [running(job, n) for n in nodes])
+    return running_everywhere(
+        mock.system_job(), [*ready_nodes(2), mock.node(status=structs.NODE_STATUS_DOWN)]
+    )
 
 
 def s_node_deregistered() -> Scenario:
@@ -227,9 +221,9 @@ def s_stopped_job_on_down_node() -> Scenario:
 
 
 def s_disconnected_running() -> Scenario:
-    job = mock.system_job()
-    nodes = [mock.node(), mock.node(status=structs.NODE_STATUS_DISCONNECTED)]
-    return Scenario(job, nodes, [running(job, n) for n in nodes])
+    return running_everywhere(
+        mock.system_job(), [mock.node(), mock.node(status=structs.NODE_STATUS_DISCONNECTED)]
+    )
 
 
 def s_disconnected_pending_and_unknown() -> Scenario:
@@ -265,9 +259,7 @@ def s_reconnect_ineligible() -> Scenario:
 
 
 def s_drain_system_last() -> Scenario:
-    job = mock.system_job()
-    nodes = [mock.node(), mock.drain_node()]
-    return Scenario(job, nodes, [running(job, n) for n in nodes])
+    return running_everywhere(mock.system_job(), [mock.node(), mock.drain_node()])
 
 
 def s_drain_other_work_first() -> Scenario:
@@ -663,7 +655,7 @@ def test_diff__max_parallel__limits_destructive_nodes() -> None:
     v0 = rolling(mock.system_job(), 2)
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(5)
-    diff = Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run()
+    diff = running_everywhere(v1, nodes, v0, versions=[v0]).run()
     Expect(update_destructive=2, deferred=3).check(diff)
     # Same input, same batch: replays of the eval admit the same nodes.
     assert node_ids(diff.update_destructive) == sorted(n.id for n in nodes)[:2]
@@ -673,16 +665,14 @@ def test_diff__max_parallel_zero_is_unlimited() -> None:
     v0 = rolling(mock.system_job(), 0)
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(4)
-    Expect(update_destructive=4).check(
-        Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run()
-    )
+    Expect(update_destructive=4).check(running_everywhere(v1, nodes, v0, versions=[v0]).run())
 
 
 def test_diff__max_parallel__inplace_updates_are_free() -> None:
     v0 = rolling(mock.system_job(), 1)
     v1 = bump(v0, destructive=False)
     nodes = ready_nodes(4)
-    Expect(update_inplace=4).check(Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run())
+    Expect(update_inplace=4).check(running_everywhere(v1, nodes, v0, versions=[v0]).run())
 
 
 def test_diff__max_parallel__placements_stops_and_lost_are_free() -> None:
@@ -722,9 +712,7 @@ def test_diff__max_parallel__group_update_overrides_job_update() -> None:
     v0 = with_group(rolling(mock.system_job(), 1), update=UpdateStrategy(max_parallel=3))
     v1 = bump(v0, destructive=True)
     nodes = ready_nodes(4)
-    Expect(update_destructive=3, deferred=1).check(
-        Scenario(v1, nodes, [running(v0, n) for n in nodes], versions=[v0]).run()
-    )
+    Expect(update_destructive=3, deferred=1).check(running_everywhere(v1, nodes, v0, versions=[v0]).run())
 
 
 def test_diff__max_parallel__sysbatch_node_counts_once() -> None:
@@ -740,7 +728,7 @@ def test_diff__max_parallel__sysbatch_node_counts_once() -> None:
 def test_diff__max_parallel__ignored_when_job_stopped() -> None:
     job = rolling(mock.system_job(), 1)
     nodes = ready_nodes(3)
-    Expect(stop=3).check(Scenario(replace(job, stop=True), nodes, [running(job, n) for n in nodes]).run())
+    Expect(stop=3).check(running_everywhere(replace(job, stop=True), nodes, job).run())
 
 
 # ---------------------------------------------------------------------------------------
