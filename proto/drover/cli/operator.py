@@ -143,11 +143,18 @@ def _cmd_raft_peers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_raft_remove_peer(args: argparse.Namespace) -> int:
+def _named_peer(args: argparse.Namespace, *, required: bool) -> tuple[str, str]:
+    """(raft address, server name) of the peer the command names: by one of -peer-address
+    and -peer-id, never both; with ``required`` false, neither leaves the choice to raft."""
     peer_address: str = args.peer_address or ""
     peer_id: str = args.peer_id or ""
-    if bool(peer_address) == bool(peer_id):
-        raise CLIError("give exactly one of -peer-address and -peer-id")
+    if (peer_address and peer_id) or (required and not (peer_address or peer_id)):
+        raise CLIError(f"give {'exactly' if required else 'at most'} one of -peer-address and -peer-id")
+    return peer_address, peer_id
+
+
+def _cmd_raft_remove_peer(args: argparse.Namespace) -> int:
+    peer_address, peer_id = _named_peer(args, required=True)
     with connect(args) as client:
         resp = client.raft_remove_peer(raft_address=peer_address, name=peer_id)
     print(
@@ -157,10 +164,7 @@ def _cmd_raft_remove_peer(args: argparse.Namespace) -> int:
 
 
 def _cmd_raft_transfer_leadership(args: argparse.Namespace) -> int:
-    peer_address: str = args.peer_address or ""
-    peer_id: str = args.peer_id or ""
-    if peer_address and peer_id:
-        raise CLIError("give at most one of -peer-address and -peer-id")
+    peer_address, peer_id = _named_peer(args, required=False)
     with connect(args) as client:
         resp = client.raft_transfer_leadership(raft_address=peer_address, name=peer_id)
     print(
