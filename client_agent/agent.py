@@ -19,6 +19,9 @@ Theory of operation. Four threads, each with its own retry policy, share three f
 - tunnel: while registered, one ``Nodes.Connect`` stream open to the current server,
   answering what only this node can (alloc logs, restart, signal, node meta:
   client_agent/tunnel.py). A meta change is stored, then registered (``apply_meta``).
+- services-watch: one blocking ``Services.ClientInfo`` query for the services every
+  alloc's templates read, its changes fanned out to those allocs
+  (client_agent/servicewatch.py): one parked query per node, not one per alloc.
 
 Losing the servers never stops a task: runners only change on the servers' word, their
 own restart policy, or ``stop_on_client_after``.
@@ -58,7 +61,7 @@ from drover.client.fingerprint import HostFacts, build_node, fingerprint, probe_
 from drover.client.metrics import open_client_endpoint
 from drover.client.rpc import NodesRpc, ServerPool
 from drover.client.runner import AllocRunner, job_key
-from drover.client.services import Fetch
+from drover.client.servicewatch import AllocServices, ServiceWatch
 from drover.client.state import NodeIdentity, StateDB
 from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
 from drover.client.taskstate import AllocStatus
@@ -131,6 +134,8 @@ class ClientAgent:
         self._registered_cond = threading.Condition(self._state_lock)
         self._tunnel: ClientTunnel | None = None
         self._log = log.bind(node_name=cfg.node_name)
+        # The one blocking query for services that every alloc's templates share.
+        self._service_watch = ServiceWatch(self._fetch_services, log=log.bind(node_name=cfg.node_name))
 
     # -- public surface ----------------------------------------------------------------
 
@@ -220,6 +225,7 @@ class ClientAgent:
             # gives its restored allocs a full window to reach the servers.
             self._last_heartbeat_ok_ns = self._clock.monotonic_ns()
         self._restore()
+        self._service_watch.start()
         self._need_register.set()
         for name, target in (
             ("heartbeat", self._heartbeat_loop),
@@ -251,6 +257,7 @@ class ClientAgent:
         self._stopped = True
         self._stopping.set()
         self._wake_heartbeat.set()
+        self._service_watch.stop()
         with self._runners_lock:
             runners = list(self._runners.values())
             retired = list(self._retired)
@@ -273,6 +280,8 @@ class ClientAgent:
         if self._tunnel is not None:
             self._tunnel.stop()
         self._pool.close()
+        if not self._service_watch.join(self._tuning.rpc_timeout_s + 1.0):
+            self._log.warning("client.thread_did_not_stop", thread="services-watch")
         for thread in self._threads:
             thread.join(self._tuning.rpc_timeout_s + 1.0)
             if thread.is_alive():
@@ -364,27 +373,33 @@ class ClientAgent:
             rng=self._rng,
             on_update=self._on_alloc_update,
             node=self._node,
-            services_fetch=self._services_fetch(alloc.id),
+            services=self._subscriber(alloc),
         )
 
-    def _services_fetch(self, alloc_id: str) -> Fetch:
-        """How ``alloc_id``'s templates read services: with this node's secret, from any server."""
+    def _subscriber(self, alloc: structs_pb2.Allocation) -> Callable[[], AllocServices]:
+        """How ``alloc``'s runner joins the agent's one service watch (when it has templates)."""
+        return lambda: self._service_watch.subscribe(alloc.id, alloc.namespace)
 
-        def fetch(
-            names: Sequence[str], min_index: int, wait_s: float, cancel: threading.Event | None
-        ) -> tuple[Sequence[structs_pb2.ServiceRegistration], int]:
-            resp = self._rpc.service_registrations(
-                self.node_id,
-                self.secret_id,
-                alloc_id,
-                names,
-                min_index=min_index,
-                wait_s=wait_s,
-                cancel=cancel,
-            )
-            return resp.registrations, resp.meta.index
-
-        return fetch
+    def _fetch_services(
+        self,
+        alloc_id: str,
+        names: Sequence[str],
+        min_index: int,
+        wait_s: float,
+        cancel: threading.Event | None,
+    ) -> tuple[Sequence[structs_pb2.ServiceRegistration], int]:
+        """A read for the service watch: as ``alloc_id`` (its namespace), with this node's
+        secret, from any server."""
+        resp = self._rpc.service_registrations(
+            self.node_id,
+            self.secret_id,
+            alloc_id,
+            names,
+            min_index=min_index,
+            wait_s=wait_s,
+            cancel=cancel,
+        )
+        return resp.registrations, resp.meta.index
 
     def _restore(self) -> None:
         assert self._store is not None
@@ -397,7 +412,7 @@ class ClientAgent:
                 rng=self._rng,
                 on_update=self._on_alloc_update,
                 node=self._node,
-                services_fetch=self._services_fetch(record.alloc.id),
+                services=self._subscriber(record.alloc),
             )
             with self._runners_lock:
                 self._runners[runner.alloc_id] = runner

@@ -43,7 +43,7 @@ from drover.client.health import DeploymentHealth, HealthTracker, health_policy,
 from drover.client.interpolate import interpolate_config
 from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of
 from drover.client.restarts import RestartPolicy, default_restart_policy
-from drover.client.services import Fetch, ServiceCache
+from drover.client.servicewatch import AllocServices
 from drover.client.state import AllocRecord, StateDB, TaskRecord
 from drover.client.taskenv import dir_env, node_values, task_env
 from drover.client.taskrunner import TaskRunner
@@ -108,14 +108,15 @@ class AllocRunner:
         on_update: Callable[[AllocStatus], None],
         record: AllocRecord | None = None,
         node: structs_pb2.Node | None = None,
-        services_fetch: Fetch | None = None,
+        services: Callable[[], AllocServices] | None = None,
     ) -> None:
         """A runner for a new alloc, or (with ``record``) for one a previous agent ran.
 
         ``node`` is this agent's node as registered: its names are what a task's config and
         env may interpolate (``${node.unique.name}``, ``${attr.*}``, ``${meta.*}``).
-        ``services_fetch`` reads service registrations for templates' ``nomadService``
-        (None: every service resolves to none)."""
+        ``services`` subscribes the alloc to the agent's service watch
+        (client_agent/servicewatch.py), for templates' ``nomadService``; called only when a
+        task has templates (None: every service resolves to none)."""
         self._alloc = alloc
         self._node = node
         self._job = job
@@ -141,7 +142,10 @@ class AllocRunner:
         self._old_trackers: list[HealthTracker] = []
         # Templates, artifacts and payloads by task, and the services templates read.
         self._files: dict[str, TaskFiles] = {}
-        self._services = ServiceCache(services_fetch, log=self._log) if services_fetch else None
+        has_templates = job is not None and any(
+            t.templates for g in job.groups if g.name == alloc.task_group for t in g.tasks
+        )
+        self._services = services() if services is not None and has_templates else None
         # The group's max_run_duration: the timer that ends the alloc, and whether it did.
         self._run_timer: threading.Timer | None = None
         self._run_limit_hit = ""
@@ -164,7 +168,7 @@ class AllocRunner:
         rng: random.Random,
         on_update: Callable[[AllocStatus], None],
         node: structs_pb2.Node | None = None,
-        services_fetch: Fetch | None = None,
+        services: Callable[[], AllocServices] | None = None,
     ) -> AllocRunner:
         """The runner a previous agent left in ``record``: running tasks are re-attached."""
         return cls(
@@ -177,7 +181,7 @@ class AllocRunner:
             on_update=on_update,
             record=record,
             node=node,
-            services_fetch=services_fetch,
+            services=services,
         )
 
     def _build_tasks(
@@ -351,8 +355,11 @@ class AllocRunner:
                         task.start()
             self._advance_locked()
             self._watch_health_locked()
-            if self._services is not None and any(f.has_templates for f in self._files.values()):
-                self._services.watch(self._services_changed)
+            if self._services is not None:
+                if self._stop_requested:
+                    self._services.stop()  # nothing will re-render: leave the agent's watch
+                else:
+                    self._services.watch(self._services_changed)
             self._limit_run_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
