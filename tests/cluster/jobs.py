@@ -177,6 +177,11 @@ job "{job_id}" {{
 """
 
 
+def child_jobs(client: DroverClient, parent: str) -> list[structs_pb2.Job]:
+    """The jobs a periodic or parameterized ``parent`` launched that still exist."""
+    return [j for j in client.list_jobs(prefix=f"{parent}/").jobs if j.parent_id == parent]
+
+
 def running_allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Allocation]:
     """The job's allocs that are meant to run and do."""
     return [

@@ -18,8 +18,8 @@ from drover.sdk import DroverClient
 from drover.server.raft_tools import log_entries, open_data_dir
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
-from tests.cluster.conftest import wait_settled
-from tests.cluster.jobs import service_job
+from tests.cluster.conftest import wait_ready_nodes, wait_settled
+from tests.cluster.jobs import child_jobs, service_job
 from tests.cluster.replay import check_every_index
 
 FORCED = 50
@@ -30,18 +30,8 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """One server and one client agent (mock driver), always stopped afterwards."""
     with LocalCluster(tmp_path / "cluster", servers=1, clients=1) as c:
         wait_settled(c)
-        with DroverClient(c.grpc_addresses) as client:
-            wait_for(
-                lambda: [n for n in client.list_nodes().nodes if n.status == "ready"],
-                60,
-                0.2,
-                "the client agent's node to be ready",
-            )
+        wait_ready_nodes(c, 1)
         yield c
-
-
-def _children(client: DroverClient, parent: str) -> list[structs_pb2.Job]:
-    return [j for j in client.list_jobs(prefix=f"{parent}/").jobs if j.parent_id == parent]
 
 
 def _children_counts(cluster: LocalCluster, parent: str) -> tuple[int, int, int]:
@@ -66,8 +56,8 @@ def test_gc__periodic_forced_50_times__system_gc_collects_the_dead_children__cou
         assert len(launched) == FORCED
         wait_for(
             lambda: (
-                len(_children(client, "yearly")) == FORCED
-                and all(c.status == "dead" for c in _children(client, "yearly"))
+                len(child_jobs(client, "yearly")) == FORCED
+                and all(c.status == "dead" for c in child_jobs(client, "yearly"))
             ),
             120,
             0.2,
@@ -82,7 +72,7 @@ def test_gc__periodic_forced_50_times__system_gc_collects_the_dead_children__cou
         assert collected["allocs"] >= FORCED and collected["evals"] >= FORCED
 
         # Every child is gone with its evals and allocs; the parent stays (it is not stopped).
-        assert _children(client, "yearly") == []
+        assert child_jobs(client, "yearly") == []
         assert client.get_job("yearly").job.id == "yearly"
         assert [a for a in client.list_allocs().allocs if a.job_id.startswith("yearly/")] == []
         # Nomad's rule: the summary counts the children that exist, and a recount agrees.
@@ -100,7 +90,7 @@ def test_gc__periodic_forced_50_times__system_gc_collects_the_dead_children__cou
         relaunched = client.periodic_force("yearly").child_job_id
         assert relaunched not in launched
         wait_for(
-            lambda: [c.status for c in _children(client, "yearly")] == ["dead"],
+            lambda: [c.status for c in child_jobs(client, "yearly")] == ["dead"],
             60,
             0.2,
             "the relaunched child to finish",

@@ -30,7 +30,7 @@ from drover.scheduler.structs import PeriodicConfig
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.conftest import wait_ready_nodes, wait_settled
-from tests.cluster.jobs import service_job
+from tests.cluster.jobs import child_jobs, service_job
 from tests.cluster.replay import ReplayReport, assert_servers_agree, check_every_index
 
 EVERY_SECOND = "* * * * * * *"
@@ -42,13 +42,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three servers and one client agent (real processes), always stopped afterwards."""
     with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as c:
         wait_settled(c)
-        with DroverClient(c.grpc_addresses) as client:
-            wait_for(
-                lambda: [n for n in client.list_nodes().nodes if n.status == "ready"],
-                60,
-                0.2,
-                "the client agent's node to be ready",
-            )
+        wait_ready_nodes(c, 1)
         yield c
 
 
@@ -57,10 +51,6 @@ def batch_job(job_id: str, run_for: str) -> structs_pb2.Job:
     job.type = "batch"
     job.groups[0].tasks[0].config_json = f'{{"run_for": "{run_for}"}}'
     return job
-
-
-def children(client: DroverClient, parent: str) -> list[structs_pb2.Job]:
-    return [j for j in client.list_jobs(prefix=f"{parent}/").jobs if j.parent_id == parent]
 
 
 def kill_leader_and_recover(cluster: LocalCluster, progress: Callable[[], None]) -> int:
@@ -113,23 +103,23 @@ def test_field_report_2__periodic_every_second__three_leader_kills__children_exa
         assert client.register_job(job).eval_id == "", "a periodic parent is a template: no eval"
 
         def launched_at_least(n: int) -> None:
-            wait_for(lambda: len(children(client, "tick")) >= n, 60, 0.2, f"{n} children of tick")
+            wait_for(lambda: len(child_jobs(client, "tick")) >= n, 60, 0.2, f"{n} children of tick")
 
         launched_at_least(3)
         for _ in range(3):
-            before = len(children(client, "tick"))
+            before = len(child_jobs(client, "tick"))
             kill_leader_and_recover(cluster, functools.partial(launched_at_least, before + 3))
-        launched_at_least(len(children(client, "tick")) + 3)
+        launched_at_least(len(child_jobs(client, "tick")) + 3)
 
         # Stop launching, let the last children finish on the client.
         client.deregister_job("tick")
         wait_for(
-            lambda: all(c.status == "dead" for c in children(client, "tick")),
+            lambda: all(c.status == "dead" for c in child_jobs(client, "tick")),
             60,
             0.2,
             "every child to finish",
         )
-        live = children(client, "tick")
+        live = child_jobs(client, "tick")
         summary = client.get_job("tick").summary
         assert (summary.children.pending, summary.children.running, summary.children.dead) == (
             0,
@@ -187,14 +177,14 @@ def test_field_report_2__parameterized_dispatched_50_times_across_a_leader_kill_
         cluster.restart(killed)
         wait_for(
             lambda: (
-                len(children(client, "encode")) >= 50
-                and all(c.status == "dead" for c in children(client, "encode"))
+                len(child_jobs(client, "encode")) >= 50
+                and all(c.status == "dead" for c in child_jobs(client, "encode"))
             ),
             90,
             0.2,
             "every dispatched child to finish",
         )
-        live = {c.id: c for c in children(client, "encode")}
+        live = {c.id: c for c in child_jobs(client, "encode")}
         assert set(dispatched) <= set(live)
         child = live[dispatched[7]]
         assert (child.dispatched, child.payload, child.meta["n"]) == (True, b"frame 7", "7")
@@ -266,7 +256,7 @@ def test_periodic_and_dispatch__cli_end_to_end__and_offline_tools_refuse_while_r
         with DroverClient(cluster.grpc_addresses) as client:
             wait_for(
                 lambda: all(
-                    c.status == "dead" for c in children(client, "nightly") + children(client, "encode")
+                    c.status == "dead" for c in child_jobs(client, "nightly") + child_jobs(client, "encode")
                 ),
                 60,
                 0.2,
