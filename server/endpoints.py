@@ -94,6 +94,29 @@ def propose_write(raft: Proposer, entry_type: int, payload: Message) -> ApplyRes
     return result
 
 
+class Writer:
+    """What every leader-side writer (job and node endpoints, deployment actions, ACL
+    endpoints) works with: raft to propose to, the store to read, the clock and ID source
+    that stamp an entry before it is proposed, and the limits its input is checked against."""
+
+    def __init__(
+        self,
+        raft: Proposer,
+        store: StateStore,
+        clock: Clock,
+        ids: IdSource,
+        limits: validate.Limits = validate.DEFAULT_LIMITS,
+    ) -> None:
+        self._raft = raft
+        self._store = store
+        self._clock = clock
+        self._ids = ids
+        self._limits = limits
+
+    def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
+        return propose_write(self._raft, entry_type, payload)
+
+
 def deployment_eval(eval_id: str, job: Job, deployment: Deployment, now_ns: int) -> Evaluation:
     """A ``deployment-watcher`` eval of ``job`` for ``deployment``, at the deployment's
     priority (Nomad's EvalPriority): what every writer that moves a deployment (a client's
@@ -102,7 +125,7 @@ def deployment_eval(eval_id: str, job: Job, deployment: Deployment, now_ns: int)
     return replace(ev, deployment_id=deployment.id, priority=deployment.eval_priority or job.priority)
 
 
-class Endpoints:
+class Endpoints(Writer):
     def __init__(
         self,
         raft: Proposer,
@@ -112,15 +135,8 @@ class Endpoints:
         heartbeats: HeartbeatTimers | None = None,
         limits: validate.Limits = validate.DEFAULT_LIMITS,
     ) -> None:
-        self._raft = raft
-        self._store = store
-        self._clock = clock
-        self._ids = ids
+        super().__init__(raft, store, clock, ids, limits)
         self._heartbeats = heartbeats
-        self._limits = limits
-
-    def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
-        return propose_write(self._raft, entry_type, payload)
 
     def _new_eval(self, job: Job, trigger: str, now: int, node_id: str = "") -> Evaluation:
         return job_eval(self._ids.new(), job, trigger, now, node_id)

@@ -12,23 +12,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
-from google.protobuf.message import Message
-
 from drover.common.secrets import hash_secret, new_secret
 from drover.server.acl.policy import PolicyError, check_policy_name, parse_policy
 from drover.server.acl.records import TOKEN_CLIENT, TOKEN_MANAGEMENT, TOKEN_TYPES, ACLPolicy, ACLTokenRecord
-from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
-from drover.server.endpoints import Proposer
+from drover.server.endpoints import Writer
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
-from drover.server.fsm import ApplyResult, encode_entry
-from drover.server.state_store import StateStore
+from drover.server.fsm import ApplyResult
 from drover.v1 import raft_pb2
 
 __all__ = ["ACLEndpoints", "MintedToken"]
 
 ET = raft_pb2.EntryType
-WRITE_TIMEOUT_S: Final = 10.0
 # Nomad's bound on a token name; the others keep one request (and one entry) small.
 MAX_TOKEN_NAME: Final = 256
 MAX_DESCRIPTION: Final = 1024
@@ -45,19 +40,7 @@ class MintedToken:
     secret: str
 
 
-class ACLEndpoints:
-    def __init__(self, raft: Proposer, store: StateStore, clock: Clock, ids: IdSource) -> None:
-        self._raft = raft
-        self._store = store
-        self._clock = clock
-        self._ids = ids
-
-    def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
-        result = self._raft.propose(encode_entry(entry_type, payload), WRITE_TIMEOUT_S)
-        if result.error:
-            raise (NotFoundError if result.not_found else ConflictError)(result.error)
-        return result
-
+class ACLEndpoints(Writer):
     def bootstrap(self, secret: str = "") -> MintedToken:
         """The first management token; a ConflictError once the cluster has one."""
         done = self._store.snapshot().acl_bootstrap_index

@@ -34,7 +34,6 @@ from drover.scheduler.structs import (
     Job,
     job_eval,
 )
-from drover.server.clock import Clock, IdSource
 from drover.server.codec import to_proto
 from drover.server.deployments.decide import Failure, failure
 from drover.server.deployments.state import (
@@ -44,10 +43,9 @@ from drover.server.deployments.state import (
     TERMINAL_NO_RESUME,
     TERMINAL_NO_SET_HEALTH,
 )
-from drover.server.endpoints import Proposer, deployment_eval, propose_write
+from drover.server.endpoints import Writer, deployment_eval
 from drover.server.errors import ConflictError, NotFoundError, ValidationError
-from drover.server.fsm import ApplyResult
-from drover.server.state_store import Snapshot, StateStore
+from drover.server.state_store import Snapshot
 from drover.v1 import raft_pb2
 
 __all__ = ["DeploymentActions", "WriteOutcome"]
@@ -67,25 +65,8 @@ class WriteOutcome:
     job_version: int = 0
 
 
-class DeploymentActions:
-    def __init__(
-        self,
-        raft: Proposer,
-        store: StateStore,
-        clock: Clock,
-        ids: IdSource,
-        limits: validate.Limits = validate.DEFAULT_LIMITS,
-    ) -> None:
-        self._raft = raft
-        self._store = store
-        self._clock = clock
-        self._ids = ids
-        self._limits = limits
-
+class DeploymentActions(Writer):
     # -- plumbing ----------------------------------------------------------------------
-    def _propose(self, entry_type: int, payload: Message) -> ApplyResult:
-        return propose_write(self._raft, entry_type, payload)
-
     def _deployment(self, snap: Snapshot, deployment_id: str) -> Deployment:
         if not deployment_id:
             raise ValidationError("deployment_id: required")
