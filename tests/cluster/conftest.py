@@ -43,6 +43,16 @@ def two_clients(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def shared_two_clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """``two_clients`` shared by a module's tests: for tests that only add jobs of their
+    own (distinct job ids) and leave the servers and agents as they found them, so the
+    cluster is started once per file rather than once per test."""
+    with LocalCluster(tmp_path_factory.mktemp("shared") / "cluster", servers=1, clients=2) as c:
+        c.wait_for_leader(60)
+        yield c
+
+
 def wait_ready_nodes(cluster: LocalCluster, count: int, timeout: float = 60) -> None:
     """At least ``count`` nodes ready: the client agents registered and heartbeating."""
     with DroverClient(cluster.grpc_addresses, retry_deadline=30) as client:

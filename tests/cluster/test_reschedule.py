@@ -119,9 +119,9 @@ def _check_chain(allocs: list[structs_pb2.Allocation]) -> None:
 
 
 def test_reschedule__attempts_within_interval_then_left_failed(
-    two_clients: LocalCluster, tmp_path: Path
+    shared_two_clients: LocalCluster, tmp_path: Path
 ) -> None:
-    cluster = two_clients
+    cluster = shared_two_clients
     policy = _constant_delay(2, interval="10m", delay="2s")
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
         _run_job(cluster, tmp_path, "crash", "exit 1", policy)
@@ -144,8 +144,10 @@ def test_reschedule__attempts_within_interval_then_left_failed(
             assert ev.previous_eval in {e.id for e in failure if e.wait_until_ns == 0}
 
 
-def test_reschedule__unlimited_goes_on_with_growing_delays(two_clients: LocalCluster, tmp_path: Path) -> None:
-    cluster = two_clients
+def test_reschedule__unlimited_goes_on_with_growing_delays(
+    shared_two_clients: LocalCluster, tmp_path: Path
+) -> None:
+    cluster = shared_two_clients
     policy = """reschedule {
       unlimited      = true
       delay          = "2s"
@@ -162,12 +164,16 @@ def test_reschedule__unlimited_goes_on_with_growing_delays(two_clients: LocalClu
         for gap, delay in zip(gaps, (2, 4, 8), strict=True):
             assert delay * SECOND - WINDOW_NS <= gap <= delay * SECOND + LATENCY_NS, (gaps, delay)
         assert [e.delay_ns for e in chain[3].reschedule_events] == [2 * SECOND, 4 * SECOND, 8 * SECOND]
+        # The cluster is shared with the file's other tests: stop the failing loop.
+        client.deregister_job("flappy", purge=True)
 
 
-def test_reschedule__fails_on_one_node_runs_on_the_other(two_clients: LocalCluster, tmp_path: Path) -> None:
+def test_reschedule__fails_on_one_node_runs_on_the_other(
+    shared_two_clients: LocalCluster, tmp_path: Path
+) -> None:
     """The task fails on whichever node it lands first (it records that node in a file) and
     runs anywhere else: the replacement must avoid the previous node."""
-    cluster = two_clients
+    cluster = shared_two_clients
     marker = tmp_path / "first-node"
     script = (
         f"first=$(cat {marker} 2>/dev/null); "
@@ -190,11 +196,14 @@ def test_reschedule__fails_on_one_node_runs_on_the_other(two_clients: LocalClust
         assert marker.read_text().strip() == first.node_name
         assert second.node_id != first.node_id
         assert second.previous_allocation == first.id
+        client.deregister_job("picky", purge=True)
 
 
-def test_reschedule__batch_job_uses_the_batch_defaults(two_clients: LocalCluster, tmp_path: Path) -> None:
+def test_reschedule__batch_job_uses_the_batch_defaults(
+    shared_two_clients: LocalCluster, tmp_path: Path
+) -> None:
     """No reschedule block on a batch job: one more attempt within 24 h, after 5 s."""
-    cluster = two_clients
+    cluster = shared_two_clients
     with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
         _run_job(cluster, tmp_path, "report", "exit 2", "", job_type="batch")
         allocs = _wait_failed(cluster, client, "report", 2, 90, "2 failed allocs")
@@ -250,8 +259,10 @@ def test_reschedule__delayed_eval_survives_a_leader_kill(tmp_path: Path) -> None
             )
 
 
-def test_reschedule__zero_attempts_never_reschedules(two_clients: LocalCluster, tmp_path: Path) -> None:
-    cluster = two_clients
+def test_reschedule__zero_attempts_never_reschedules(
+    shared_two_clients: LocalCluster, tmp_path: Path
+) -> None:
+    cluster = shared_two_clients
     policy = """reschedule {
       attempts  = 0
       unlimited = false
