@@ -13,9 +13,16 @@ Nomad's ordering (client/allocrunner/task_hook_coordinator.go and the alloc runn
   main work is done), every task still alive is stopped. Tasks that never started are
   stopped too, so they end dead ("stopped before it started") instead of pending forever.
 
-The alloc runner (client_agent/runner.py) calls ``plan_steps`` after every task change and
-does what it says; starting a task twice or stopping a dead one is a no-op there, so the
-plan only has to be right, not minimal.
+Stopping is ordered too (Nomad's ``allocRunner.killTasks``): of the tasks to stop, the
+leader first; once it is dead, every other task that is not a sidecar (the main tasks and
+the ephemeral prestart/poststart ones); once those are dead, the sidecars; the poststop
+tasks are not stopped, they start once the rest is dead. ``stop_wave`` says which of those
+to stop now, so a main task still has its sidecar (a proxy, a log shipper) while it shuts
+down, as it had while it ran.
+
+The alloc runner (client_agent/runner.py) calls ``plan_steps`` and ``stop_wave`` after
+every task change and does what they say; starting a task twice or stopping a dead one is
+a no-op there, so the plan only has to be right, not minimal.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
     "TaskRole",
     "plan_steps",
     "roles_of",
+    "stop_wave",
 ]
 
 HOOK_MAIN: Final = ""
@@ -134,3 +142,24 @@ def _stop_decision(
     if all(r.sidecar for r in alive):
         return names, KILL_MAIN_DEAD, "Main tasks in the group died"
     return (), "", ""
+
+
+def stop_wave(
+    roles: Iterable[TaskRole], states: Mapping[str, TaskState], to_stop: Iterable[str]
+) -> tuple[str, ...]:
+    """The tasks of ``to_stop`` to stop now, in role order: the live leaders; when none is
+    left alive, the live tasks that are neither sidecars nor poststop; then the live
+    sidecars. Poststop tasks are never in a wave (they run after the others). Tasks that
+    never started count as alive: stopping them is what ends them."""
+    wanted = set(to_stop)
+    alive = [
+        r for r in roles if r.name in wanted and r.hook != HOOK_POSTSTOP and not _dead(states.get(r.name))
+    ]
+    for wave in (
+        [r for r in alive if r.leader],
+        [r for r in alive if not r.sidecar],
+        alive,
+    ):
+        if wave:
+            return tuple(r.name for r in wave)
+    return ()

@@ -10,6 +10,7 @@ from drover.client.lifecycle import (
     TaskRole,
     plan_steps,
     roles_of,
+    stop_wave,
 )
 from drover.client.taskstate import TaskState
 from drover.v1 import structs_pb2
@@ -112,3 +113,22 @@ def test_roles_of__reads_lifecycle_and_leader() -> None:
         structs_pb2.Task(name="b", leader=True),
     ]
     assert roles_of(tasks) == (TaskRole("a", "prestart", sidecar=True), TaskRole("b", "", leader=True))
+
+
+def test_stop_wave__leader_then_main_tasks_then_sidecars_never_poststop() -> None:
+    leader = TaskRole("main", leader=True)
+    roles = (INIT, PROXY, leader, OTHER, ANNOUNCE, LOGS, CLEANUP)
+    everything = [r.name for r in roles]
+    live = {"init": DONE, "proxy": RUNNING, "main": RUNNING, "other": RUNNING, "announce": RUNNING}
+    live |= {"logs": RUNNING}
+    assert stop_wave(roles, live, everything) == ("main",)
+    # Once the leader is dead: the tasks that are not sidecars (init is dead already).
+    assert stop_wave(roles, live | {"main": DONE}, everything) == ("other", "announce")
+    # Then the sidecars; a task that never started counts as alive (stopping ends it).
+    after_main = live | {"main": DONE, "other": DONE, "announce": DONE, "logs": PENDING}
+    assert stop_wave(roles, after_main, everything) == ("proxy", "logs")
+    every_dead = dict.fromkeys(everything, DONE) | {"cleanup": PENDING}
+    assert stop_wave(roles, every_dead, everything) == ()
+    # Only what is asked: a sibling stop that names the sidecars alone stops them at once.
+    assert stop_wave(roles, live, ["proxy", "logs"]) == ("proxy", "logs")
+    assert stop_wave((MAIN, OTHER), {"main": RUNNING}, ["main", "other"]) == ("main", "other")
