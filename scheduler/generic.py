@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Final
 
 from drover.scheduler import deployments
-from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State, completed_pass
 from drover.scheduler.placement import (
     PlanBuilder,
     feasible_nodes,
@@ -50,7 +50,6 @@ from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situati
 from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
     EVAL_STATUS_BLOCKED,
-    EVAL_STATUS_COMPLETE,
     EVAL_STATUS_FAILED,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
@@ -360,23 +359,17 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
         deployment_updates = (*deployment_updates, deployments.success(deployment))
     plan = with_deployment(plan, ev, state.index, wanted, deployment_updates)
 
-    eval_update = replace(
+    return completed_pass(
         ev,
-        status=EVAL_STATUS_COMPLETE,
-        status_description="",
+        state,
+        ctx,
+        plan,
+        created=created,
+        queued=queued,
+        failed_tg=failed_tg,
+        failed_metrics=failed_metrics,
         blocked_eval=blocked_id,
         next_eval="",
-        queued_allocations=queued,
-        failed_tg_allocs=failed_tg,
-        failed_tg_metrics=failed_metrics,
-        snapshot_index=state.index,
-        modify_time_ns=ctx.now_ns,
-        deployment_id=governing.id if governing is not None else ev.deployment_id,
-    )
-    return SchedulerResult(
-        plan=plan,
-        eval_update=eval_update,
-        created_evals=tuple(created),
-        queued=queued,
+        governing=governing,
         annotations={name: r.counts() for name, r in results.items()},
     )

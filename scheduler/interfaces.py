@@ -9,16 +9,26 @@ Time, IDs and the shuffle seed come in through ``SchedulerContext``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
-from drover.scheduler.structs import Allocation, Deployment, Evaluation, Job, Node, Plan, SchedulerConfig
+from drover.scheduler.structs import (
+    EVAL_STATUS_COMPLETE,
+    Allocation,
+    AllocMetric,
+    Deployment,
+    Evaluation,
+    Job,
+    Node,
+    Plan,
+    SchedulerConfig,
+)
 
 if TYPE_CHECKING:
     import random
 
-__all__ = ["Scheduler", "SchedulerContext", "SchedulerResult", "State", "seed_from"]
+__all__ = ["Scheduler", "SchedulerContext", "SchedulerResult", "State", "completed_pass", "seed_from"]
 
 
 class State(Protocol):
@@ -81,6 +91,46 @@ class SchedulerResult:
     queued: Mapping[str, int] = field(default_factory=dict)
     # Named bucket counts per group, for logs, `drover job plan` and tests.
     annotations: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def completed_pass(
+    ev: Evaluation,
+    state: State,
+    ctx: SchedulerContext,
+    plan: Plan | None,
+    *,
+    created: Sequence[Evaluation],
+    queued: Mapping[str, int],
+    failed_tg: Mapping[str, str],
+    failed_metrics: Mapping[str, AllocMetric],
+    blocked_eval: str,
+    next_eval: str,
+    governing: Deployment | None,
+    annotations: Mapping[str, Mapping[str, int]],
+) -> SchedulerResult:
+    """The result of a pass that ran to its end, whatever the job type: the eval complete as
+    of this snapshot, naming the blocked eval and the follow-up it created, and the
+    deployment its allocs join (the eval's own when the pass made or found none)."""
+    eval_update = replace(
+        ev,
+        status=EVAL_STATUS_COMPLETE,
+        status_description="",
+        blocked_eval=blocked_eval,
+        next_eval=next_eval,
+        queued_allocations=queued,
+        failed_tg_allocs=failed_tg,
+        failed_tg_metrics=failed_metrics,
+        snapshot_index=state.index,
+        modify_time_ns=ctx.now_ns,
+        deployment_id=governing.id if governing is not None else ev.deployment_id,
+    )
+    return SchedulerResult(
+        plan=plan,
+        eval_update=eval_update,
+        created_evals=tuple(created),
+        queued=queued,
+        annotations=annotations,
+    )
 
 
 class Scheduler(Protocol):

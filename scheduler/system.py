@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from drover.scheduler import deployments
-from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State
+from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State, completed_pass
 from drover.scheduler.placement import (
     PlanBuilder,
     feasible_nodes,
@@ -48,7 +48,6 @@ from drover.scheduler.structs import (
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_UNKNOWN,
     EVAL_STATUS_BLOCKED,
-    EVAL_STATUS_COMPLETE,
     EVAL_STATUS_FAILED,
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
@@ -205,24 +204,18 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
         created.append(rolling)
         next_id = rolling.id
 
-    eval_update = replace(
+    return completed_pass(
         ev,
-        status=EVAL_STATUS_COMPLETE,
-        status_description="",
-        queued_allocations=queued,
-        failed_tg_allocs=failed_tg,
-        failed_tg_metrics=dict(outcome.failed_metrics),
+        state,
+        ctx,
+        plan,
+        created=created,
+        queued=queued,
+        failed_tg=failed_tg,
+        failed_metrics=dict(outcome.failed_metrics),
         blocked_eval=blocked_id,
         next_eval=next_id or ev.next_eval,
-        snapshot_index=state.index,
-        modify_time_ns=ctx.now_ns,
-        deployment_id=governing.id if governing is not None else ev.deployment_id,
-    )
-    return SchedulerResult(
-        plan=plan,
-        eval_update=eval_update,
-        created_evals=tuple(created),
-        queued=queued,
+        governing=governing,
         annotations=diff.counts_by_group(groups),
     )
 
