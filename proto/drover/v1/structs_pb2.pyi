@@ -860,6 +860,11 @@ class Template(_message.Message):
     CHANGE_SIGNAL_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
     PERMS_FIELD_NUMBER: _builtins.int
+    SPLAY_NS_FIELD_NUMBER: _builtins.int
+    WAIT_MIN_NS_FIELD_NUMBER: _builtins.int
+    WAIT_MAX_NS_FIELD_NUMBER: _builtins.int
+    LEFT_DELIMITER_FIELD_NUMBER: _builtins.int
+    RIGHT_DELIMITER_FIELD_NUMBER: _builtins.int
     data: _builtins.str
     source: _builtins.str
     destination: _builtins.str
@@ -868,6 +873,18 @@ class Template(_message.Message):
     env: _builtins.bool
     perms: _builtins.str
     """Octal file mode of the rendered file ("" : "0644")."""
+    splay_ns: _builtins.int
+    """A re-render's change_mode action waits a random time in [0, splay) (0: none), so the
+    allocs of one job do not all restart at the same moment.
+    """
+    wait_min_ns: _builtins.int
+    """wait { min, max }: a re-render waits until its services were quiet for min, and at
+    most max after the first change (both 0: at once).
+    """
+    wait_max_ns: _builtins.int
+    left_delimiter: _builtins.str
+    """The action delimiters ("": "{{" and "}}")."""
+    right_delimiter: _builtins.str
     def __init__(
         self,
         *,
@@ -878,10 +895,15 @@ class Template(_message.Message):
         change_signal: _builtins.str = ...,
         env: _builtins.bool = ...,
         perms: _builtins.str = ...,
+        splay_ns: _builtins.int = ...,
+        wait_min_ns: _builtins.int = ...,
+        wait_max_ns: _builtins.int = ...,
+        left_delimiter: _builtins.str = ...,
+        right_delimiter: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_mode", b"change_mode", "change_signal", b"change_signal", "data", b"data", "destination", b"destination", "env", b"env", "perms", b"perms", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_mode", b"change_mode", "change_signal", b"change_signal", "data", b"data", "destination", b"destination", "env", b"env", "left_delimiter", b"left_delimiter", "perms", b"perms", "right_delimiter", b"right_delimiter", "source", b"source", "splay_ns", b"splay_ns", "wait_max_ns", b"wait_max_ns", "wait_min_ns", b"wait_min_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -897,17 +919,23 @@ class Artifact(_message.Message):
 
     SOURCE_FIELD_NUMBER: _builtins.int
     DESTINATION_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     destination: _builtins.str
+    mode: _builtins.str
+    """"any" (""), "file" (the source must be a file; destination is the file's path) or
+    "dir" (the source must be a directory, copied into destination).
+    """
     def __init__(
         self,
         *,
         source: _builtins.str = ...,
         destination: _builtins.str = ...,
+        mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "mode", b"mode", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
