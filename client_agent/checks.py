@@ -1,18 +1,23 @@
 """The checks of an alloc's services (``service { provider = "nomad" check { ... } }``).
 
-drover has no Consul: the client runs each check itself, on the node where the alloc runs,
-and only for deployment health (``update { health_check = "checks" }``, client_agent/health.py).
+drover has no Consul: the client runs each check itself, on the node where the alloc runs:
+for the check statuses it reports with the alloc and its ``check_restart``s
+(client_agent/checkwatch.py), and for deployment health (``update { health_check =
+"checks" }``, client_agent/health.py).
 
 - ``http``: a request to ``<protocol>://127.0.0.1:<port>/<path>``, where ``<port>`` is the
   value the scheduler gave the check's port label in this alloc; any 2xx or 3xx status
-  passes (redirects are not followed: a 3xx is the answer). An https check does not verify
-  the certificate: the question is whether the task answers, on loopback.
+  passes (redirects are not followed: a 3xx is the answer), 429 is a warning (Consul's
+  rule), anything else critical. An https check does not verify the certificate: the
+  question is whether the task answers, on loopback.
 - ``tcp``: a connection to ``127.0.0.1:<port>`` is accepted.
 - ``script``: ``command args...`` exits 0, run with the task's environment and in its
-  task directory (Nomad's "passing"; its "warning", exit 1, does not pass).
+  task directory; exit 1 is a warning, any other critical (Nomad's and Consul's rule).
 
-Every check has its ``timeout``: a check that does not answer in time fails. A check never
-raises; whatever goes wrong is a failing ``CheckOutcome`` with a short reason.
+Only "passing" passes: a warning counts as a failure for deployment health, and for a
+``check_restart`` unless it says ``ignore_warnings``. Every check has its ``timeout``: a
+check that does not answer in time fails. A check never raises; whatever goes wrong is a
+failing ``CheckOutcome`` with a short reason.
 """
 
 from __future__ import annotations
@@ -30,16 +35,67 @@ from typing import Final
 
 from drover.v1 import structs_pb2
 
-__all__ = ["CHECK_HOST", "CheckOutcome", "CheckSpec", "check_specs", "run_check"]
+__all__ = [
+    "CHECK_CRITICAL",
+    "CHECK_HOST",
+    "CHECK_PASSING",
+    "CHECK_WARNING",
+    "CheckOutcome",
+    "CheckRestartPolicy",
+    "CheckSpec",
+    "CheckStatus",
+    "check_specs",
+    "run_check",
+]
 
 CHECK_HOST: Final = "127.0.0.1"
+CHECK_PASSING: Final = "passing"
+CHECK_WARNING: Final = "warning"
+CHECK_CRITICAL: Final = "critical"
 _OUTPUT_CHARS: Final = 500
+_HTTP_TOO_MANY_REQUESTS: Final = 429
+_SCRIPT_WARNING_EXIT: Final = 1
 
 
 @dataclass(frozen=True, slots=True)
 class CheckOutcome:
+    """One run's result: ``passed``, or failed (``warning`` a failure that is a warning)."""
+
     passed: bool
     output: str = ""
+    warning: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.passed:
+            return CHECK_PASSING
+        return CHECK_WARNING if self.warning else CHECK_CRITICAL
+
+
+@dataclass(frozen=True, slots=True)
+class CheckStatus:
+    """A check's latest status as the client reports it with the alloc: named by the task of
+    a task-level service ("" for a group's), the service's name as written, and the
+    check's name (``check[i]`` for an unnamed one), as the servers match them
+    (server/services/registrations.py, ``service_health``). ``timestamp_ns`` is when the
+    status became what it is, so an unchanged status reports the same value."""
+
+    task: str
+    service: str
+    check: str
+    status: str
+    output: str = ""
+    timestamp_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRestartPolicy:
+    """A check's ``check_restart``: ``limit`` failing results in a row (0: never), counted
+    once ``grace_ns`` has passed since the task started; ``ignore_warnings``: a warning passes."""
+
+    limit: int
+    grace_ns: int
+    ignore_warnings: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +116,15 @@ class CheckSpec:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = ""
+    # The names the status is reported under (``CheckStatus``).
+    task: str = ""
+    service: str = ""
+    check: str = ""
+    # The task a check_restart restarts, and the tasks that must run for the check to mean
+    # anything (the check's task, the service's, or every task of the group's service).
+    restart: CheckRestartPolicy | None = None
+    restart_task: str = ""
+    runs_in: tuple[str, ...] = ()
 
 
 def check_specs(
@@ -81,6 +146,7 @@ def check_specs(
     specs: list[CheckSpec] = []
     owned: list[tuple[str, structs_pb2.Service]] = [("", s) for s in group.services]
     owned += [(task.name, s) for task in group.tasks for s in task.services]
+    every_task = tuple(task.name for task in group.tasks)
     for index, (task_name, service) in enumerate(owned):
         service_name = service.name or f"service[{index}]"
         for i, check in enumerate(service.checks):
@@ -88,6 +154,10 @@ def check_specs(
             key = f"{task_name}/{service_name}/{name}" if task_name else f"{service_name}/{name}"
             run_in = check.task or task_name
             env, cwd = task_envs.get(run_in, ({}, ""))
+            restart = None
+            if check.HasField("check_restart") and check.check_restart.limit > 0:
+                r = check.check_restart
+                restart = CheckRestartPolicy(r.limit, max(0, r.grace_ns), r.ignore_warnings)
             specs.append(
                 CheckSpec(
                     key=key,
@@ -102,6 +172,12 @@ def check_specs(
                     args=tuple(check.args),
                     env=env,
                     cwd=cwd,
+                    task=task_name,
+                    service=service.name,
+                    check=name,
+                    restart=restart,
+                    restart_task=run_in,
+                    runs_in=(run_in,) if run_in else every_task,
                 )
             )
     return specs
@@ -140,7 +216,9 @@ def _http(spec: CheckSpec, timeout_s: float) -> CheckOutcome:
         return CheckOutcome(False, f"{spec.method} {url}: {_reason(exc)}")
     finally:
         conn.close()
-    return CheckOutcome(200 <= status < 400, f"{spec.method} {url}: HTTP {status}")
+    return CheckOutcome(
+        200 <= status < 400, f"{spec.method} {url}: HTTP {status}", warning=status == _HTTP_TOO_MANY_REQUESTS
+    )
 
 
 def _tcp(spec: CheckSpec, timeout_s: float) -> CheckOutcome:
@@ -180,7 +258,11 @@ def _script(spec: CheckSpec, timeout_s: float) -> CheckOutcome:
         proc.communicate()
         return CheckOutcome(False, f"{spec.command}: no exit within {timeout_s:g}s")
     output = out.decode("utf-8", "replace").strip()[:_OUTPUT_CHARS]
-    return CheckOutcome(proc.returncode == 0, f"exit {proc.returncode}: {output}".rstrip(": "))
+    return CheckOutcome(
+        proc.returncode == 0,
+        f"exit {proc.returncode}: {output}".rstrip(": "),
+        warning=proc.returncode == _SCRIPT_WARNING_EXIT,
+    )
 
 
 def _reason(exc: BaseException) -> str:

@@ -163,6 +163,15 @@ def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Alloc
         msg.pid = ts.pid
         for ev in ts.events:
             msg.events.add(type=ev.type, message=ev.message, time_ns=ev.time_ns, exit_code=ev.exit_code)
+    for check in status.checks:
+        alloc.check_statuses.add(
+            task=check.task,
+            service=check.service,
+            check=check.check,
+            status=check.status,
+            output=check.output,
+            timestamp_ns=check.timestamp_ns,
+        )
     if status.deployment_health is not None:
         # The deployment judged rides along: the servers ignore a verdict on another one.
         alloc.deployment_id = status.deployment_health.deployment_id

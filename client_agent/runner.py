@@ -17,13 +17,10 @@ hold for the current deployment (an operator's, or ours from before a restart) i
 Task order: which task may start, and when the others must be stopped (a prestart task
 first, the leader's exit, a failed sibling, only sidecars left), is decided by
 ``lifecycle.plan_steps`` from all task states after every change (``_advance_locked``), and
-in which order they stop by ``lifecycle.stop_wave`` (the leader, then the main tasks, then
-the sidecars, each wave once the one before is dead); done here: a task is started at most
-once, a stop is sent at most once per task.
+done here: a task is started at most once, a stop is sent at most once per task.
 
-Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them in that order (dead, not
-failed: the alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them
-running for the next agent, which
+Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them (dead, not failed: the
+alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them running for the next agent, which
 builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` stops
 the tasks and forgets the alloc (the servers garbage-collected it).
 """
@@ -39,12 +36,13 @@ from typing import Any, Final
 import structlog
 
 from drover.client.checks import check_specs
+from drover.client.checkwatch import CheckWatcher
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
 from drover.client.health import DeploymentHealth, HealthTracker, health_policy, recorded_health, with_health
 from drover.client.interpolate import interpolate_config
-from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of, stop_wave
+from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of
 from drover.client.restarts import RestartPolicy, default_restart_policy
 from drover.client.servicewatch import AllocServices
 from drover.client.state import AllocRecord, StateDB, TaskRecord
@@ -55,6 +53,7 @@ from drover.client.taskstate import (
     EVENT_RECEIVED,
     EVENT_RECONNECTED,
     EVENT_RESTART_SIGNALED,
+    TASK_RUNNING,
     AllocStatus,
     TaskEvent,
     TaskState,
@@ -137,10 +136,8 @@ class AllocRunner:
         self._error = ""
         self._tasks: dict[str, TaskRunner] = {}
         self._roles: tuple[TaskRole, ...] = ()
-        # Tasks already told to stop by their siblings' fate (each is told once), and the
-        # tasks already sent their kill (each once, in lifecycle.stop_wave's order).
+        # Tasks already told to stop by their siblings' fate (each is told once).
         self._told_to_stop: set[str] = set()
-        self._killed: set[str] = set()
         self._verdict: DeploymentHealth | None = recorded_health(alloc)
         self._tracker: HealthTracker | None = None
         # Cancelled trackers whose thread may still finish a check: joined by join().
@@ -154,6 +151,8 @@ class AllocRunner:
         # The group's max_run_duration: the timer that ends the alloc, and whether it did.
         self._run_timer: threading.Timer | None = None
         self._run_limit_hit = ""
+        # The alloc's checks, run for its whole life (client_agent/checkwatch.py).
+        self._checks: CheckWatcher | None = None
         group = find_group(job, alloc.task_group)
         if job is None:
             self._error = f"job {job_key(alloc)} was not sent with the alloc"
@@ -300,7 +299,12 @@ class AllocRunner:
         if self._stop_requested and self._stop_reason and status.client_status == "complete":
             description = self._stop_reason
         return AllocStatus(
-            status.alloc_id, status.client_status, description, status.task_states, self._health_locked()
+            status.alloc_id,
+            status.client_status,
+            description,
+            status.task_states,
+            self._health_locked(),
+            self._checks.statuses() if self._checks is not None else (),
         )
 
     def _health_locked(self) -> DeploymentHealth | None:
@@ -329,25 +333,9 @@ class AllocRunner:
             return bool(self._error) or all(t.snapshot().state.is_dead for t in self._tasks.values())
 
     def longest_kill_timeout_ns(self) -> int:
-        """The longest a stop of the alloc may take: its waves (leader, main tasks,
-        sidecars: lifecycle.stop_wave) stop one after the other, each as long as its slowest
-        task's shutdown_delay and kill_timeout."""
-
-        def slowest(roles: list[TaskRole]) -> int:
-            return max(
-                (
-                    self._tasks[r.name].spec.kill_timeout_ns + self._tasks[r.name].spec.shutdown_delay_ns
-                    for r in roles
-                    if r.name in self._tasks
-                ),
-                default=0,
-            )
-
-        stopped = [r for r in self._roles if r.hook != HOOK_POSTSTOP]
-        leaders = [r for r in stopped if r.leader]
-        main = [r for r in stopped if not r.leader and not r.sidecar]
-        sidecars = [r for r in stopped if not r.leader and r.sidecar]
-        return slowest(leaders) + slowest(main) + slowest(sidecars)
+        return max(
+            (t.spec.kill_timeout_ns + t.spec.shutdown_delay_ns for t in self._tasks.values()), default=0
+        )
 
     def task_runners(self) -> dict[str, TaskRunner]:
         """The alloc's tasks by name, for what an operator asks of one (logs, restart,
@@ -366,12 +354,14 @@ class AllocRunner:
                 return
             self._started = True
             self._persist_and_report()
-            # Tasks a previous agent started are re-attached (or judged) whatever their
-            # hook: the plan below only gates the first start, and orders the stop of an
-            # alloc that was being stopped.
-            for task in self._tasks.values():
-                if task.snapshot().state.started_at_ns > 0:
-                    task.start()
+            if self._stop_requested:
+                self._stop_tasks_locked()
+            else:
+                # Tasks a previous agent started are re-attached (or judged) whatever
+                # their hook: the plan below only gates the first start.
+                for task in self._tasks.values():
+                    if task.snapshot().state.started_at_ns > 0:
+                        task.start()
             self._advance_locked()
             self._watch_health_locked()
             if self._services is not None:
@@ -380,6 +370,7 @@ class AllocRunner:
                 else:
                     self._services.watch(self._services_changed)
             self._limit_run_locked()
+            self._watch_checks_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
         """The server changed the alloc (an in-place update): keep the newer copy."""
@@ -408,13 +399,20 @@ class AllocRunner:
             self._cancel_tracker_locked()
             self._persist()
             if self._started:
+                self._stop_tasks_locked()
                 self._advance_locked()
 
+    def _stop_tasks_locked(self) -> None:
+        """Kill every task but the poststop ones, which run once the others are dead; a
+        task that never started is started only to end it at once (dead, not pending)."""
+        poststop = {r.name for r in self._roles if r.hook == HOOK_POSTSTOP}
+        for name, task in self._tasks.items():
+            if name not in poststop:
+                task.kill()
+                task.start()
+
     def _advance_locked(self) -> None:
-        """Start what the lifecycle now allows, and stop what must stop (the siblings' fate,
-        or every task but the poststop ones once the alloc is being stopped) in
-        ``stop_wave``'s order: each wave once the one before it is dead. A task that never
-        started is started only to end it at once (dead, not pending)."""
+        """Start what the lifecycle now allows and stop what it says must stop."""
         if not self._started or self._destroyed or self._error:
             return
         states = {n: t.snapshot().state for n, t in self._tasks.items()}
@@ -425,19 +423,12 @@ class AllocRunner:
                 continue
             self._told_to_stop.add(name)
             self._log.info("alloc.task_stopped_by_siblings", task=name, reason=steps.stop_reason)
-            self._tasks[name].add_event(TaskEvent(steps.stop_reason, steps.stop_message, now))
-        to_stop = set(self._told_to_stop)
-        if self._stop_requested:
-            to_stop |= {r.name for r in self._roles if r.hook != HOOK_POSTSTOP}
-        for name in stop_wave(self._roles, states, to_stop):
-            if name in self._killed:
-                continue
-            self._killed.add(name)
             task = self._tasks[name]
+            task.add_event(TaskEvent(steps.stop_reason, steps.stop_message, now))
             task.kill()
             task.start()
         for name in steps.start:
-            if name not in to_stop:
+            if name not in self._told_to_stop:
                 self._tasks[name].start()
 
     def reconnect(self) -> None:
@@ -486,6 +477,8 @@ class AllocRunner:
             ok = tracker.join(remaining) and ok
         if self._services is not None:
             ok = self._services.join((deadline - self._clock.monotonic_ns()) / 1e9) and ok
+        if self._checks is not None:
+            ok = self._checks.join((deadline - self._clock.monotonic_ns()) / 1e9) and ok
         return ok
 
     # -- templates and max_run_duration ----------------------------------------------
@@ -543,6 +536,8 @@ class AllocRunner:
         self.stop(self._run_limit_hit)
 
     def _end_watches_locked(self) -> None:
+        if self._checks is not None:
+            self._checks.stop()
         if self._services is not None:
             self._services.stop()
         if self._run_timer is not None:
@@ -602,6 +597,50 @@ class AllocRunner:
     def _task_states(self) -> dict[str, TaskState]:
         # No runner lock: the tracker's thread must not wait on a runner that waits on it.
         return {name: task.snapshot().state for name, task in self._tasks.items()}
+
+    # -- service checks ----------------------------------------------------------------
+
+    def _watch_checks_locked(self) -> None:
+        """Run the alloc's checks for as long as it runs: their statuses go out with the
+        alloc's, and a check_restart restarts its task (client_agent/checkwatch.py)."""
+        if self._checks is not None or self._stop_requested or self._destroyed or self._error:
+            return
+        specs = check_specs(self._alloc, self._job, self._task_envs()) if self._job is not None else []
+        if not specs:
+            return
+        self._checks = CheckWatcher(
+            specs,
+            clock=self._clock,
+            task_starts=self._running_task_starts,
+            on_change=self._checks_changed,
+            restart=self._restart_for_check,
+            log_fields={
+                "alloc_id": self._alloc.id,
+                "job_id": self._alloc.job_id,
+                "node_id": self._alloc.node_id,
+            },
+        )
+        self._checks.start()
+
+    def _running_task_starts(self) -> dict[str, int]:
+        # No runner lock, as for _task_states.
+        states = self._task_states()
+        return {name: s.started_at_ns for name, s in states.items() if s.state == TASK_RUNNING}
+
+    def _checks_changed(self) -> None:
+        with self._lock:
+            if not self._destroyed:
+                self._persist_and_report()
+
+    def _restart_for_check(self, name: str, reason: str) -> None:
+        """A check_restart's limit reached: restart the task as a failure (its restart
+        policy decides whether and when it starts again)."""
+        with self._lock:
+            task = self._tasks.get(name)
+            if task is None or self._stop_requested or self._destroyed:
+                return
+        task.add_event(TaskEvent(EVENT_RESTART_SIGNALED, f"Restart signaled: {reason}", self._clock.now_ns()))
+        task.restart(reason, failure=True)
 
     def _health_decided(self, tracker: HealthTracker, health: str, timestamp_ns: int, reason: str) -> None:
         with self._lock:

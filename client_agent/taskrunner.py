@@ -113,6 +113,7 @@ class TaskRunner:
         self._wake = threading.Event()
         self._restart = threading.Event()
         self._restart_reason = "User requested restart"
+        self._restart_failure = False
         # The running task's handle (None while it is not running), for restart and signal.
         self._handle: TaskHandle | None = None
         self._thread: threading.Thread | None = None
@@ -141,12 +142,15 @@ class TaskRunner:
         with self._lock:
             return self._handle is not None and not self._kill.is_set()
 
-    def restart(self, reason: str = "User requested restart") -> bool:
+    def restart(self, reason: str = "User requested restart", *, failure: bool = False) -> bool:
         """Ask for a restart in place; False (nothing asked) if the task is not running.
-        ``reason`` is what the task's state says it is restarting for."""
+        ``reason`` is what the task's state says it is restarting for. ``failure`` (a
+        check_restart: client_agent/checkwatch.py) stops the task as a failed exit, which
+        the restart policy judges and counts, as Nomad's failure restarts are."""
         if not self.running:
             return False
         self._restart_reason = reason
+        self._restart_failure = failure
         self._restart.set()
         self._wake.set()
         return True
@@ -256,8 +260,9 @@ class TaskRunner:
         if result is None:
             self._log.info("task.detached", pid=handle.pid)
             return None
-        restarted = self._restart.is_set()
+        restarted = self._restart.is_set() and not self._restart_failure
         self._restart.clear()
+        self._restart_failure = False
         return _Exit(result, ran=True, user_restart=restarted and not self._kill.is_set())
 
     def _fail_now(self, message: str) -> None:
@@ -318,9 +323,10 @@ class TaskRunner:
                 return handle.stop(timeout_s, self.spec.kill_signal)
             if self._restart.is_set():
                 timeout_s = max(self.spec.kill_timeout_ns, 0) / 1e9
-                self.add_event(
-                    TaskEvent(EVENT_RESTART_SIGNALED, "User requested task to restart", self._now())
-                )
+                if not self._restart_failure:  # (a failure restart's caller says why)
+                    self.add_event(
+                        TaskEvent(EVENT_RESTART_SIGNALED, "User requested task to restart", self._now())
+                    )
                 return handle.stop(timeout_s, self.spec.kill_signal)
             result = handle.wait(POLL_S)
             if result is not None:

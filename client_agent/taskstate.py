@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    from drover.client.checks import CheckStatus
     from drover.client.health import DeploymentHealth
 
 __all__ = [
@@ -165,13 +166,15 @@ class TaskState:
 @dataclass(frozen=True, slots=True)
 class AllocStatus:
     """What the client reports for one alloc: the status and the task states it came from,
-    and its deployment health once the client decided it (client_agent/health.py)."""
+    its deployment health once the client decided it (client_agent/health.py), and its
+    checks' latest statuses (client_agent/checkwatch.py)."""
 
     alloc_id: str
     client_status: str
     description: str
     task_states: Mapping[str, TaskState]
     deployment_health: DeploymentHealth | None = None
+    checks: tuple[CheckStatus, ...] = ()
 
 
 def alloc_status(alloc_id: str, states: Mapping[str, TaskState]) -> AllocStatus:

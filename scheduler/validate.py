@@ -38,6 +38,7 @@ from drover.scheduler.periodic import cron_error, time_zone_error
 from drover.scheduler.regexp import regexp_error
 from drover.scheduler.structs import (
     ADDRESS_MODES,
+    ARTIFACT_MODES,
     CHANGE_MODE_SIGNAL,
     CHANGE_MODES,
     CHECK_HTTP,
@@ -222,6 +223,7 @@ INT32_FIELDS: Final = frozenset(
         ("UpdateStrategy", "canary"),
         ("ReschedulePolicy", "attempts"),
         ("RestartPolicy", "attempts"),
+        ("CheckRestart", "limit"),
         ("TaskGroup", "count"),
         ("Job", "priority"),
         ("NodeResources", "max_allocs"),
@@ -809,6 +811,14 @@ def _template_errors(template: Template, path: str) -> Iterator[FieldError]:
         )
     if template.source and not template.source.startswith("/"):
         yield FieldError(f"{path}.source", f"must be an absolute path on the node, got {_q(template.source)}")
+    for name in ("splay_ns", "wait_min_ns", "wait_max_ns"):
+        if getattr(template, name) < 0:
+            yield FieldError(f"{path}.{name}", f"must be >= 0, got {getattr(template, name)}")
+    if 0 < template.wait_max_ns < template.wait_min_ns:
+        yield FieldError(
+            f"{path}.wait_max_ns",
+            f"must be >= wait min ({template.wait_min_ns}ns), got {template.wait_max_ns}",
+        )
 
 
 def _artifact_errors(artifact: Artifact, path: str) -> Iterator[FieldError]:
@@ -832,6 +842,8 @@ def _artifact_errors(artifact: Artifact, path: str) -> Iterator[FieldError]:
     error = _relative_path_error(artifact.destination, required=False)
     if error:
         yield FieldError(f"{path}.destination", error)
+    if artifact.mode and artifact.mode not in ARTIFACT_MODES:
+        yield FieldError(f"{path}.mode", _one_of(ARTIFACT_MODES, artifact.mode))
 
 
 def _config_errors(config_json: str, path: str, limits: Limits) -> Iterator[FieldError]:
@@ -1128,6 +1140,29 @@ def _check_errors(
         )
     if check.timeout_ns <= 0:
         yield FieldError(f"{path}.timeout_ns", f"must be > 0, got {check.timeout_ns}")
+    if check.check_restart is not None:
+        yield from _check_restart_errors(check, path, task_names, own_task=own_task)
+
+
+def _check_restart_errors(
+    check: ServiceCheck, path: str, task_names: frozenset[str], *, own_task: str
+) -> Iterator[FieldError]:
+    """A check_restart needs a task to restart: a task service's own, or the check's ``task``."""
+    restart = check.check_restart
+    assert restart is not None
+    where = f"{path}.check_restart"
+    if restart.limit < 0:
+        yield FieldError(f"{where}.limit", f"must be >= 0 (0: never restart), got {restart.limit}")
+    if restart.grace_ns < 0:
+        yield FieldError(f"{where}.grace_ns", f"must be >= 0, got {restart.grace_ns}")
+    if restart.limit <= 0 or check.type == CHECK_SCRIPT:
+        return  # (a script check's task is checked with the check)
+    if not own_task and not check.task:
+        yield FieldError(
+            f"{path}.task", "a group service's check with a check_restart must name the task to restart"
+        )
+    elif check.task and check.task not in task_names:
+        yield FieldError(f"{path}.task", f"{_q(check.task)} is not a task of the group")
 
 
 def _reschedule_errors(r: ReschedulePolicy, path: str) -> Iterator[FieldError]:

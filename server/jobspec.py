@@ -53,6 +53,7 @@ from drover.scheduler.structs import (
     JOB_TYPE_SERVICE,
     Affinity,
     Artifact,
+    CheckRestart,
     Constraint,
     DisconnectStrategy,
     DispatchPayload,
@@ -1017,11 +1018,17 @@ def _update(body: _Body, base: UpdateStrategy) -> UpdateStrategy:
 
 
 # Only the client's own checks exist in drover: Consul's keys (connect, meta, canary_tags,
-# check_restart, on_update, ...) are refused by name instead of being read and ignored.
-_SERVICE_KEYS: Final = frozenset({"name", "provider", "port", "tags", "check", "address_mode"})
+# on_update, ...) are refused by name instead of being read and ignored. check_restart is
+# the client's (client_agent/checkwatch.py): in a service it applies to each of its checks,
+# and a check's own block overrides it key by key (Nomad's merge).
+_SERVICE_KEYS: Final = frozenset(
+    {"name", "provider", "port", "tags", "check", "address_mode", "check_restart"}
+)
 _CHECK_KEYS: Final = frozenset(
     {"name", "type", "port", "path", "method", "protocol", "command", "args", "task", "interval", "timeout"}
+    | {"check_restart"}
 )
+_CHECK_RESTART_KEYS: Final = frozenset({"limit", "grace", "ignore_warnings"})
 _PROVIDER_NOMAD: Final = "nomad"
 
 
@@ -1035,19 +1042,33 @@ def _service(body: _Body) -> Service:
             + consul,
             "provider",
         )
+    restart_block = body.block("check_restart")
+    service_restart = _check_restart(restart_block, None) if restart_block is not None else None
     return Service(
         name=body.get_str("name"),
         provider=provider,
         port=body.get_str("port"),
         tags=body.str_list("tags"),
-        checks=tuple(_check(b) for b in body.blocks("check")),
+        checks=tuple(_check(b, service_restart) for b in body.blocks("check")),
         address_mode=body.get_str("address_mode", _SERVICE_DEFAULTS.address_mode),
     )
 
 
-def _check(body: _Body) -> ServiceCheck:
+def _check_restart(body: _Body, base: CheckRestart | None) -> CheckRestart:
+    body.check_keys(_CHECK_RESTART_KEYS)
+    base = base or CheckRestart()
+    return CheckRestart(
+        limit=body.get_int("limit", base.limit),
+        grace_ns=body.get_duration("grace", base.grace_ns),
+        ignore_warnings=body.get_bool("ignore_warnings", base.ignore_warnings),
+    )
+
+
+def _check(body: _Body, service_restart: CheckRestart | None) -> ServiceCheck:
     body.check_keys(_CHECK_KEYS)
     d = _CHECK_DEFAULTS
+    restart_block = body.block("check_restart")
+    own = _check_restart(restart_block, service_restart) if restart_block is not None else None
     return ServiceCheck(
         name=body.get_str("name"),
         type=body.get_str("type", d.type),
@@ -1060,6 +1081,7 @@ def _check(body: _Body) -> ServiceCheck:
         task=body.get_str("task"),
         interval_ns=body.get_duration("interval", d.interval_ns),
         timeout_ns=body.get_duration("timeout", d.timeout_ns),
+        check_restart=own or service_restart,
     )
 
 

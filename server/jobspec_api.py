@@ -223,7 +223,9 @@ _TABLES: Final[Mapping[str, Mapping[str, _Field]]] = {
         "Identity": _Field("identity", _BLOCK, "any"),
         "TaskName": _v("task"),
         "AddressMode": _v("address_mode"),
+        "CheckRestart": _Field("check_restart", _BLOCK, "check_restart"),
     },
+    "check_restart": {"Limit": _v("limit"), "Grace": _d("grace"), "IgnoreWarnings": _v("ignore_warnings")},
     "template": {
         "EmbeddedTmpl": _v("data"),
         "SourcePath": _v("source"),
@@ -236,13 +238,14 @@ _TABLES: Final[Mapping[str, Mapping[str, _Field]]] = {
         "Splay": _d("splay"),
         "LeftDelim": _v("left_delimiter"),
         "RightDelim": _v("right_delimiter"),
-        "Wait": _Field("wait", _BLOCK, "any"),
+        "Wait": _Field("wait", _BLOCK, "wait"),
         "Uid": _v("uid"),
         "Gid": _v("gid"),
         "ErrMissingKey": _v("error_on_missing_key"),
         "VaultGrace": _d("vault_grace"),
         "Once": _v("once"),
     },
+    "wait": {"Min": _d("min"), "Max": _d("max")},
     "artifact": {
         "GetterSource": _v("source"),
         "RelativeDest": _v("destination"),
@@ -264,6 +267,7 @@ _TABLES: Final[Mapping[str, Mapping[str, _Field]]] = {
         "TaskName": _v("task"),
         "Interval": _d("interval"),
         "Timeout": _d("timeout"),
+        "CheckRestart": _Field("check_restart", _BLOCK, "check_restart"),
     },
 }
 

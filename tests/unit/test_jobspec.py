@@ -703,10 +703,10 @@ SERVICE_REFUSED: list[tuple[str, str, str, str]] = [
     ("connect", "service {\n connect {}\n }", "", 'service: unknown key "connect"'),
     ("canary-tags", 'service {\n canary_tags = ["c"]\n }', "", 'service: unknown key "canary_tags"'),
     (
-        "check-restart",
-        'service {\n check {\n type = "tcp"\n check_restart {\n limit = 3\n }\n }\n }',
+        "check-restart-typo",
+        'service {\n check {\n type = "tcp"\n check_restart {\n limt = 3\n }\n }\n }',
         "",
-        'job "web" group "api" service check: unknown key "check_restart"',
+        'job "web" group "api" service check check_restart: unknown key "limt" (did you mean "limit"?)',
     ),
     (
         "check-on-update",
