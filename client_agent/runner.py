@@ -17,10 +17,13 @@ hold for the current deployment (an operator's, or ours from before a restart) i
 Task order: which task may start, and when the others must be stopped (a prestart task
 first, the leader's exit, a failed sibling, only sidecars left), is decided by
 ``lifecycle.plan_steps`` from all task states after every change (``_advance_locked``), and
-done here: a task is started at most once, a stop is sent at most once per task.
+in which order they stop by ``lifecycle.stop_wave`` (the leader, then the main tasks, then
+the sidecars, each wave once the one before is dead); done here: a task is started at most
+once, a stop is sent at most once per task.
 
-Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them (dead, not failed: the
-alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them running for the next agent, which
+Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them in that order (dead, not
+failed: the alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them
+running for the next agent, which
 builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` stops
 the tasks and forgets the alloc (the servers garbage-collected it).
 """
@@ -42,7 +45,7 @@ from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_confi
 from drover.client.errors import DriverConfigError, StateError
 from drover.client.health import DeploymentHealth, HealthTracker, health_policy, recorded_health, with_health
 from drover.client.interpolate import interpolate_config
-from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of
+from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of, stop_wave
 from drover.client.restarts import RestartPolicy, default_restart_policy
 from drover.client.servicewatch import AllocServices
 from drover.client.state import AllocRecord, StateDB, TaskRecord
@@ -136,8 +139,10 @@ class AllocRunner:
         self._error = ""
         self._tasks: dict[str, TaskRunner] = {}
         self._roles: tuple[TaskRole, ...] = ()
-        # Tasks already told to stop by their siblings' fate (each is told once).
+        # Tasks already told to stop by their siblings' fate (each is told once), and the
+        # tasks already sent their kill (each once, in lifecycle.stop_wave's order).
         self._told_to_stop: set[str] = set()
+        self._killed: set[str] = set()
         self._verdict: DeploymentHealth | None = recorded_health(alloc)
         self._tracker: HealthTracker | None = None
         # Cancelled trackers whose thread may still finish a check: joined by join().
@@ -333,9 +338,25 @@ class AllocRunner:
             return bool(self._error) or all(t.snapshot().state.is_dead for t in self._tasks.values())
 
     def longest_kill_timeout_ns(self) -> int:
-        return max(
-            (t.spec.kill_timeout_ns + t.spec.shutdown_delay_ns for t in self._tasks.values()), default=0
-        )
+        """The longest a stop of the alloc may take: its waves (leader, main tasks,
+        sidecars: lifecycle.stop_wave) stop one after the other, each as long as its slowest
+        task's shutdown_delay and kill_timeout."""
+
+        def slowest(roles: list[TaskRole]) -> int:
+            return max(
+                (
+                    self._tasks[r.name].spec.kill_timeout_ns + self._tasks[r.name].spec.shutdown_delay_ns
+                    for r in roles
+                    if r.name in self._tasks
+                ),
+                default=0,
+            )
+
+        stopped = [r for r in self._roles if r.hook != HOOK_POSTSTOP]
+        leaders = [r for r in stopped if r.leader]
+        main = [r for r in stopped if not r.leader and not r.sidecar]
+        sidecars = [r for r in stopped if not r.leader and r.sidecar]
+        return slowest(leaders) + slowest(main) + slowest(sidecars)
 
     def task_runners(self) -> dict[str, TaskRunner]:
         """The alloc's tasks by name, for what an operator asks of one (logs, restart,
@@ -354,14 +375,12 @@ class AllocRunner:
                 return
             self._started = True
             self._persist_and_report()
-            if self._stop_requested:
-                self._stop_tasks_locked()
-            else:
-                # Tasks a previous agent started are re-attached (or judged) whatever
-                # their hook: the plan below only gates the first start.
-                for task in self._tasks.values():
-                    if task.snapshot().state.started_at_ns > 0:
-                        task.start()
+            # Tasks a previous agent started are re-attached (or judged) whatever their
+            # hook: the plan below only gates the first start, and orders the stop of an
+            # alloc that was being stopped.
+            for task in self._tasks.values():
+                if task.snapshot().state.started_at_ns > 0:
+                    task.start()
             self._advance_locked()
             self._watch_health_locked()
             if self._services is not None:
@@ -399,20 +418,13 @@ class AllocRunner:
             self._cancel_tracker_locked()
             self._persist()
             if self._started:
-                self._stop_tasks_locked()
                 self._advance_locked()
 
-    def _stop_tasks_locked(self) -> None:
-        """Kill every task but the poststop ones, which run once the others are dead; a
-        task that never started is started only to end it at once (dead, not pending)."""
-        poststop = {r.name for r in self._roles if r.hook == HOOK_POSTSTOP}
-        for name, task in self._tasks.items():
-            if name not in poststop:
-                task.kill()
-                task.start()
-
     def _advance_locked(self) -> None:
-        """Start what the lifecycle now allows and stop what it says must stop."""
+        """Start what the lifecycle now allows, and stop what must stop (the siblings' fate,
+        or every task but the poststop ones once the alloc is being stopped) in
+        ``stop_wave``'s order: each wave once the one before it is dead. A task that never
+        started is started only to end it at once (dead, not pending)."""
         if not self._started or self._destroyed or self._error:
             return
         states = {n: t.snapshot().state for n, t in self._tasks.items()}
@@ -423,12 +435,19 @@ class AllocRunner:
                 continue
             self._told_to_stop.add(name)
             self._log.info("alloc.task_stopped_by_siblings", task=name, reason=steps.stop_reason)
+            self._tasks[name].add_event(TaskEvent(steps.stop_reason, steps.stop_message, now))
+        to_stop = set(self._told_to_stop)
+        if self._stop_requested:
+            to_stop |= {r.name for r in self._roles if r.hook != HOOK_POSTSTOP}
+        for name in stop_wave(self._roles, states, to_stop):
+            if name in self._killed:
+                continue
+            self._killed.add(name)
             task = self._tasks[name]
-            task.add_event(TaskEvent(steps.stop_reason, steps.stop_message, now))
             task.kill()
             task.start()
         for name in steps.start:
-            if name not in self._told_to_stop:
+            if name not in to_stop:
                 self._tasks[name].start()
 
     def reconnect(self) -> None:
