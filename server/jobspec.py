@@ -80,7 +80,7 @@ from drover.scheduler.structs import (
 from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
 from drover.server.codec import from_proto
 from drover.server.jobspec_api import is_nomad_api_json, nomad_api_to_jobspec
-from drover.server.jobspec_eval import EvalError, Located, VariableInputs, evaluate_document
+from drover.server.jobspec_eval import EvalError, Labelled, Located, VariableInputs, evaluate_document
 from drover.v1 import structs_pb2
 
 __all__ = ["JobspecError", "VariableInputs", "locate_problems", "parse_duration", "parse_jobspec"]
@@ -230,7 +230,8 @@ def _load_hcl(text: str, variables: VariableInputs) -> tuple[Mapping[str, Any], 
         raise
     except Exception as exc:  # python-hcl2 has no error tree of its own: any failure is "does not parse"
         raise JobspecError(f"syntax error: {_parser_failure(exc)}") from exc
-    _check_tree(tree.body, "")
+    problems: list[tuple[int, str]] = []
+    _check_tree(tree.body, "", problems)
     try:
         data, errors = evaluate_document(tree.body, variables)
     except RecursionError:
@@ -239,7 +240,7 @@ def _load_hcl(text: str, variables: VariableInputs) -> tuple[Mapping[str, Any], 
         raise JobspecError(problems=[(exc.line, exc.message)]) from exc
     except Exception as exc:  # a gap in the evaluator: an answer, never a traceback
         raise JobspecError(f"cannot evaluate the file ({type(exc).__name__})") from exc
-    return data, [(error.line, error.message) for error in errors]
+    return data, problems + [(error.line, error.message) for error in errors]
 
 
 def _syntax_message(exc: UnexpectedInput) -> str:
@@ -251,34 +252,38 @@ def _syntax_message(exc: UnexpectedInput) -> str:
     return f"{where}: syntax error"
 
 
-def _check_tree(body: Any, where: str, *, in_config: bool = False) -> None:
-    """Catch what the serialized data hides: repeated attributes and missing or extra labels.
-
-    Only job/group/task/port have their labels counted; a label on any other block shows
-    up later as an unknown key. Driver ``config`` is free-form, so only repeats are
-    checked inside it.
+def _check_tree(body: Any, where: str, problems: list[tuple[int, str]]) -> None:
+    """Catch what the serialized data hides: an attribute set twice (python-hcl2 and the
+    evaluator keep the last), or both set and written as a block. Each repeat goes on
+    ``problems`` at its own line and the walk goes on. Labels are the converter's to
+    check (``_Body.labelled``): it sees ``dynamic`` blocks' labels too.
     """
-    attributes: set[str] = set()
-    blocks: set[str] = set()
+    attributes: dict[str, int] = {}
+    blocks: dict[str, int] = {}
     for child in body.children:
-        line = getattr(getattr(child, "_meta", None), "line", "?")
+        line = getattr(getattr(child, "_meta", None), "line", 0)
+        line = line if isinstance(line, int) else 0
         if isinstance(child, AttributeRule):
-            name = child.identifier.serialize(_HCL_OPTIONS)
-            if name in attributes or name in blocks:
-                raise JobspecError(f"{_place(where)}: duplicate key {_quote(str(name))} (line {line})")
-            attributes.add(name)
+            name = str(child.identifier.serialize(_HCL_OPTIONS))
+            first = attributes.get(name, blocks.get(name))
+            if first is not None:
+                problems.append((line, f"{_place(where)}: duplicate key {_quote(name)}{_first_at(first)}"))
+            attributes.setdefault(name, line)
         elif isinstance(child, BlockRule):
             labels = [str(label.serialize(_HCL_OPTIONS)) for label in child.labels]
             kind = labels[0]
             if kind in attributes:
-                raise JobspecError(f"{_place(where)}: duplicate key {_quote(kind)} (line {line})")
-            blocks.add(kind)
-            if not in_config and kind in _LABELLED_BLOCKS and len(labels) != 2:
-                raise JobspecError(
-                    f'{_place(where)}: {kind} block must be written as {kind} "NAME" {{ ... }} (line {line})'
+                problems.append(
+                    (line, f"{_place(where)}: duplicate key {_quote(kind)}{_first_at(attributes[kind])}")
                 )
-            name = " ".join([kind, *(_quote(label) for label in labels[1:])])
-            _check_tree(child.body, f"{where} {name}".strip(), in_config=in_config or kind == "config")
+            blocks.setdefault(kind, line)
+            # Named as the converter names it: the first label only, none if left out.
+            name = " ".join([kind, *(_quote(label) for label in labels[1:2])])
+            _check_tree(child.body, f"{where} {name}".strip(), problems)
+
+
+def _first_at(line: int) -> str:
+    return f" (the first is on line {line})" if line else ""
 
 
 def _one_line(text: str) -> str:
@@ -418,12 +423,14 @@ class _Body:
 
     def str_map(self, key: str) -> dict[str, str]:
         """``meta { k = "v" }`` or ``meta = { k = "v" }``; values become strings, like Nomad's."""
-        body = self.block(key)
-        if body is None:
-            return {}
-        return {k: body.get_str(k) for k in body.data if body.get(k) is not None}
+        found: dict[str, str] = {}
+        for body in self.single_blocks(key):
+            found.update({k: body.get_str(k) for k in body.data if body.get(k) is not None})
+        return found
 
     def blocks(self, key: str) -> list[_Body]:
+        """``key``'s blocks, each with its own line. A label on one of these (``update
+        "x" { }``) shows as a key of its body: unknown, or not a value."""
         raw = self.get(key)
         if raw is None:
             return []
@@ -434,35 +441,91 @@ class _Body:
                 self.fail(key, "a block", item)
                 continue
             name = key if len(items) == 1 else f"{key}[{i}]"
-            bodies.append(self.child(f"{self.where} {name}".strip(), item, self.line_of(key)))
+            line = _block_line(item) or self.line_of(key)
+            bodies.append(self.child(f"{self.where} {name}".strip(), item, line))
+        return bodies
+
+    def single_blocks(self, key: str) -> list[_Body]:
+        """``key``'s blocks where one is allowed: each after the first is reported at its
+        own line, and all are returned, so the caller reads them all for their problems."""
+        bodies = self.blocks(key)
+        for body in bodies[1:]:
+            self.problems.append(
+                (
+                    body.line,
+                    f'{_place(self.where)}: only one "{key}" block is allowed{_first_at(bodies[0].line)}',
+                )
+            )
         return bodies
 
     def block(self, key: str) -> _Body | None:
-        bodies = self.blocks(key)
-        if len(bodies) > 1:
-            self.report(f'{_place(self.where)}: only one "{key}" block is allowed, found {len(bodies)}', key)
+        """The one ``key`` block; a second is reported (``single_blocks``), not read."""
+        bodies = self.single_blocks(key)
         return bodies[0] if bodies else None
 
+    def one(self, key: str, convert: Callable[[_Body], T]) -> T | None:
+        """The one ``key`` block, converted; every repeat is reported and converted too,
+        so the problems inside it are found as well."""
+        results = [convert(body) for body in self.single_blocks(key)]
+        return results[0] if results else None
+
     def labelled(self, key: str) -> list[tuple[str, _Body]]:
-        """``group "a" {...}`` blocks: HCL gives ``[{"a": {...}}]``, HCL-JSON ``{"a": {...}}``."""
+        """``group "a" {...}`` blocks: HCL gives ``[{"a": {...}}]``, HCL-JSON ``{"a": {...}}``.
+
+        A block of HCL with its label left out (``group { ... }``) or with more than one
+        (``task "a" "b" { ... }``) is reported and still read (as ``""`` or its first
+        label), so the problems inside it are found too; the file gives no job anyway.
+        """
         raw = self.get(key)
         if raw is None:
             return []
         items = raw if isinstance(raw, list) else [raw]
         found: list[tuple[str, _Body]] = []
+        wrong = f'{_place(self.where)}: {key} block must be written as {key} "NAME" {{ ... }}'
         for item in items:
             if not isinstance(item, dict):
                 self.fail(key, f'a block like {key} "NAME" {{ ... }}', item)
                 continue
+            if isinstance(item, Located) and not isinstance(item, Labelled):  # HCL, no label
+                line = _block_line(item) or self.line_of(key)
+                self.problems.append((line, f"{wrong} (its name is missing)"))
+                found.append(("", self.child(f"{self.where} {key}".strip(), item, line)))
+                continue
             for label, body in item.items():
-                if not isinstance(body, dict):
-                    self.report(
-                        f'{_place(self.where)}: {key} block must be written as {key} "NAME" {{ ... }}', key
-                    )
-                    continue
                 line = item.lines.get(label, 0) if isinstance(item, Located) else 0
+                if isinstance(body, Labelled):
+                    self.problems.append(
+                        (line or self.line_of(key), f"{wrong} (it has the labels {_labels(item)})")
+                    )
+                    body = _unwrap_labels(body)
+                if not isinstance(body, dict):
+                    self.report(wrong, key)
+                    continue
                 found.append((label, self.child(f"{self.where} {key} {_quote(label)}".strip(), body, line)))
         return found
+
+
+def _block_line(item: Mapping[str, Any]) -> int:
+    return item.line if isinstance(item, Located) else 0
+
+
+def _labels(wrapper: Any) -> str:
+    """A block's labels as written: ``"a" "b"``."""
+    labels: list[str] = []
+    item: Any = wrapper
+    while isinstance(item, Labelled) and len(labels) < 4:
+        label = next(iter(item))
+        labels.append(_quote(label))
+        item = item[label]
+    return " ".join(labels) + (" ..." if isinstance(item, Labelled) else "")
+
+
+def _unwrap_labels(item: Labelled) -> Mapping[str, Any]:
+    """The body inside a block's labels."""
+    body: Mapping[str, Any] = item
+    while isinstance(body, Labelled):
+        body = body[next(iter(body))]
+    return body
 
 
 def _as_int(value: Any) -> int | None:
@@ -584,20 +647,33 @@ def _line_of_field(root: Located, path: str) -> int:
 
 
 def _root(data: Mapping[str, Any], problems: Sequence[tuple[int, str]] = ()) -> Job:
-    """The job, or every problem of the file (those of evaluation first found, in
-    ``problems``) as one ``JobspecError``, in line order."""
+    """The job, or every problem of the file (those found before, in ``problems``) as one
+    ``JobspecError``, in line order. A second ``job`` block is reported and read too, for
+    the problems inside it; a file with any problem gives no job."""
     root = _Body("", data, list(problems))
     root.check_keys(frozenset({"job"}))
-    jobs = root.labelled("job")
-    job = None
+    jobs = [_job(job_id, body) for job_id, body in root.labelled("job")]
+    lines = _block_lines(data.get("job"))
     if len(jobs) != 1:
-        root.report(f"expected exactly one job block, found {len(jobs)}")
-    else:
-        job_id, body = jobs[0]
-        job = _job(job_id, body)
-    if root.problems or job is None:
-        raise JobspecError(problems=sorted(root.problems, key=lambda problem: problem[0]))
-    return job
+        where = lines[1] if len(lines) > 1 else 0
+        first = _first_at(lines[0]) if len(lines) > 1 else ""
+        root.problems.append((where, f"expected exactly one job block, found {len(jobs)}{first}"))
+    if root.problems:
+        raise JobspecError(problems=_in_line_order(root.problems))
+    return jobs[0]
+
+
+def _block_lines(raw: Any) -> list[int]:
+    """The line of each block in ``raw`` (a list of HCL block bodies), 0 where unknown."""
+    items = raw if isinstance(raw, list) else [raw] if raw is not None else []
+    return [_block_line(item) if isinstance(item, dict) else 0 for item in items]
+
+
+def _in_line_order(problems: Sequence[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Sorted by line (stable: one line's problems stay in the order found), each once: a
+    value read twice (a group's ``count`` is its scaling's ``min`` too) is one problem."""
+    unique = list(dict.fromkeys(problems))
+    return sorted(unique, key=lambda problem: problem[0])
 
 
 _JOB_KEYS: Final = frozenset(
@@ -726,15 +802,11 @@ def _job(job_id: str, body: _Body) -> Job:
         )
     _check_keys(body, "job", _JOB_KEYS | {"task"})
     job_type = body.get_str("type", JOB_TYPE_SERVICE)
-    update_body = body.block("update")
-    update = _update(update_body, UpdateStrategy()) if update_body else None
-    reschedule_body = body.block("reschedule")
-    reschedule = (
-        _reschedule(reschedule_body, default_reschedule_policy(job_type) or ReschedulePolicy())
-        if reschedule_body
-        else None
+    update = body.one("update", lambda b: _update(b, UpdateStrategy()))
+    reschedule = body.one(
+        "reschedule", lambda b: _reschedule(b, default_reschedule_policy(job_type) or ReschedulePolicy())
     )
-    migrate = _optional(body.block("migrate"), _migrate)
+    migrate = body.one("migrate", _migrate)
     return Job(
         id=job_id,
         name=body.get_str("name"),
@@ -746,8 +818,8 @@ def _job(job_id: str, body: _Body) -> Job:
         affinities=tuple(_affinity(b) for b in body.blocks("affinity")),
         spreads=tuple(_spread(b) for b in body.blocks("spread")),
         update=update,
-        periodic=_optional(body.block("periodic"), _periodic),
-        parameterized=_optional(body.block("parameterized"), _parameterized),
+        periodic=body.one("periodic", _periodic),
+        parameterized=body.one("parameterized", _parameterized),
         meta=body.str_map("meta"),
         node_pool=body.get_str("node_pool"),
         migrate=migrate,
@@ -759,8 +831,9 @@ def _job(job_id: str, body: _Body) -> Job:
     )
 
 
-def _optional(body: _Body | None, convert: Callable[[_Body], T]) -> T | None:
-    return None if body is None else convert(body)
+def _ephemeral_disk_mb(body: _Body) -> int:
+    body.check_keys(frozenset({"size"}))
+    return body.get_int("size", _GROUP_DEFAULTS.ephemeral_disk_mb)
 
 
 _GROUP_KEYS: Final = frozenset(
@@ -782,15 +855,9 @@ def _group(
     """Policies a group sets partly are filled from the job's (update, reschedule, migrate)
     or the type's defaults."""
     _check_keys(body, "group", _GROUP_KEYS)
-    update = body.block("update")
-    reschedule = body.block("reschedule")
-    restart = body.block("restart")
-    disk = body.block("ephemeral_disk")
-    if disk is not None:
-        disk.check_keys(frozenset({"size"}))
-    migrate = body.block("migrate")
-    group_restart = _restart(restart, default_restart_policy(job_type)) if restart else None
+    group_restart = body.one("restart", lambda b: _restart(b, default_restart_policy(job_type)))
     task_restart_base = group_restart or default_restart_policy(job_type)
+    disk_mb = body.one("ephemeral_disk", _ephemeral_disk_mb)
     return TaskGroup(
         name=name,
         count=body.get_int("count", 1),
@@ -798,22 +865,19 @@ def _group(
         constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
         affinities=tuple(_affinity(b) for b in body.blocks("affinity")),
         spreads=tuple(_spread(b) for b in body.blocks("spread")),
-        network=_optional(body.block("network"), _network),
-        update=_update(update, job_update or UpdateStrategy()) if update else None,
-        reschedule=(
-            _reschedule(
-                reschedule, job_reschedule or default_reschedule_policy(job_type) or ReschedulePolicy()
-            )
-            if reschedule
-            else None
+        network=body.one("network", _network),
+        update=body.one("update", lambda b: _update(b, job_update or UpdateStrategy())),
+        reschedule=body.one(
+            "reschedule",
+            lambda b: _reschedule(
+                b, job_reschedule or default_reschedule_policy(job_type) or ReschedulePolicy()
+            ),
         ),
         restart=group_restart,
         disconnect=_group_disconnect(body),
-        migrate=_migrate(migrate, job_migrate or _MIGRATE_DEFAULTS) if migrate else None,
-        scaling=_optional(body.block("scaling"), lambda b: _scaling(b, body.get_int("count", 1))),
-        ephemeral_disk_mb=disk.get_int("size", _GROUP_DEFAULTS.ephemeral_disk_mb)
-        if disk
-        else _GROUP_DEFAULTS.ephemeral_disk_mb,
+        migrate=body.one("migrate", lambda b: _migrate(b, job_migrate or _MIGRATE_DEFAULTS)),
+        scaling=body.one("scaling", lambda b: _scaling(b, body.get_int("count", 1))),
+        ephemeral_disk_mb=_GROUP_DEFAULTS.ephemeral_disk_mb if disk_mb is None else disk_mb,
         meta=body.str_map("meta"),
         services=tuple(_service(b) for b in body.blocks("service")),
         max_run_duration_ns=body.get_duration("max_run_duration", 0),
@@ -832,7 +896,6 @@ def _task(name: str, body: _Body, group_restart: RestartPolicy) -> Task:
     _check_keys(body, "task", _TASK_KEYS)
     _refuse_unsupported_driver(body)
     config = body.block("config")
-    restart = body.block("restart")
     return Task(
         name=name,
         driver=body.get_str("driver"),
@@ -840,24 +903,25 @@ def _task(name: str, body: _Body, group_restart: RestartPolicy) -> Task:
         config_json=json.dumps(dict(config.data) if config else {}, sort_keys=True, separators=(",", ":")),
         env=body.str_map("env"),
         meta=body.str_map("meta"),
-        resources=_optional(body.block("resources"), _resources),
+        resources=body.one("resources", _resources),
         constraints=tuple(_constraint(b) for b in body.blocks("constraint")),
         kill_timeout_ns=body.get_duration("kill_timeout", _TASK_DEFAULTS.kill_timeout_ns),
         leader=body.get_bool("leader", False),
         services=tuple(_service(b) for b in body.blocks("service")),
-        lifecycle=_optional(body.block("lifecycle"), _lifecycle),
+        lifecycle=body.one("lifecycle", _lifecycle),
         kill_signal=body.get_str("kill_signal"),
         shutdown_delay_ns=body.get_duration("shutdown_delay", 0),
-        restart=_restart(restart, group_restart) if restart else None,
+        restart=body.one("restart", lambda b: _restart(b, group_restart)),
         user=body.get_str("user"),
         templates=tuple(_template(b) for b in body.blocks("template")),
         artifacts=tuple(_artifact(b) for b in body.blocks("artifact")),
-        dispatch_payload=_optional(body.block("dispatch_payload"), _dispatch_payload),
+        dispatch_payload=body.one("dispatch_payload", _dispatch_payload),
     )
 
 
 _TEMPLATE_KEYS: Final = frozenset(
     {"data", "source", "destination", "change_mode", "change_signal", "env", "perms"}
+    | {"splay", "wait", "left_delimiter", "right_delimiter"}
 )
 
 
@@ -1113,7 +1177,7 @@ def _group_disconnect(body: _Body) -> DisconnectStrategy | None:
     """The ``disconnect`` block, or Nomad's older names for two of its keys:
     ``max_client_disconnect`` (lost_after) and ``stop_after_client_disconnect``
     (stop_on_client_after). Old and new together are refused: which one meant what?"""
-    block = body.block("disconnect")
+    block = body.one("disconnect", _disconnect)
     old = [
         key for key in ("max_client_disconnect", "stop_after_client_disconnect") if body.get(key) is not None
     ]
@@ -1122,7 +1186,7 @@ def _group_disconnect(body: _Body) -> DisconnectStrategy | None:
             body.report(
                 f"{body.where}: {_quote(key)} is the old name of a disconnect key: set one, not both", key
             )
-        return _disconnect(block)
+        return block
     if not old:
         return None
     base = DisconnectStrategy()

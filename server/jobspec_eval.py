@@ -90,6 +90,7 @@ __all__ = [
     "MAX_STEPS",
     "MAX_STRING_CHARS",
     "EvalError",
+    "Labelled",
     "Located",
     "VariableInputs",
     "evaluate_document",
@@ -128,13 +129,25 @@ class EvalError(ValueError):
 
 
 class Located(dict[str, Any]):
-    """A block's body as plain data, with the line each key was written on."""
+    """A block's body as plain data, with the line each key was written on and, for a
+    block, the line of the block itself (0 for an object value: ``meta = { ... }``)."""
 
-    __slots__ = ("lines",)
+    __slots__ = ("line", "lines")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lines: dict[str, int] = {}
+        self.line = 0
+
+
+class Labelled(Located):
+    """A block's label around its body (``group "api" { ... }`` -> ``{"api": {...}}``).
+
+    A type of its own because the data alone cannot say it: ``group { api = {} }`` (a
+    label left out) gives the same dict. The converter tells a missing or extra label
+    from the wrapper, so it can report one and still read what is inside."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1623,49 +1636,67 @@ class _Evaluator:
     # -- bodies ------------------------------------------------------------------------
 
     def body(self, children: Sequence[Any]) -> Located:
+        """A body's data. A key set twice (an attribute twice, or both an attribute and a
+        block) keeps its first value: ``jobspec`` reports the repeat, and every value is
+        still evaluated for its own problems."""
         out = Located()
+        blocks: set[str] = set()
         for child in children:
             if isinstance(child, AttributeRule):
                 name = str(child.identifier.serialize(_LABEL_OPTIONS))
-                out.lines[name] = _line(child)
-                try:
-                    result = self.ev(child.expression)
-                    self.document_size += self.size(result)
-                    if self.document_size > MAX_DOCUMENT_SIZE:
-                        raise EvalError(
-                            f"the job is larger than {MAX_DOCUMENT_SIZE} characters", _line(child)
-                        )
-                    out[name] = _output(result)
-                except EvalError as exc:
-                    if not exc.echo:
-                        self.errors.append(EvalError(exc.message, exc.line or _line(child)))
-                    out[name] = None
-                except RecursionError:
-                    raise
-                except Exception as exc:  # a gap in this evaluator: an answer, not a traceback
-                    self.errors.append(
-                        EvalError(f"cannot evaluate {_quote(name)} ({type(exc).__name__})", _line(child))
-                    )
-                    out[name] = None
+                value = self.attribute(name, child)
+                if name not in out:
+                    out[name] = value
+                    out.lines[name] = _line(child)
             elif isinstance(child, BlockRule):
                 labels = [str(label.serialize(_LABEL_OPTIONS)) for label in child.labels]
+                made: list[tuple[str, Located]]
                 if labels[0] == "dynamic" and len(labels) == 2:
-                    for kind, value in self.dynamic(labels[1], child):
-                        out.setdefault(kind, []).append(value)
-                        out.lines.setdefault(kind, _line(child))
-                    continue
-                out.setdefault(labels[0], []).append(
-                    self.block_value(labels[1:], child.body.children, _line(child))
-                )
-                out.lines.setdefault(labels[0], _line(child))
+                    made = list(self.dynamic(labels[1], child))
+                else:
+                    made = [(labels[0], self.block_value(labels[1:], child.body.children, _line(child)))]
+                for kind, value in made:
+                    if kind in out and kind not in blocks:
+                        if labels[0] == "dynamic":  # a plain block's repeat is jobspec's to report
+                            self.errors.append(
+                                EvalError(
+                                    f"dynamic {_quote(kind)}: {_quote(kind)} is set already", _line(child)
+                                )
+                            )
+                        continue
+                    blocks.add(kind)
+                    out.setdefault(kind, []).append(value)
+                    out.lines.setdefault(kind, _line(child))
         return out
+
+    def attribute(self, name: str, child: AttributeRule) -> Any:
+        """An attribute's value as the converter reads it; ``None`` (not set) if it has a
+        problem, which goes on ``errors``."""
+        try:
+            result = self.ev(child.expression)
+            self.document_size += self.size(result)
+            if self.document_size > MAX_DOCUMENT_SIZE:
+                raise EvalError(f"the job is larger than {MAX_DOCUMENT_SIZE} characters", _line(child))
+            return _output(result)
+        except EvalError as exc:
+            if not exc.echo:
+                self.errors.append(EvalError(exc.message, exc.line or _line(child)))
+        except RecursionError:
+            raise
+        except Exception as exc:  # a gap in this evaluator: an answer, not a traceback
+            self.errors.append(
+                EvalError(f"cannot evaluate {_quote(name)} ({type(exc).__name__})", _line(child))
+            )
+        return None
 
     def block_value(self, labels: Sequence[str], children: Sequence[Any], line: int) -> Located:
         """A block's body, nested in its labels as python-hcl2 nests them."""
         value: Located = self.body(children)
+        value.line = line
         for label in reversed(labels):
-            wrapper = Located({label: value})
+            wrapper = Labelled({label: value})
             wrapper.lines[label] = line
+            wrapper.line = line
             value = wrapper
         return value
 

@@ -517,12 +517,12 @@ BAD_HCL: list[tuple[str, str, str]] = [
     (
         "duplicate-attribute",
         one_task_job(group_body="count = 1\n count = 2"),
-        'job "web" group "api": duplicate key "count" (line 6)',
+        'line 6: job "web" group "api": duplicate key "count" (the first is on line 5)',
     ),
     (
         "attribute-then-block",
         'job "web" {\n meta = {}\n meta {}\n }',
-        'job "web": duplicate key "meta" (line 3)',
+        'line 3: job "web": duplicate key "meta" (the first is on line 2)',
     ),
     (
         "duplicate-in-config",
@@ -532,7 +532,7 @@ BAD_HCL: list[tuple[str, str, str]] = [
     (
         "group-without-label",
         'job "web" {\n group {\n meta = {}\n }\n }',
-        'job "web": group block must be written as group "NAME" { ... } (line 2)',
+        'line 2: job "web": group block must be written as group "NAME" { ... } (its name is missing)',
     ),
     ("job-without-label", "job {\n}", 'top level: job block must be written as job "NAME"'),
     ("job-two-labels", 'job "a" "b" {\n}', 'top level: job block must be written as job "NAME"'),
