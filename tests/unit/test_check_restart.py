@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,9 @@ from drover.scheduler.structs import (
 from drover.scheduler.validate import ValidationError, validate_job
 from drover.server.jobspec import JobspecError, parse_jobspec
 from drover.server.services.registrations import is_passing, registrations_for, service_health
+from drover.v1 import structs_pb2
+from tests.unit.test_client_agent import running_agent, status_is
+from tests.unit.test_client_fake_server import alloc, fake_server, job, task, wait_until
 
 S = 1_000_000_000
 STARTED = 100 * S
@@ -411,3 +415,43 @@ def test_registrations__carry_health__and_only_passing_ones_are_handed_out() -> 
         9,
     )
     assert [r.health for r in passing] == ["passing"] and is_passing(passing[0])
+
+
+# -- through the client agent (fake servers, the mock driver) ---------------------------------
+
+
+def test_agent__check_restart__restarts_through_the_restart_policy_until_it_fails(tmp_path: Path) -> None:
+    """Each check_restart is a failure to the restart policy: with one attempt, the first
+    restarts the task, the second fails it; the checks' statuses go out with the alloc."""
+
+    main = task(config='{"run_for": "1h"}')
+    check = main.services.add(name="api", provider="nomad").checks.add(
+        name="alive",
+        type="script",
+        command="/bin/sh",
+        args=["-c", "exit 2"],
+        interval_ns=S // 10,
+        timeout_ns=S,
+    )
+    check.check_restart.limit = 2
+    check.check_restart.grace_ns = 0
+    policy = structs_pb2.RestartPolicy(attempts=1, interval_ns=600 * S, delay_ns=S // 20, mode="fail")
+    j = job("sick", tasks=[main], restart=policy)
+    with fake_server() as server, running_agent(tmp_path, server) as agent:
+        agent.wait_registered(10)
+        server.nodes.place(alloc("c1", j, agent.node_id), j)
+        wait_until(lambda: status_is(server.nodes, "c1", "failed"), 20, "c1 failed after its check restarts")
+        state = server.nodes.task_state("c1")
+        assert state is not None and state.restarts == 1 and state.failed
+        signaled = [e.message for e in state.events if e.type == "Restart Signaled"]
+        assert len(signaled) == 2 and all("'alive'" in m for m in signaled), state.events
+        assert [e.type for e in state.events][-1] == "Not Restarting"
+        reported = [
+            c
+            for request in server.nodes.update_requests
+            for update in request.allocs
+            for c in update.check_statuses
+        ]
+        assert reported and {(c.service, c.check, c.status) for c in reported} >= {
+            ("api", "alive", "critical")
+        }
