@@ -62,7 +62,7 @@ from drover.client.taskstate import (
     TaskState,
     alloc_status,
 )
-from drover.client.templates import TaskFiles, change_action
+from drover.client.templates import TaskFiles, change_action, splay_delay_ns
 from drover.v1 import structs_pb2
 
 __all__ = ["AllocRunner", "job_key", "restart_policy_of"]
@@ -156,6 +156,11 @@ class AllocRunner:
         # The group's max_run_duration: the timer that ends the alloc, and whether it did.
         self._run_timer: threading.Timer | None = None
         self._run_limit_hit = ""
+        # Templates' wait and splay: the timer of the next due re-render, and per task the
+        # action held by its splay (the templates it covers) and that timer.
+        self._rerender_timer: threading.Timer | None = None
+        self._splay_pending: dict[str, list[structs_pb2.Template]] = {}
+        self._splay_timers: dict[str, threading.Timer] = {}
         # The alloc's checks, run for its whole life (client_agent/checkwatch.py).
         self._checks: CheckWatcher | None = None
         group = find_group(job, alloc.task_group)
@@ -503,32 +508,87 @@ class AllocRunner:
     # -- templates and max_run_duration ----------------------------------------------
 
     def _services_changed(self) -> None:
-        """The services a template reads changed: render again and apply each changed
-        template's change_mode (restart wins over signal, as in Nomad; an env template
-        can only take effect through a restart)."""
+        """The services a template reads changed: each template renders once its ``wait``
+        allows (at once without one: ``_rerender_due``)."""
+        with self._lock:
+            if self._stop_requested or self._destroyed:
+                return
+            files = list(self._files.values())
+        now = self._clock.monotonic_ns()
+        for task_files in files:
+            task_files.note_change(now)
+        self._rerender_due()
+
+    def _rerender_due(self) -> None:
+        """Render what is due now, act on what changed, and set the timer for the next due
+        template (one timer for the alloc: each call sets it for the earliest)."""
         with self._lock:
             if self._stop_requested or self._destroyed:
                 return
             targets = [
                 (self._tasks[name], files) for name, files in self._files.items() if name in self._tasks
             ]
-        now = self._clock.now_ns()
+        now = self._clock.monotonic_ns()
+        next_due: int | None = None
         for task, files in targets:
-            changed = files.rerender()
-            if not changed:
-                continue
-            restart, signals = change_action(changed)
-            self._log.info("alloc.template_rerendered", task=task.name, restart=restart, signals=signals)
-            if restart:
-                message = "Template with change_mode restart re-rendered"
-                task.add_event(TaskEvent(EVENT_RESTART_SIGNALED, message, now))
-                task.restart(message)
-                continue
-            for name in signals:
-                try:
-                    task.signal(_signal_number(name), name)
-                except DriverConfigError as exc:
-                    self._log.warning("alloc.template_signal_failed", task=task.name, error=str(exc))
+            changed, due = files.rerender_due(now)
+            if due is not None:
+                next_due = due if next_due is None else min(next_due, due)
+            if changed:
+                self._act_on_templates(task, changed)
+        with self._lock:
+            if self._rerender_timer is not None:
+                self._rerender_timer.cancel()
+                self._rerender_timer = None
+            if next_due is not None and not self._stop_requested and not self._destroyed:
+                self._rerender_timer = threading.Timer(max(0, next_due - now) / 1e9, self._rerender_due)
+                self._rerender_timer.daemon = True
+                self._rerender_timer.start()
+
+    def _act_on_templates(self, task: TaskRunner, changed: list[structs_pb2.Template]) -> None:
+        """Apply the change_mode of ``changed`` after its splay (a random part of it, from
+        the runner's injected rng). Changes that come while a task's splay runs join the
+        action already waiting, as Nomad's handler holds them until it acts."""
+        with self._lock:
+            waiting = self._splay_pending.get(task.name)
+            if waiting is not None:
+                waiting.extend(changed)
+                return
+            delay_ns = splay_delay_ns(changed, self._rng.random())
+            if delay_ns > 0:
+                self._splay_pending[task.name] = list(changed)
+                timer = threading.Timer(delay_ns / 1e9, self._splay_over, args=(task,))
+                timer.daemon = True
+                self._splay_timers[task.name] = timer
+                self._log.info("alloc.template_splay", task=task.name, delay_s=delay_ns / 1e9)
+                timer.start()
+                return
+        self._apply_change_mode(task, changed)
+
+    def _splay_over(self, task: TaskRunner) -> None:
+        with self._lock:
+            changed = self._splay_pending.pop(task.name, [])
+            self._splay_timers.pop(task.name, None)
+            if self._stop_requested or self._destroyed:
+                return
+        if changed:
+            self._apply_change_mode(task, changed)
+
+    def _apply_change_mode(self, task: TaskRunner, changed: list[structs_pb2.Template]) -> None:
+        """Restart wins over signal, as in Nomad; an env template can only take effect
+        through a restart."""
+        restart, signals = change_action(changed)
+        self._log.info("alloc.template_rerendered", task=task.name, restart=restart, signals=signals)
+        if restart:
+            message = "Template with change_mode restart re-rendered"
+            task.add_event(TaskEvent(EVENT_RESTART_SIGNALED, message, self._clock.now_ns()))
+            task.restart(message)
+            return
+        for name in signals:
+            try:
+                task.signal(_signal_number(name), name)
+            except DriverConfigError as exc:
+                self._log.warning("alloc.template_signal_failed", task=task.name, error=str(exc))
 
     def _limit_run_locked(self) -> None:
         """Start the max_run_duration timer, counted from the alloc's first task start
@@ -561,6 +621,12 @@ class AllocRunner:
             self._services.stop()
         if self._run_timer is not None:
             self._run_timer.cancel()
+        if self._rerender_timer is not None:
+            self._rerender_timer.cancel()
+        for timer in self._splay_timers.values():
+            timer.cancel()
+        self._splay_timers.clear()
+        self._splay_pending.clear()
 
     # -- deployment health -------------------------------------------------------------
 

@@ -5,9 +5,20 @@ it copies the artifacts and writes the payload once per runner, then renders eve
 and returns what ``env = true`` templates add to the task's environment. A failure is a
 ``TaskStartError``: the start fails as a driver failure does, and the restart policy decides.
 
-``TaskFiles.rerender()`` runs when the services a template reads change
-(client_agent/services.py): it renders again, writes only what changed, and returns the
-changed templates so the alloc runner can apply their ``change_mode``.
+When the services a template reads change (client_agent/servicewatch.py) the alloc runner
+calls ``TaskFiles.note_change(now)``, then ``rerender_due(now)`` (again at the time it
+returns as the next due one): a template with ``wait { min, max }`` renders once its
+services were quiet for ``min``, and at most ``max`` after the first change it has not
+rendered yet (``render_due_ns``, consul-template's quiescence; max unset is 4 x min), one
+without renders at once. Only what changed is written; the changed templates are returned
+so the runner can apply their ``change_mode``, after a random ``splay_delay_ns`` (the
+largest ``splay`` of those that act; the random draw is passed in). ``rerender()`` renders
+every template now, whatever its wait. The first render, before a start, never waits.
+
+Artifacts: ``mode = "any"`` (the default) copies a file as a file and a directory as a
+directory; ``"file"`` wants a file, written to ``destination`` as its path (default
+``local/<name>``); ``"dir"`` wants a directory, copied into ``destination``. A source of
+the other kind fails the start, naming the mode.
 
 Everything is written inside the task's directory: a destination that resolves outside it
 (``..``, a symlink out) fails the task instead of writing there (Nomad's sandbox).
@@ -19,7 +30,8 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,13 +40,26 @@ from drover.client.interpolate import interpolate
 from drover.common.gotemplate import RenderContext, TemplateError, parse_template
 from drover.v1 import structs_pb2
 
-__all__ = ["TaskFiles", "change_action", "parse_env_file"]
+__all__ = [
+    "Quiet",
+    "TaskFiles",
+    "change_action",
+    "parse_env_file",
+    "render_due_ns",
+    "splay_delay_ns",
+    "wait_bounds_ns",
+]
 
 _DEFAULT_PERMS: Final = 0o644
 # A template's change_mode values (the servers' are in drover.scheduler.structs: the client
 # does not import the scheduler); "" is the default, restart.
 CHANGE_MODE_RESTART: Final = "restart"
 CHANGE_MODE_SIGNAL: Final = "signal"
+CHANGE_MODE_NOOP: Final = "noop"
+ARTIFACT_MODE_FILE: Final = "file"
+ARTIFACT_MODE_DIR: Final = "dir"
+# consul-template's wait: a max left unset is four times the min.
+_WAIT_MAX_PER_MIN: Final = 4
 _ARTIFACT_DEFAULT_DIR: Final = "local"
 _PAYLOAD_DIR: Final = "local"
 _FILE_URL: Final = "file://"
@@ -73,6 +98,41 @@ def change_action(changed: Sequence[structs_pb2.Template]) -> tuple[bool, tuple[
         return True, ()
     signals = dict.fromkeys(t.change_signal for t in changed if t.change_mode == CHANGE_MODE_SIGNAL)
     return False, tuple(signals)
+
+
+@dataclass(frozen=True, slots=True)
+class Quiet:
+    """A template's changes not rendered yet: when the first and the last came (monotonic
+    ns; ``first_ns`` 0: none pending)."""
+
+    first_ns: int = 0
+    last_ns: int = 0
+
+    def changed(self, now_ns: int) -> Quiet:
+        return Quiet(self.first_ns or now_ns, now_ns)
+
+
+def wait_bounds_ns(template: structs_pb2.Template) -> tuple[int, int]:
+    """The template's (min, max) wait; (0, 0) when it has none."""
+    low = max(template.wait_min_ns, 0)
+    high = max(template.wait_max_ns, 0) or low * _WAIT_MAX_PER_MIN
+    return low, max(high, low)
+
+
+def render_due_ns(template: structs_pb2.Template, quiet: Quiet) -> int | None:
+    """When a template with pending changes renders: ``min`` after the last change, but
+    no later than ``max`` after the first; None when nothing is pending."""
+    if not quiet.first_ns:
+        return None
+    low, high = wait_bounds_ns(template)
+    return min(quiet.last_ns + low, quiet.first_ns + high)
+
+
+def splay_delay_ns(changed: Sequence[structs_pb2.Template], draw: float) -> int:
+    """How long to hold the action of ``changed``: ``draw`` (in [0, 1)) of the largest
+    splay among the templates that act (a noop template asks nothing, so adds no delay)."""
+    splay = max((t.splay_ns for t in changed if t.change_mode != CHANGE_MODE_NOOP or t.env), default=0)
+    return int(min(max(draw, 0.0), 1.0) * max(splay, 0)) if splay > 0 else 0
 
 
 def _inside(root: Path, relative: str, what: str) -> Path:
@@ -117,8 +177,10 @@ class TaskFiles:
         self._services = services
         self._lock = threading.Lock()
         self._copied = False
-        # What each template (by position) last rendered to, to tell a change from none.
+        # What each template (by position) last rendered to, to tell a change from none,
+        # and the changes each has not rendered yet (its wait).
         self._rendered: dict[int, str] = {}
+        self._quiet: dict[int, Quiet] = {}
 
     @property
     def has_templates(self) -> bool:
@@ -131,7 +193,9 @@ class TaskFiles:
         for template in self._task.templates:
             if template.data:
                 try:
-                    names |= parse_template(template.data).service_names
+                    names |= parse_template(
+                        template.data, template.left_delimiter, template.right_delimiter
+                    ).service_names
                 except TemplateError:
                     pass  # prepare() reports it
         return frozenset(names)
@@ -154,21 +218,51 @@ class TaskFiles:
             return env
 
     def rerender(self) -> list[structs_pb2.Template]:
-        """Render again; the templates whose output changed (already written). A template
-        that fails now keeps its last file (the task keeps running on it)."""
-        changed: list[structs_pb2.Template] = []
+        """Render every template again now (whatever its wait); those whose output changed
+        (already written). A template that fails now keeps its last file (the task keeps
+        running on it)."""
         with self._lock:
-            for i, template in enumerate(self._task.templates):
-                if i not in self._rendered:
-                    continue  # not rendered yet: the next start renders it
-                try:
-                    text = self._render(template)
-                except TaskStartError:
-                    continue
-                if text != self._rendered[i]:
-                    self._write(template, text)
-                    self._rendered[i] = text
-                    changed.append(template)
+            self._quiet.clear()
+            return self._rerender_locked(range(len(self._task.templates)))
+
+    def note_change(self, now_ns: int) -> None:
+        """The services changed at ``now_ns`` (monotonic): every rendered template has a
+        change to render (which ones read what changed is not tracked: a render that comes
+        out the same writes nothing and asks nothing)."""
+        with self._lock:
+            for i in self._rendered:
+                self._quiet[i] = self._quiet.get(i, Quiet()).changed(now_ns)
+
+    def rerender_due(self, now_ns: int) -> tuple[list[structs_pb2.Template], int | None]:
+        """Render the templates whose wait is over at ``now_ns``: those whose output
+        changed, and when the next of the others is due (None: none pending)."""
+        with self._lock:
+            due: list[int] = []
+            later: list[int] = []
+            for i, quiet in self._quiet.items():
+                at = render_due_ns(self._task.templates[i], quiet)
+                if at is not None and at <= now_ns:
+                    due.append(i)
+                elif at is not None:
+                    later.append(at)
+            for i in due:
+                del self._quiet[i]
+            return self._rerender_locked(sorted(due)), min(later, default=None)
+
+    def _rerender_locked(self, indexes: Iterable[int]) -> list[structs_pb2.Template]:
+        changed: list[structs_pb2.Template] = []
+        for i in indexes:
+            template = self._task.templates[i]
+            if i not in self._rendered:
+                continue  # not rendered yet: the next start renders it
+            try:
+                text = self._render(template)
+            except TaskStartError:
+                continue
+            if text != self._rendered[i]:
+                self._write(template, text)
+                self._rendered[i] = text
+                changed.append(template)
         return changed
 
     def _render(self, template: structs_pb2.Template) -> str:
@@ -185,7 +279,8 @@ class TaskFiles:
         else:
             text = template.data
         try:
-            return parse_template(text).render(RenderContext(env=self._env, services=self._services))
+            parsed = parse_template(text, template.left_delimiter, template.right_delimiter)
+            return parsed.render(RenderContext(env=self._env, services=self._services))
         except TemplateError as exc:
             raise TaskStartError(f"template {template.destination!r}: {exc}") from exc
 
@@ -204,13 +299,30 @@ class TaskFiles:
             destination = interpolate(
                 artifact.destination or _ARTIFACT_DEFAULT_DIR, self._env, self._node_names
             )
-            target_dir = _inside(self._task_dir, destination, "artifact destination")
+            mode = artifact.mode
+            if mode == ARTIFACT_MODE_FILE and not artifact.destination:
+                destination = os.path.join(_ARTIFACT_DEFAULT_DIR, source.name)
+            target = _inside(self._task_dir, destination, "artifact destination")
             try:
-                if source.is_dir():
-                    shutil.copytree(source, target_dir, dirs_exist_ok=True, symlinks=True)
+                is_dir = source.is_dir()
+                if not source.exists():
+                    raise FileNotFoundError(2, "No such file or directory")
+                if mode == ARTIFACT_MODE_FILE and is_dir:
+                    raise TaskStartError(
+                        f'artifact {artifact.source!r}: mode "file" but the source is a directory'
+                    )
+                if mode == ARTIFACT_MODE_DIR and not is_dir:
+                    raise TaskStartError(
+                        f'artifact {artifact.source!r}: mode "dir" but the source is not a directory'
+                    )
+                if is_dir:
+                    shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True)
+                elif mode == ARTIFACT_MODE_FILE:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(source, target)
                 else:
-                    target_dir.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(source, target_dir / source.name)
+                    target.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(source, target / source.name)
             except OSError as exc:
                 raise TaskStartError(f"artifact {artifact.source!r}: {exc.strerror or exc}") from exc
 

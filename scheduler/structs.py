@@ -441,6 +441,16 @@ class Template:
     change_signal: str = ""
     env: bool = False
     perms: str = ""
+    # A re-render's action waits a random time in [0, splay); wait: quiet for min, at most max.
+    splay_ns: int = 0
+    wait_min_ns: int = 0
+    wait_max_ns: int = 0
+    left_delimiter: str = ""
+    right_delimiter: str = ""
+
+
+# An artifact's mode (go-getter's): "" is "any".
+ARTIFACT_MODES: Final = ("any", "file", "dir")
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +460,7 @@ class Artifact:
 
     source: str = ""
     destination: str = ""
+    mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -728,10 +728,6 @@ _NOT_SUPPORTED: Final[Mapping[str, Mapping[str, str]]] = {
     },
     "template": {
         "change_script": 'use change_mode = "restart", "signal" or "noop"',
-        "left_delimiter": "templates use {{ }}",
-        "right_delimiter": "templates use {{ }}",
-        "splay": "a change is acted on at once",
-        "wait": "a change is acted on at once",
         "uid": "rendered files belong to the agent's user",
         "gid": "rendered files belong to the agent's user",
         "error_on_missing_key": "a missing key is an error already",
@@ -741,7 +737,6 @@ _NOT_SUPPORTED: Final[Mapping[str, Mapping[str, str]]] = {
     "artifact": {
         "options": "only local paths and file:// URLs: nothing remote is fetched",
         "headers": "only local paths and file:// URLs: nothing remote is fetched",
-        "mode": "a file is copied as a file, a directory as a directory",
         "chown": "copied files belong to the agent's user",
     },
 }
@@ -930,12 +925,16 @@ def _template(body: _Body) -> Template:
     Vault's ``secret``) is refused with the file; a ``source`` file lives on the node and is
     parsed where it is rendered."""
     _check_keys(body, "template", _TEMPLATE_KEYS)
+    left, right = body.get_str("left_delimiter"), body.get_str("right_delimiter")
     data = body.get("data")
     if isinstance(data, str):
         try:
-            parse_template(data)
+            parse_template(data, left, right)
         except TemplateError as exc:
             body.report(f"{body.where} data: {exc}", "data")
+    wait = body.block("wait")
+    if wait is not None:
+        wait.check_keys(frozenset({"min", "max"}))
     return Template(
         data=body.get_str("data"),
         source=body.get_str("source"),
@@ -944,12 +943,21 @@ def _template(body: _Body) -> Template:
         change_signal=body.get_str("change_signal"),
         env=body.get_bool("env", False),
         perms=body.get_str("perms"),
+        splay_ns=body.get_duration("splay", 0),
+        wait_min_ns=wait.get_duration("min", 0) if wait is not None else 0,
+        wait_max_ns=wait.get_duration("max", 0) if wait is not None else 0,
+        left_delimiter=left,
+        right_delimiter=right,
     )
 
 
 def _artifact(body: _Body) -> Artifact:
-    _check_keys(body, "artifact", frozenset({"source", "destination"}))
-    return Artifact(source=body.get_str("source"), destination=body.get_str("destination"))
+    _check_keys(body, "artifact", frozenset({"source", "destination", "mode"}))
+    return Artifact(
+        source=body.get_str("source"),
+        destination=body.get_str("destination"),
+        mode=body.get_str("mode"),
+    )
 
 
 def _dispatch_payload(body: _Body) -> DispatchPayload:

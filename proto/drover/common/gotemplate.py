@@ -6,8 +6,8 @@ data }``, so a Consul or Vault function is refused with the file, not when a nod
 renders it; the client renders it before each start, and again when the services it reads
 change.
 
-Supported: text and ``{{ }}`` actions with ``{{-``/``-}}`` trimming and ``{{/* */}}``
-comments; ``if``/``else if``/``else``, ``range`` (with ``$v :=`` or ``$i, $v :=`` and
+Supported: text and ``{{ }}`` actions (or other delimiters: ``parse_template``'s ``left``
+and ``right``) with ``{{-``/``-}}`` trimming and ``{{/* */}}`` comments; ``if``/``else if``/``else``, ``range`` (with ``$v :=`` or ``$i, $v :=`` and
 ``else``), ``with``, ``end``; pipelines ``a | f x`` (the value goes last, as in Go);
 ``.``, ``.Field``, ``$var``, ``$var.Field``, strings (``"..."`` and raw), numbers, booleans,
 parentheses. Functions: ``env``, ``nomadService``, and the key-free helpers below. Every
@@ -140,8 +140,8 @@ class Template:
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
-        self.items = list(_split(text))
+    def __init__(self, text: str, left: str, right: str) -> None:
+        self.items = list(_split(text, left, right))
         self.pos = 0
         self.services: set[str] = set()
 
@@ -280,15 +280,25 @@ class _Parser:
         raise TemplateError(f"unexpected {value!r}")
 
 
-_ACTION: Final = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.DOTALL)
+DEFAULT_LEFT: Final = "{{"
+DEFAULT_RIGHT: Final = "}}"
 
 
-def _split(text: str) -> Iterator[tuple[str, str]]:
+def _action_pattern(left: str, right: str) -> re.Pattern[str]:
+    """An action between the delimiters, with Go's trim markers (``{{- `` and `` -}}``)."""
+    return re.compile(rf"{re.escape(left)}(-\s)?(.*?)(\s-)?{re.escape(right)}", re.DOTALL)
+
+
+_ACTION: Final = _action_pattern(DEFAULT_LEFT, DEFAULT_RIGHT)
+
+
+def _split(text: str, left: str, right: str) -> Iterator[tuple[str, str]]:
     """("text", s) and ("action", inside) items, trim markers applied, comments dropped."""
     pos = 0
     pending_trim = False
     items: list[tuple[str, str]] = []
-    for m in _ACTION.finditer(text):
+    action = _ACTION if (left, right) == (DEFAULT_LEFT, DEFAULT_RIGHT) else _action_pattern(left, right)
+    for m in action.finditer(text):
         chunk = text[pos : m.start()]
         if pending_trim:
             chunk = chunk.lstrip()
@@ -304,16 +314,18 @@ def _split(text: str) -> Iterator[tuple[str, str]]:
     rest = text[pos:]
     if pending_trim:
         rest = rest.lstrip()
-    if "{{" in rest:
-        raise TemplateError("unclosed action: {{ without }}")
+    if left in rest:
+        raise TemplateError(f"unclosed action: {left} without {right}")
     if rest:
         items.append(("text", rest))
     return iter(items)
 
 
-def parse_template(text: str) -> Template:
-    """``text`` parsed; TemplateError (one line) for what drover can not render."""
-    parser = _Parser(text)
+def parse_template(text: str, left: str = "", right: str = "") -> Template:
+    """``text`` parsed; TemplateError (one line) for what drover can not render.
+    ``left``/``right``: the action delimiters (a template's ``left_delimiter`` and
+    ``right_delimiter``; "" is Go's ``{{`` and ``}}``), for text full of literal braces."""
+    parser = _Parser(text, left or DEFAULT_LEFT, right or DEFAULT_RIGHT)
     return Template(nodes=parser.parse(), service_names=frozenset(parser.services))
 
 
