@@ -47,8 +47,9 @@ from drover.client.checks import (
 )
 from drover.client.clock import Clock
 from drover.client.threads import join_thread
+from drover.v1 import structs_pb2
 
-__all__ = ["CheckWatcher", "FailureCount", "count_failures"]
+__all__ = ["CheckWatcher", "FailureCount", "count_failures", "reported_statuses"]
 
 # However far the next check is, look again this often: a stop waits at most this.
 MAX_WAIT_S: Final = 1.0
@@ -88,13 +89,24 @@ def count_failures(
     return replace(count, failures=failures), False
 
 
+def reported_statuses(alloc: structs_pb2.Allocation) -> tuple[CheckStatus, ...]:
+    """The statuses the servers hold for ``alloc`` (what its client last reported)."""
+    return tuple(
+        CheckStatus(c.task, c.service, c.check, c.status, c.output, c.timestamp_ns)
+        for c in alloc.check_statuses
+    )
+
+
 class CheckWatcher:
     """The thread that runs one alloc's checks until ``stop()``.
 
     ``task_starts`` returns the start time of each task now running (a task not running
     is absent); ``on_change`` runs after a status changed (``statuses()`` has it);
     ``restart(task, reason)`` restarts a task for a failing check. ``run`` performs one
-    check (``checks.run_check`` in production; tests pass their own).
+    check (``checks.run_check`` in production; tests pass their own). ``known`` are the
+    statuses already reported (by the agent before a restart, or by the watcher of the
+    job's previous version): a check keeps its status until a run changes it, so the
+    servers see no needless "pending" in between.
     """
 
     def __init__(
@@ -107,7 +119,9 @@ class CheckWatcher:
         restart: Callable[[str, str], None],
         log_fields: Mapping[str, Any],
         run: Callable[[CheckSpec], CheckOutcome] = run_check,
+        known: Sequence[CheckStatus] = (),
     ) -> None:
+        self.specs = tuple(specs)
         self._specs = {spec.key: spec for spec in specs}
         self._clock = clock
         self._task_starts = task_starts
@@ -116,11 +130,19 @@ class CheckWatcher:
         self._run = run
         self._log = log.bind(**log_fields)
         self._lock = threading.Lock()
-        self._statuses: dict[str, CheckStatus] = {}
+        by_name = {(s.task, s.service, s.check): s for s in known}
+        self._statuses: dict[str, CheckStatus] = {
+            spec.key: by_name[(spec.task, spec.service, spec.check)]
+            for spec in specs
+            if (spec.task, spec.service, spec.check) in by_name
+        }
         self._counts: dict[str, FailureCount] = {key: FailureCount() for key in self._specs}
         self._next_run_ns: dict[str, int] = {}
         # (task, start) runs already told to restart, so two checks ask once.
         self._restarted: set[tuple[str, int]] = set()
+        # Whether a run's results went out yet: the first always does, whatever ``known``
+        # said, so the servers converge on what the checks say now.
+        self._reported = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -147,6 +169,7 @@ class CheckWatcher:
         """Run the checks that are due; seconds until the next one is."""
         starts = self._task_starts()
         changed = False
+        ran = False
         for key in sorted(self._specs):
             if self._stop.is_set():
                 return 0.0
@@ -164,11 +187,13 @@ class CheckWatcher:
                 # A check that cannot run is a failing check, not the end of the watcher.
                 outcome = CheckOutcome(False, f"the check could not run: {exc}")
             ran_at = self._clock.now_ns()
+            ran = True
             self._next_run_ns[key] = ran_at + spec.interval_ns
             changed = self._record(key, spec, outcome.status, outcome.output, ran_at) or changed
             if spec.restart is not None:
                 self._count(key, spec, spec.restart, outcome.status, starts.get(spec.restart_task, 0), ran_at)
-        if changed:
+        if changed or (ran and not self._reported):
+            self._reported = True
             self._on_change()
         now = self._clock.now_ns()
         due = [t for k, t in self._next_run_ns.items() if k in self._specs]

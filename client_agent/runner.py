@@ -39,7 +39,7 @@ from typing import Any, Final
 import structlog
 
 from drover.client.checks import check_specs
-from drover.client.checkwatch import CheckWatcher
+from drover.client.checkwatch import CheckWatcher, reported_statuses
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
@@ -161,8 +161,10 @@ class AllocRunner:
         self._rerender_timer: threading.Timer | None = None
         self._splay_pending: dict[str, list[structs_pb2.Template]] = {}
         self._splay_timers: dict[str, threading.Timer] = {}
-        # The alloc's checks, run for its whole life (client_agent/checkwatch.py).
+        # The alloc's checks, run for its whole life (client_agent/checkwatch.py), and the
+        # watchers of its job's older versions, stopped, for join().
         self._checks: CheckWatcher | None = None
+        self._old_checks: list[CheckWatcher] = []
         group = find_group(job, alloc.task_group)
         if job is None:
             self._error = f"job {job_key(alloc)} was not sent with the alloc"
@@ -409,6 +411,7 @@ class AllocRunner:
                 self._verdict = None
             self._persist()
             self._watch_health_locked()
+            self._watch_checks_locked()
 
     def stop(self, reason: str) -> None:
         """Kill every task (each with its kill_timeout). Idempotent."""
@@ -501,8 +504,8 @@ class AllocRunner:
             ok = tracker.join(remaining) and ok
         if self._services is not None:
             ok = self._services.join((deadline - self._clock.monotonic_ns()) / 1e9) and ok
-        if self._checks is not None:
-            ok = self._checks.join((deadline - self._clock.monotonic_ns()) / 1e9) and ok
+        for checks in [*self._old_checks, *([self._checks] if self._checks else [])]:
+            ok = checks.join((deadline - self._clock.monotonic_ns()) / 1e9) and ok
         return ok
 
     # -- templates and max_run_duration ----------------------------------------------
@@ -687,10 +690,21 @@ class AllocRunner:
 
     def _watch_checks_locked(self) -> None:
         """Run the alloc's checks for as long as it runs: their statuses go out with the
-        alloc's, and a check_restart restarts its task (client_agent/checkwatch.py)."""
-        if self._checks is not None or self._stop_requested or self._destroyed or self._error:
+        alloc's, and a check_restart restarts its task (client_agent/checkwatch.py). An
+        in-place update that changes the checks gets a new watcher, which keeps the
+        statuses of the checks it still has."""
+        if not self._started or self._stop_requested or self._destroyed or self._error:
             return
         specs = check_specs(self._alloc, self._job, self._task_envs()) if self._job is not None else []
+        old = self._checks
+        if old is not None and old.specs == tuple(specs):
+            return
+        known = old.statuses() if old is not None else reported_statuses(self._alloc)
+        if old is not None:
+            old.stop()
+            self._old_checks = [w for w in self._old_checks if not w.join(0)]
+            self._old_checks.append(old)
+            self._checks = None
         if not specs:
             return
         self._checks = CheckWatcher(
@@ -699,6 +713,7 @@ class AllocRunner:
             task_starts=self._running_task_starts,
             on_change=self._checks_changed,
             restart=self._restart_for_check,
+            known=known,
             log_fields={
                 "alloc_id": self._alloc.id,
                 "job_id": self._alloc.job_id,

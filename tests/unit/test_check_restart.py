@@ -17,6 +17,7 @@ from drover.client.checks import (
     CheckOutcome,
     CheckRestartPolicy,
     CheckSpec,
+    CheckStatus,
 )
 from drover.client.checkwatch import CheckWatcher, FailureCount, count_failures
 from drover.scheduler.structs import (
@@ -115,7 +116,9 @@ class ManualClock:
 
 
 class Harness:
-    def __init__(self, spec: CheckSpec, outcomes: list[CheckOutcome]) -> None:
+    def __init__(
+        self, spec: CheckSpec, outcomes: list[CheckOutcome], known: tuple[CheckStatus, ...] = ()
+    ) -> None:
         self.clock = ManualClock(STARTED)
         self.outcomes = outcomes
         self.starts: dict[str, int] = {"server": STARTED}
@@ -129,6 +132,7 @@ class Harness:
             restart=lambda task, reason: self.restarts.append((task, reason)),
             log_fields={},
             run=lambda _spec: self.outcomes.pop(0),
+            known=known,
         )
 
     def _changed(self) -> None:
@@ -189,6 +193,17 @@ def test_watcher__not_run_before_its_task_runs__critical_once_it_stops() -> None
     h.tick_at(2)
     assert (h.status(), h.changes) == (CHECK_CRITICAL, 2)
     assert h.outcomes == []  # the check did not run while the task was down
+
+
+def test_watcher__known_statuses_kept__the_first_run_reported_once_anyway() -> None:
+    known = CheckStatus("", "api", "alive", CHECK_PASSING, "ok", STARTED - 60 * S)
+    other = CheckStatus("", "api", "gone", CHECK_CRITICAL, "", STARTED - 60 * S)
+    h = Harness(_spec(), [CheckOutcome(True, "ok"), CheckOutcome(True, "ok")], known=(known, other))
+    assert h.watcher.statuses() == (known,)  # a check the job no longer has is dropped
+    h.tick_at(0)
+    assert (h.watcher.statuses(), h.changes) == ((known,), 1)  # same status, same timestamp
+    h.tick_at(1)
+    assert h.changes == 1
 
 
 def test_watcher__a_raising_check_is_critical() -> None:
@@ -455,3 +470,36 @@ def test_agent__check_restart__restarts_through_the_restart_policy_until_it_fail
         assert reported and {(c.service, c.check, c.status) for c in reported} >= {
             ("api", "alive", "critical")
         }
+
+
+def test_agent__in_place_update_adding_a_check__the_check_runs(tmp_path: Path) -> None:
+    def version(n: int, check: bool) -> structs_pb2.Job:
+        main = task(config='{"run_for": "1h"}')
+        if check:
+            main.services.add(name="api", provider="nomad").checks.add(
+                name="added",
+                type="script",
+                command="/bin/sh",
+                args=["-c", "exit 2"],
+                interval_ns=S // 10,
+                timeout_ns=S,
+            )
+        return job("grows", tasks=[main], version=n)
+
+    def reported() -> set[tuple[str, str]]:
+        return {
+            (c.check, c.status)
+            for request in server.nodes.update_requests
+            for update in request.allocs
+            for c in update.check_statuses
+        }
+
+    with fake_server() as server, running_agent(tmp_path, server) as agent:
+        agent.wait_registered(10)
+        v0 = version(0, check=False)
+        server.nodes.place(alloc("g1", v0, agent.node_id), v0)
+        wait_until(lambda: status_is(server.nodes, "g1", "running"), 10, "g1 running")
+        assert reported() == set()
+        v1 = version(1, check=True)
+        server.nodes.place(alloc("g1", v1, agent.node_id), v1)
+        wait_until(lambda: ("added", "critical") in reported(), 10, "the added check reported")
