@@ -125,10 +125,11 @@ def test_stop__leader_then_main_tasks_then_sidecars_then_poststop(runner: tuple[
     assert wait_for(alloc_runner.is_finished, 10.0)
 
     order = _lines(log)[started:]
-    # Each wave is told only once the one before it has exited.
-    assert order[:2] == ["main:term", "main:exit"]
-    assert order[2:4] == ["worker:term", "worker:exit"]
-    assert sorted(order[4:6]) == ["logs:term", "proxy:term"]
-    assert sorted(order[6:8]) == ["logs:exit", "proxy:exit"]
-    assert order[8:] == ["cleanup:run"]
+    # Each wave is told only once the one before it has exited: the leader, the main task,
+    # the two sidecars (together, in either order), then the poststop task runs.
+    assert order[:4] == ["main:term", "main:exit", "worker:term", "worker:exit"], order
+    assert sorted(order[4:8]) == ["logs:exit", "logs:term", "proxy:exit", "proxy:term"], order
+    assert order.index("logs:term") < order.index("logs:exit"), order
+    assert order.index("proxy:term") < order.index("proxy:exit"), order
+    assert order[8:] == ["cleanup:run"], order
     assert alloc_runner.status().client_status == "complete"
