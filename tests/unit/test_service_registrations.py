@@ -18,15 +18,16 @@ from drover.scheduler.structs import (
     NetworkResource,
     Port,
     Service,
+    ServiceCheck,
 )
 from drover.server.api.services import ServicesServicer
 from drover.server.endpoints import Endpoints
-from drover.server.errors import NotFoundError, PermissionDeniedError
-from drover.server.fsm import FSM
+from drover.server.errors import NotFoundError, PermissionDeniedError, ValidationError
+from drover.server.fsm import ET, FSM, encode_entry
 from drover.server.services.registrations import registrations_for, service_address
 from drover.server.snapshot import from_snapshot, state_digest, to_snapshot
 from drover.server.state_store import Snapshot, StateStore
-from drover.v1 import api_pb2
+from drover.v1 import api_pb2, raft_pb2, structs_pb2
 from tests.fixtures import mock
 
 
@@ -57,9 +58,9 @@ class _Cluster:
         return self.store.snapshot()
 
 
-def _running_alloc() -> tuple[_Cluster, str]:
+def _running_alloc(job: Job | None = None) -> tuple[_Cluster, str]:
     cluster = _Cluster()
-    job = _service_job()
+    job = job or _service_job()
     node = mock.node(
         id="n1",
         attributes={"unique.network.ip-address": "10.0.0.7"},
@@ -237,3 +238,68 @@ def test_registrations_for__name_and_tags__interpolated_as_the_task_sees_them() 
     assert group_reg.service_name == "web-web"
     assert group_reg.tags == ("box-1", "front", "alloc-2", "${no.such}")
     assert task_reg.service_name == "web-svc"
+
+
+def _checked_job() -> Job:
+    """web-http with two checks; web-task with none."""
+    job = _service_job()
+    group = job.groups[0]
+    checks = (ServiceCheck(name="alive", type="tcp"), ServiceCheck(type="http", path="/ready"))
+    return replace(job, groups=(replace(group, services=(replace(group.services[0], checks=checks),)),))
+
+
+def _report_checks(cluster: _Cluster, alloc_id: str, statuses: dict[str, str]) -> None:
+    """The client's report of its alloc running, with web-http's check statuses."""
+    entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=mock.NOW, node_id="n1")
+    msg = entry.allocs.add(id=alloc_id, client_status=ALLOC_CLIENT_RUNNING)
+    for check, status in statuses.items():
+        msg.check_statuses.add(service="web-http", check=check, status=status, output=f"{status}!")
+    cluster.apply(encode_entry(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry))
+
+
+def _health(cluster: _Cluster) -> dict[str, tuple[str, int]]:
+    return {r.service_name: (r.health, r.modify_index) for r in cluster.snap.alloc_services("a1")}
+
+
+def test_registrations__health_follows_the_reported_checks__client_info_hands_out_passing_only() -> None:
+    cluster, alloc_id = _running_alloc(_checked_job())
+    running_at = cluster.index
+    # No result yet: pending. A service without checks passes.
+    assert _health(cluster) == {"web-http": ("pending", running_at), "web-task": ("passing", running_at)}
+    _report_checks(cluster, alloc_id, {"alive": "passing", "check[1]": "passing"})
+    passing_at = cluster.index
+    assert _health(cluster) == {"web-http": ("passing", passing_at), "web-task": ("passing", running_at)}
+    _report_checks(cluster, alloc_id, {"alive": "passing", "check[1]": "passing"})
+    assert _health(cluster)["web-http"] == ("passing", passing_at), "the same report moves nothing"
+    _report_checks(cluster, alloc_id, {"alive": "critical", "check[1]": "passing"})
+    (registration,) = [r for r in cluster.snap.alloc_services("a1") if r.service_name == "web-http"]
+    assert registration.health == "critical"
+    assert [(c.check, c.status, c.output) for c in registration.checks] == [
+        ("alive", "critical", "critical!"),
+        ("check[1]", "passing", "passing!"),
+    ]
+
+    api = _api(cluster)
+    info = _call(api, "Info", api_pb2.ServiceInfoRequest(service_name="web-http"))
+    assert [r.health for r in info.registrations] == ["critical"]
+    request = api_pb2.ServiceClientInfoRequest(
+        node_id="n1", secret_id="n1-secret", alloc_id=alloc_id, service_names=["web-http", "web-task"]
+    )
+    assert [r.service_name for r in _call(api, "ClientInfo", request).registrations] == ["web-task"]
+    _report_checks(cluster, alloc_id, {"alive": "passing", "check[1]": "passing"})
+    assert [r.service_name for r in _call(api, "ClientInfo", request).registrations] == [
+        "web-http",
+        "web-task",
+    ]
+
+
+def test_endpoint__check_statuses__bad_status_refused_naming_the_field() -> None:
+    cluster, alloc_id = _running_alloc(_checked_job())
+    raft = SimpleNamespace(leader_address=lambda: "127.0.0.1:4647")
+    endpoints = Endpoints(raft, cluster.store, SimpleNamespace(now_ns=lambda: mock.NOW), mock.Counter("id"))
+    report = structs_pb2.Allocation(id=alloc_id, client_status=ALLOC_CLIENT_RUNNING)
+    report.check_statuses.add(service="web-http", check="alive", status="fine")
+    with pytest.raises(
+        ValidationError, match=r"allocs\[0\]\.check_statuses\[0\]\.status: 'fine' is not one of"
+    ):
+        endpoints.update_allocs([report], node_id="n1", secret_id="n1-secret")
