@@ -175,8 +175,7 @@ class CheckWatcher:
                 return 0.0
             spec = self._specs[key]
             now = self._clock.now_ns()
-            running = [starts[t] for t in spec.runs_in if t in starts]
-            if not running:
+            if not any(task in starts for task in spec.runs_in):
                 changed = self._not_running(key, spec, now) or changed
                 continue
             if now < self._next_run_ns.get(key, 0):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import pick_free_ports
-from drover.client.checks import CheckSpec, check_specs, run_check
+from drover.client.checks import CheckRestartPolicy, CheckSpec, check_specs, run_check
 from drover.v1 import structs_pb2
 
 S = 1_000_000_000
@@ -259,3 +259,60 @@ def test_check_specs__ports_resolved_from_the_alloc_and_envs_by_task() -> None:
         "check",
     )
     assert specs[2].interval_ns == 2 * S
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [("/status/200", "passing"), ("/status/429", "warning"), ("/status/503", "critical")],
+)
+def test_http_check__429_is_a_warning(http_port: int, path: str, status: str) -> None:
+    outcome = run_check(http_spec(http_port, path))
+    assert outcome.status == status, outcome.output
+
+
+@pytest.mark.parametrize(("code", "status"), [(0, "passing"), (1, "warning"), (2, "critical")])
+def test_script_check__exit_1_is_a_warning(code: int, status: str) -> None:
+    outcome = run_check(script_spec(f"import sys; sys.exit({code})"))
+    assert outcome.status == status and outcome.passed is (code == 0)
+
+
+def test_check_specs__names_reported_and_the_task_a_check_restart_restarts() -> None:
+    check = structs_pb2.ServiceCheck(name="alive", type="tcp", task="server", interval_ns=S, timeout_ns=S)
+    check.check_restart.limit = 3
+    check.check_restart.grace_ns = 5 * S
+    group = structs_pb2.TaskGroup(
+        name="g",
+        services=[
+            structs_pb2.Service(
+                name="web",
+                port="http",
+                checks=[check, structs_pb2.ServiceCheck(type="tcp", interval_ns=S, timeout_ns=S)],
+            )
+        ],
+        tasks=[
+            structs_pb2.Task(
+                name="server",
+                services=[structs_pb2.Service(name="own", checks=[structs_pb2.ServiceCheck(type="tcp")])],
+            ),
+            structs_pb2.Task(name="sidecar"),
+        ],
+    )
+    a = structs_pb2.Allocation(id="a1", task_group="g")
+    alive, unnamed, own = check_specs(a, structs_pb2.Job(id="web", groups=[group]), {})
+    assert (alive.task, alive.service, alive.check, alive.restart_task, alive.runs_in) == (
+        "",
+        "web",
+        "alive",
+        "server",
+        ("server",),
+    )
+    assert alive.restart == CheckRestartPolicy(limit=3, grace_ns=5 * S)
+    # A group service's check without a task runs while any task of the group runs.
+    assert (unnamed.check, unnamed.restart, unnamed.runs_in) == ("check[1]", None, ("server", "sidecar"))
+    assert (own.task, own.service, own.check, own.restart_task, own.runs_in) == (
+        "server",
+        "own",
+        "check[0]",
+        "server",
+        ("server",),
+    )
