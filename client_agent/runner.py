@@ -381,6 +381,9 @@ class AllocRunner:
             if self._started:
                 return
             self._started = True
+            # First, so the first report carries the checks' statuses the servers already
+            # hold (an agent restarted), not none: a check keeps its status until it runs.
+            self._watch_checks_locked()
             self._persist_and_report()
             # Tasks a previous agent started are re-attached (or judged) whatever their
             # hook: the plan below only gates the first start, and orders the stop of an
@@ -396,7 +399,6 @@ class AllocRunner:
                 else:
                     self._services.watch(self._services_changed)
             self._limit_run_locked()
-            self._watch_checks_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
         """The server changed the alloc (an in-place update): keep the newer copy."""
