@@ -296,6 +296,10 @@ class ServerCore:
         deposed without knowing it answers UNAVAILABLE instead of a stale state."""
         self.raft.confirm_leadership(READ_CONFIRM_TIMEOUT_S)
 
+    async def confirm_leadership_async(self) -> None:
+        """``confirm_leadership`` on the API's event loop, for reads under the aio bridge."""
+        await self.raft.confirm_leadership_async(READ_CONFIRM_TIMEOUT_S)
+
     def channel_to(self, address: str) -> grpc.Channel:
         with self._channels_lock:
             channel = self._channels.get(address)

@@ -7,8 +7,9 @@ Most handlers are plain functions that read the state or propose a raft entry an
 they stay sync and run in ``pool`` (a few dozen threads). The handlers that wait are
 cheap on the loop instead:
 
-* unary handlers run in the pool; a blocking query inside one raises ``ParkRequest``
-  (server/api/_park.py) rather than waiting, and the bridge waits for it on the loop
+* unary handlers run in the pool; a default read awaits its leadership confirmation on
+  the loop (``ConfirmRequest``), then runs again to answer; a blocking query inside one
+  raises ``ParkRequest`` (server/api/_park.py) rather than waiting, and the bridge waits for it on the loop
   (server/api/_notify.py) while holding the caller's parking place (server/api/_limits.py),
   then runs it again. A blocking read a follower forwards is made on an aio channel.
   So a parked query holds no thread, only its bound under the parking limits;
@@ -40,7 +41,7 @@ from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import channel_options
 from drover.server.api._limits import CallerLimits
 from drover.server.api._notify import IndexNotifier
-from drover.server.api._park import ForwardRequest, Parking, ParkRequest, parking_scope
+from drover.server.api._park import ConfirmRequest, ForwardRequest, Parking, ParkRequest, parking_scope
 from drover.server.errors import DroverError
 
 if TYPE_CHECKING:
@@ -233,6 +234,9 @@ class SyncBridge(grpc.aio.ServerInterceptor):
                             self._limits.acquire(park.caller)
                             held.append(park.caller)
                         await self._notifier.wait_until(park.tables, park.ready, park.deadline)
+                    except ConfirmRequest as confirm:
+                        await confirm.confirm()
+                        parking.confirmed = True
                     except ForwardRequest as forward:
                         return await self._forward(forward, context)
             except Aborted as aborted:

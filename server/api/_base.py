@@ -38,7 +38,7 @@ from drover.server.api._limits import (
     current_caller,
     is_blocking,
 )
-from drover.server.api._park import ForwardRequest, ParkRequest, current_parking
+from drover.server.api._park import ConfirmRequest, ForwardRequest, ParkRequest, current_parking
 from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -185,9 +185,13 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
                     _wait_leader_ready(core)
                     # Once per call: a blocking query woken from its wait runs again, and
                     # what it then reads is newer than the state confirmed when it began.
+                    # Under the aio bridge the round is awaited on the loop, not in this
+                    # thread (server/api/_park.py).
                     parking = current_parking()
-                    if parking is None or parking.runs <= 1:
+                    if parking is None:
                         core.confirm_leadership()
+                    elif not parking.confirmed:
+                        raise ConfirmRequest(core.confirm_leadership_async)
                 return here()
 
             # Rate and parking limits per caller come first (server/api/_limits.py).

@@ -254,7 +254,11 @@ class CallerLimits:
         token = _CALLER.set(caller)
         context_token = _CONTEXT.set(context)
         try:
-            self.take(rpc_name, caller)
+            parking = current_parking()
+            # One token per call: under the aio bridge a read runs again after its
+            # confirmation round and after each wake of its wait (server/api/_park.py).
+            if parking is None or parking.runs <= 1:
+                self.take(rpc_name, caller)
             # Under the aio bridge a blocking query parks on the loop, and the bridge holds
             # its place then (server/api/_park.py); here it would wait in this thread.
             if not _is_blocking(request) or current_parking() is not None:

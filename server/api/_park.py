@@ -11,6 +11,10 @@ deadline passes; the second run answers at once. A handler run outside the bridg
 
 A blocking read on a follower is forwarded the same way: ``ForwardRequest`` carries the
 call, and the bridge makes it on an aio channel, so the follower holds no thread either.
+A default read's leadership confirmation (server/raft/read_confirm.py: one round trip to
+a majority) is awaited the same way: ``ConfirmRequest`` hands the round to the loop, which
+runs the handler again once it is confirmed. Under load the reads waiting for their round
+would otherwise fill the pool and queue every other call (heartbeats, writes) behind them.
 Only reads take these exits: running a read twice is harmless.
 """
 
@@ -18,14 +22,22 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from drover.server.state_store import Snapshot
 
-__all__ = ["ForwardRequest", "ParkRequest", "Parking", "current_parking", "node_caller", "parking_scope"]
+__all__ = [
+    "ConfirmRequest",
+    "ForwardRequest",
+    "ParkRequest",
+    "Parking",
+    "current_parking",
+    "node_caller",
+    "parking_scope",
+]
 
 
 @dataclass(slots=True)
@@ -35,6 +47,8 @@ class Parking:
 
     deadline: float | None = None
     runs: int = field(default=0)
+    # Set once the loop has confirmed this server's leadership for the call (ConfirmRequest).
+    confirmed: bool = False
 
     def deadline_after(self, timeout: float) -> float:
         if self.deadline is None:
@@ -54,6 +68,14 @@ class ParkRequest(Exception):
         self.ready = ready
         self.deadline = deadline
         self.caller = caller
+
+
+class ConfirmRequest(Exception):
+    """Await ``confirm()`` (it raises when leadership is not confirmed), then run again."""
+
+    def __init__(self, confirm: Callable[[], Awaitable[None]]) -> None:
+        super().__init__("read waits for its leadership confirmation")
+        self.confirm = confirm
 
 
 class ForwardRequest(Exception):

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pysyncobj import SyncObj, replicated
@@ -43,6 +44,22 @@ from drover.server.telemetry.metrics import FSM_APPLY_SECONDS, RAFT_COMMIT_SECON
 from drover.server.write_batch import Done, WriteBatcher
 
 __all__ = ["RaftNode"]
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadRound:
+    """One read's confirmation round (server/raft/read_confirm.py): its sequence number,
+    the term it must be confirmed in, the followers asked, and whether we still lead."""
+
+    seq: int
+    term: int
+    followers: list[str]
+    leading: Callable[[], bool]
+
+    def unconfirmed(self, timeout: float) -> NoLeaderError:
+        return NoLeaderError(
+            f"leadership of term {self.term} not confirmed by a majority within {timeout:.1f}s"
+        )
 
 
 class RaftNode(SyncObj):  # type: ignore[misc]
@@ -186,20 +203,32 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """Return only once a majority has confirmed, after this call began, that this
         server still leads in its term (server/raft/read_confirm.py): a leader deposed
         without knowing it raises NoLeaderError instead of answering from its state."""
+        read = self._begin_read_round()
+        if read is not None and not self._reads.wait(
+            read.seq, read.term, read.followers, timeout, read.leading
+        ):
+            raise read.unconfirmed(timeout)
+
+    async def confirm_leadership_async(self, timeout: float) -> None:
+        """``confirm_leadership``, awaited on the API's event loop instead of in a thread."""
+        read = self._begin_read_round()
+        if read is not None and not await self._reads.wait_async(
+            read.seq, read.term, read.followers, timeout, read.leading
+        ):
+            raise read.unconfirmed(timeout)
+
+    def _begin_read_round(self) -> _ReadRound | None:
+        """A confirmation round for a read arriving now; None when this server alone is a
+        majority."""
         if not self._isLeader():
             raise NotLeaderError(self.leader_address())
         term = self.term()
         followers = [str(n.id) for n in self.otherNodes]
         if not followers:
-            return  # a single server is its own majority
+            return None
         seq = self._reads.request()
         patches.hurry_appends(self)
-        if not self._reads.wait(
-            seq, term, followers, timeout, lambda: self.is_leader() and self.term() == term
-        ):
-            raise NoLeaderError(
-                f"leadership of term {term} not confirmed by a majority within {timeout:.1f}s"
-            )
+        return _ReadRound(seq, term, followers, lambda: self.is_leader() and self.term() == term)
 
     def leader_ready(self) -> bool:
         """Leader, and every entry of earlier terms is applied here (our no-op committed)."""

@@ -30,12 +30,16 @@ when the read is confirmed no later leader can have been elected before the read
 and every write acknowledged before it is in this leader's state (a leader applies its own
 writes before acknowledging them, and had applied every earlier term's at its no-op).
 
-Threads: readers call ``request`` and ``wait``; pysyncobj's tick thread calls ``probe_for``
-and ``on_ack``. One condition variable guards it all.
+Threads: readers call ``request`` and ``wait`` (a thread) or ``wait_async`` (a coroutine
+on the API's event loop, so that a read waiting for its round holds no pool thread: the
+pool is the handlers' only capacity, server/api/_aio.py); pysyncobj's tick thread calls
+``probe_for`` and ``on_ack``. One condition variable guards it all; an ack wakes the
+coroutines with one callback per event loop, however many wait there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +70,8 @@ class ReadConfirmations:
         self._requested = 0
         # Follower (raft address) -> the newest (term, seq) it acked.
         self._acked: dict[str, tuple[int, int]] = {}
+        # The coroutines waiting, by the loop they wait on: each ack sets their events.
+        self._async_waiters: dict[asyncio.AbstractEventLoop, set[asyncio.Event]] = {}
 
     # -- readers -----------------------------------------------------------------------
     def request(self) -> int:
@@ -108,6 +114,49 @@ class ReadConfirmations:
                 # Woken by each ack; the slice re-checks leadership while none comes.
                 self._cond.wait(min(left, 0.05))
 
+    async def wait_async(
+        self,
+        seq: int,
+        term: int,
+        followers: Sequence[str],
+        timeout: float,
+        still_leading: Callable[[], bool],
+    ) -> bool:
+        """``wait``, as a coroutine: the same answer, with no thread held meanwhile."""
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        deadline = loop.time() + timeout
+        with self._cond:
+            self._async_waiters.setdefault(loop, set()).add(woken)
+        try:
+            while True:
+                # Cleared before the check: an ack landing after it sets the event again.
+                woken.clear()
+                if not still_leading():
+                    return False
+                if self.confirmed(seq, term, followers):
+                    return still_leading()
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                # Woken by each ack; the slice re-checks leadership while none comes.
+                try:
+                    await asyncio.wait_for(woken.wait(), min(left, 0.05))
+                except TimeoutError:
+                    pass
+        finally:
+            with self._cond:
+                waiting = self._async_waiters.get(loop)
+                if waiting is not None:
+                    waiting.discard(woken)
+                    if not waiting:
+                        del self._async_waiters[loop]
+
+    @staticmethod
+    def _wake(events: Sequence[asyncio.Event]) -> None:
+        for event in events:
+            event.set()
+
     # -- the tick thread ---------------------------------------------------------------
     def probe_for(self, follower: str, term: int) -> dict[str, Any] | None:
         """The probe to send ``follower`` after an append of ``term``, or None if it has
@@ -123,6 +172,13 @@ class ReadConfirmations:
         if not isinstance(term, int) or not isinstance(seq, int):
             return
         with self._cond:
-            if self._acked.get(follower, (0, 0)) < (term, seq):
-                self._acked[follower] = (term, seq)
-                self._cond.notify_all()
+            if self._acked.get(follower, (0, 0)) >= (term, seq):
+                return
+            self._acked[follower] = (term, seq)
+            self._cond.notify_all()
+            waiting = [(loop, tuple(events)) for loop, events in self._async_waiters.items()]
+        for loop, events in waiting:
+            try:
+                loop.call_soon_threadsafe(self._wake, events)
+            except RuntimeError:  # the loop closed (the server is stopping): nothing waits
+                pass

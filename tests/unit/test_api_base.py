@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
 
 from drover.server.api._base import get_by_id, rpc
-from drover.server.api._park import Parking, parking_scope
+from drover.server.api._park import ConfirmRequest, Parking, parking_scope
 from drover.server.errors import NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -82,6 +83,9 @@ class _ConfirmingCore:
     def confirm_leadership(self) -> None:
         self.confirmations += 1
 
+    async def confirm_leadership_async(self) -> None:
+        self.confirmations += 1
+
 
 class _Context:
     def peer(self) -> str:
@@ -108,8 +112,17 @@ def test_rpc_read__confirms_leadership_once_per_call_not_again_when_a_parked_que
     assert jobs.Get(request, _Context()) == "answered"
     assert core.confirmations == 1
 
+    # Under the aio bridge the first run hands the round to the loop instead of waiting in
+    # its thread; the bridge awaits it, marks the call confirmed and runs it again.
     parking = Parking()
-    for _run in range(3):  # the first run, then two wakes of a blocking query
+    parking.runs += 1
+    with pytest.raises(ConfirmRequest) as handed:
+        parking_scope(parking).run(jobs.Get, request, _Context())
+    assert core.confirmations == 1
+    asyncio.run(handed.value.confirm())
+    assert core.confirmations == 2
+    parking.confirmed = True
+    for _run in range(3):  # the answering run, then two wakes of a blocking query
         parking.runs += 1
         assert parking_scope(parking).run(jobs.Get, request, _Context()) == "answered"
     assert core.confirmations == 2

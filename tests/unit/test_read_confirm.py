@@ -3,6 +3,7 @@ for probes sent after the read asked (no pysyncobj here: the bookkeeping alone).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from drover.server.raft.read_confirm import ACK, PROBE, ReadConfirmations, answer_probe, quorum
@@ -77,3 +78,39 @@ def test_wait__returns_when_acked_and_fails_when_leadership_is_lost_or_time_runs
     assert not reads.wait(later, TERM, FOLLOWERS, 0.1, lambda: True)
     reads.on_ack("b:1", {"term": TERM, "seq": later})
     assert not reads.wait(later, TERM, FOLLOWERS, 5.0, lambda: False)
+
+
+def test_wait_async__woken_by_an_ack_from_the_tick_thread_and_fails_as_wait_does() -> None:
+    """The coroutine form gives ``wait``'s answers: an ack from another thread (the tick
+    thread) confirms it, no ack or lost leadership does not, and no waiter is left behind."""
+    reads = ReadConfirmations()
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        seq = reads.request()
+        timer = threading.Timer(0.05, reads.on_ack, ("b:1", {"term": TERM, "seq": seq}))
+        timer.start()
+        acked = await reads.wait_async(seq, TERM, FOLLOWERS, 5.0, lambda: True)
+        timer.join()
+        later = reads.request()
+        unacked = await reads.wait_async(later, TERM, FOLLOWERS, 0.1, lambda: True)
+        reads.on_ack("b:1", {"term": TERM, "seq": later})
+        deposed = await reads.wait_async(later, TERM, FOLLOWERS, 5.0, lambda: False)
+        return acked, unacked, deposed
+
+    acked, unacked, deposed = asyncio.run(scenario())
+    assert acked and not unacked and not deposed
+    assert reads._async_waiters == {}
+
+
+def test_wait_async__many_waiters_one_ack_wakes_them_all() -> None:
+    reads = ReadConfirmations()
+
+    async def scenario() -> list[bool]:
+        seqs = [reads.request() for _ in range(50)]
+        waits = [asyncio.ensure_future(reads.wait_async(s, TERM, FOLLOWERS, 5.0, lambda: True)) for s in seqs]
+        await asyncio.sleep(0)
+        threading.Thread(target=reads.on_ack, args=("c:1", {"term": TERM, "seq": seqs[-1]})).start()
+        return list(await asyncio.gather(*waits))
+
+    assert asyncio.run(scenario()) == [True] * 50
+    assert reads._async_waiters == {}
