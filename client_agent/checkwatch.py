@@ -49,7 +49,7 @@ from drover.client.clock import Clock
 from drover.client.threads import join_thread
 from drover.v1 import structs_pb2
 
-__all__ = ["CheckWatcher", "FailureCount", "count_failures", "reported_statuses"]
+__all__ = ["CheckWatcher", "FailureCount", "count_failures", "reported_statuses", "with_statuses"]
 
 # However far the next check is, look again this often: a stop waits at most this.
 MAX_WAIT_S: Final = 1.0
@@ -95,6 +95,25 @@ def reported_statuses(alloc: structs_pb2.Allocation) -> tuple[CheckStatus, ...]:
         CheckStatus(c.task, c.service, c.check, c.status, c.output, c.timestamp_ns)
         for c in alloc.check_statuses
     )
+
+
+def with_statuses(alloc: structs_pb2.Allocation, statuses: Sequence[CheckStatus]) -> structs_pb2.Allocation:
+    """A copy of ``alloc`` carrying ``statuses``, for the local record: a restarted agent's
+    watcher starts from them (``reported_statuses``), so its first report says what the
+    last one did instead of nothing."""
+    copy = structs_pb2.Allocation()
+    copy.CopyFrom(alloc)
+    del copy.check_statuses[:]
+    for s in statuses:
+        copy.check_statuses.add(
+            task=s.task,
+            service=s.service,
+            check=s.check,
+            status=s.status,
+            output=s.output,
+            timestamp_ns=s.timestamp_ns,
+        )
+    return copy
 
 
 class CheckWatcher:

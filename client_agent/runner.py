@@ -39,7 +39,7 @@ from typing import Any, Final
 import structlog
 
 from drover.client.checks import check_specs
-from drover.client.checkwatch import CheckWatcher, reported_statuses
+from drover.client.checkwatch import CheckWatcher, reported_statuses, with_statuses
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
@@ -774,6 +774,8 @@ class AllocRunner:
         verdict = self._health_locked()
         held = recorded_health(self._alloc)
         alloc = self._alloc if verdict is None or held is not None else with_health(self._alloc, verdict)
+        if self._checks is not None:
+            alloc = with_statuses(alloc, self._checks.statuses())
         return AllocRecord(
             alloc=alloc,
             job=self._job,

@@ -30,8 +30,8 @@ from drover.scheduler.structs import (
 from drover.scheduler.validate import ValidationError, validate_job
 from drover.server.jobspec import JobspecError, parse_jobspec
 from drover.server.services.registrations import is_passing, registrations_for, service_health
-from drover.v1 import structs_pb2
-from tests.unit.test_client_agent import running_agent, status_is
+from drover.v1 import api_pb2, structs_pb2
+from tests.unit.test_client_agent import agent_leaving_tasks, running_agent, status_is
 from tests.unit.test_client_fake_server import alloc, fake_server, job, task, wait_until
 
 S = 1_000_000_000
@@ -503,3 +503,37 @@ def test_agent__in_place_update_adding_a_check__the_check_runs(tmp_path: Path) -
         v1 = version(1, check=True)
         server.nodes.place(alloc("g1", v1, agent.node_id), v1)
         wait_until(lambda: ("added", "critical") in reported(), 10, "the added check reported")
+
+
+def test_agent__restarted_agent__first_report_keeps_the_checks_statuses(tmp_path: Path) -> None:
+    main = task(config='{"run_for": "1h"}')
+    main.services.add(name="api", provider="nomad").checks.add(
+        name="alive",
+        type="script",
+        command="/bin/sh",
+        args=["-c", "exit 0"],
+        interval_ns=S // 10,
+        timeout_ns=S,
+    )
+    j = job("steady", tasks=[main])
+
+    def statuses(requests: list[api_pb2.AllocUpdateRequest]) -> list[list[tuple[str, str, int]]]:
+        return [
+            [(c.check, c.status, c.timestamp_ns) for c in update.check_statuses]
+            for request in requests
+            for update in request.allocs
+            if update.id == "s1"
+        ]
+
+    with fake_server() as server:
+        with agent_leaving_tasks(tmp_path, server) as first:
+            server.nodes.place(alloc("s1", j, first.node_id), j)
+            wait_until(lambda: any(statuses(server.nodes.update_requests)), 10, "the check reported")
+        before = len(server.nodes.update_requests)
+        (last,) = [s for s in statuses(server.nodes.update_requests) if s][-1:]
+        assert [(c, st) for c, st, _ in last] == [("alive", "passing")]
+        with running_agent(tmp_path, server):
+            wait_until(
+                lambda: statuses(server.nodes.update_requests[before:]), 10, "the new agent's first report"
+            )
+            assert statuses(server.nodes.update_requests[before:])[0] == last
