@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 import structlog
 
-from drover.common.grpc_handlers import Kind, rebuild_handler
+from drover.common.grpc_handlers import HandlerRewriter, Kind, rebuild_handler
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import channel_options
 from drover.server.api._limits import CallerLimits
@@ -173,7 +173,7 @@ def _in_thread(name: str, fn: Callable[[], Any]) -> concurrent.futures.Future[An
     return done
 
 
-class SyncBridge(grpc.aio.ServerInterceptor):
+class SyncBridge(HandlerRewriter):
     """The innermost interceptor: every sync handler becomes a coroutine (see above)."""
 
     def __init__(
@@ -194,15 +194,9 @@ class SyncBridge(grpc.aio.ServerInterceptor):
         for channel in channels.values():
             await channel.close()
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = str(handler_call_details.method)
+    def rewrite(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
 
         def bridged(kind: Kind, behaviour: Callable[..., Any]) -> Callable[..., Any]:
             if _is_async(behaviour):

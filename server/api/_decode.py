@@ -16,14 +16,14 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 import grpc
 import structlog
 
-from drover.common.grpc_handlers import Kind, rebuild_handler
+from drover.common.grpc_handlers import HandlerRewriter, Kind, rebuild_handler
 from drover.server.api._limits import peer_host
 
 __all__ = ["WARN_INTERVAL_S", "AioDecodeGuard", "RateLimitedWarning"]
@@ -91,16 +91,10 @@ async def _refuse_aio(
     raise AssertionError("abort returned")  # aio abort always raises
 
 
-class AioDecodeGuard(grpc.aio.ServerInterceptor):
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = str(handler_call_details.method)
+class AioDecodeGuard(HandlerRewriter):
+    def rewrite(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         deserialize = _guarded(handler.request_deserializer)
 
         def one(behavior: Callable[..., Any]) -> Callable[..., Any]:

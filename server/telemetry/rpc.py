@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from drover.common.grpc_handlers import rebuild_handler
+from drover.common.grpc_handlers import HandlerRewriter, rebuild_handler
 from drover.server.telemetry.metrics import RPC_REQUESTS, RPC_SECONDS
 
 __all__ = ["AioRpcMetrics", "method_label"]
@@ -47,21 +47,16 @@ def _aio_code_of(context: grpc.aio.ServicerContext[Any, Any], ended: str) -> str
     return ended
 
 
-class AioRpcMetrics(grpc.aio.ServerInterceptor):
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = method_label(str(handler_call_details.method))
+class AioRpcMetrics(HandlerRewriter):
+    def rewrite(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        label = method_label(method)
 
         def observe(context: grpc.aio.ServicerContext[Any, Any], started: float, ended: str) -> None:
             code = _aio_code_of(context, ended)
-            RPC_REQUESTS.labels(method, code).inc()
-            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
+            RPC_REQUESTS.labels(label, code).inc()
+            RPC_SECONDS.labels(label, code).observe(time.perf_counter() - started)
 
         def timed(behavior: Callable[..., Any]) -> Callable[..., Any]:
             if inspect.isasyncgenfunction(behavior):

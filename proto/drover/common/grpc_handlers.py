@@ -4,17 +4,19 @@ Every server interceptor drover has (the RPC metrics, the decode guard, the sync
 bridge: server/telemetry/rpc.py, server/api/_decode.py, server/api/_aio.py) does the same
 thing around a different wrapper: find which of ``unary_unary``, ``unary_stream``,
 ``stream_unary`` and ``stream_stream`` the handler has and build the same kind of handler
-around the wrapped behaviour. That choice is made here once.
+around the wrapped behaviour. That choice is made here once, and so is the interceptor
+step around it (``HandlerRewriter``): ask for the handler, pass a missing one through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal
 
 import grpc
 
-__all__ = ["Kind", "rebuild_handler"]
+__all__ = ["HandlerRewriter", "Kind", "rebuild_handler"]
 
 Kind = Literal["unary_unary", "unary_stream", "stream_unary", "stream_stream"]
 
@@ -40,3 +42,24 @@ def rebuild_handler(
         if behaviour is not None:
             return build(wrap(kind, behaviour), deserialize, handler.response_serializer)
     return handler
+
+
+class HandlerRewriter(grpc.aio.ServerInterceptor):
+    """An aio server interceptor that serves each method through ``rewrite`` of its handler
+    (methods the server does not know stay unknown)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return self.rewrite(handler, str(handler_call_details.method))
+
+    @abstractmethod
+    def rewrite(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """The handler to serve ``method`` (its full name, "/drover.v1.Jobs/Get") with."""
