@@ -217,9 +217,9 @@ class Spread:
 class MigrateStrategy:
     """How a draining node's allocs of a group move (Nomad's ``migrate`` block): at most
     ``max_parallel`` at a time, the next once a replacement has settled: every task running
-    for ``min_healthy_time``, a deployment verdict, or ``healthy_deadline`` passed
-    (scheduler/reconciler/migrate.py). ``health_check = "checks"`` reads as the task states,
-    so validation refuses it for a group with service checks."""
+    for ``min_healthy_time`` (with ``health_check = "checks"``, every service check passing
+    for as long too), a deployment verdict, or ``healthy_deadline`` passed
+    (scheduler/reconciler/migrate.py)."""
 
     max_parallel: int = 1
     health_check: str = "checks"

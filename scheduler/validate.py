@@ -716,17 +716,6 @@ def _group_errors(group: TaskGroup, job_type: str, path: str, limits: Limits) ->
         yield from _disconnect_errors(group.disconnect, f"{path}.disconnect")
     if group.migrate is not None:
         yield from _migrate_errors(group.migrate, f"{path}.migrate")
-        checked = any(
-            svc.checks for svc in (*group.services, *(svc for t in group.tasks for svc in t.services))
-        )
-        if group.migrate.health_check == "checks" and checked:
-            # Check results reach the servers only as a deployment's verdict; a drain
-            # would wait on task states alone, which is not what "checks" promises.
-            yield FieldError(
-                f"{path}.migrate.health_check",
-                '"checks" is not supported by drover for a group with service checks (the servers '
-                'see no check results while a node drains): use "task_states"',
-            )
     if group.scaling is not None:
         yield from _scaling_errors(group.scaling, group.count, f"{path}.scaling")
     if not group.tasks:

@@ -22,6 +22,7 @@ from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_RUNNING,
     ALLOC_DESIRED_RUN,
+    CHECK_PASSING,
     CHECK_STATUSES,
     HEALTH_HEALTHY,
     HEALTH_UNHEALTHY,
@@ -601,10 +602,15 @@ class Endpoints(Writer):
         covered = {(e.namespace, e.job_id) for e in failure_evals}
         deployment_evals = self._deployment_evals(snap, entry, stored, covered)
         covered |= {(e.namespace, e.job_id) for e in deployment_evals}
+        # A replacement that starts running, or whose checks all pass now, may settle a
+        # drain's batch (migrate.health_check "task_states" or "checks").
         started = [
             stored[m.id]
             for m in entry.allocs
-            if m.client_status == ALLOC_CLIENT_RUNNING and stored[m.id].client_status != ALLOC_CLIENT_RUNNING
+            if (
+                m.client_status == ALLOC_CLIENT_RUNNING and stored[m.id].client_status != ALLOC_CLIENT_RUNNING
+            )
+            or _checks_now_passing(stored[m.id], m)
         ]
         for ev in [*deployment_evals, *self._drain_evals(snap, started, entry.updated_at_ns, covered)]:
             to_proto(ev, entry.evals.add())
@@ -713,6 +719,20 @@ class Endpoints(Writer):
 
 # (namespace, job id)
 Key = tuple[str, str]
+
+
+def _checks_now_passing(existing: Allocation, msg: structs_pb2.Allocation) -> bool:
+    """The update reports every check of the alloc passing, where the stored alloc had one
+    not passing (or no status yet)."""
+    statuses = msg.check_statuses
+    return (
+        bool(statuses)
+        and all(s.status == CHECK_PASSING for s in statuses)
+        and not (
+            len(existing.check_statuses) >= len(statuses)
+            and all(s.status == CHECK_PASSING for s in existing.check_statuses)
+        )
+    )
 
 
 def _draining(snap: Snapshot, node_id: str) -> bool:

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from drover.scheduler.reconciler.migrate import drain_forced, drain_room
+from drover.scheduler.reconciler.migrate import drain_forced, drain_room, group_check_count
 from drover.scheduler.reconciler.reschedule import (
     RESCHEDULE_WINDOW_NS,
     RescheduleDecision,
@@ -860,7 +860,7 @@ def _migration_holders(p: _GroupPass, migrating: list[Allocation]) -> list[_Hold
     room = None
     if strategy is not None and p.job.type != JOB_TYPE_BATCH:
         live = [a for a in p.allocs if not a.terminal() and a.id not in p.stopped_ids]
-        room = drain_room(live, p.group.count, strategy, p.now_ns)
+        room = drain_room(live, p.group.count, strategy, p.now_ns, group_check_count(p.group))
     left = room.room if room is not None else 0
     holders: list[_Holder] = []
     wake = 0

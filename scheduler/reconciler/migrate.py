@@ -9,10 +9,11 @@ last one has settled (or the drain's deadline passes: then everything goes).
 drover decides the same thing inside the reconciler, from values: a live alloc is
 *settled* when its client gave a deployment verdict (healthy or unhealthy, as Nomad's
 ``HasHealth``), or when every task has been running for ``min_healthy_time``
-(``health_check = "task_states"``; "checks" is taken the same way only for a group with no
-service checks, validation refuses it otherwise), or when ``healthy_deadline`` has passed
-since it was created (Nomad's tracker then gives "unhealthy", which also lets the drain go
-on). ``settles_at_ns`` says when that happens, so the scheduler can look again then.
+and, with ``health_check = "checks"``, every service check of the group has been passing
+for ``min_healthy_time`` too (the check statuses its client reports with the alloc, each
+stamped with when it became what it is: ``checks_passing_since_ns``), or when
+``healthy_deadline`` has passed since it was created (Nomad's tracker then gives
+"unhealthy", which also lets the drain go on). ``settles_at_ns`` says when that happens, so the scheduler can look again then.
 A group without a ``migrate`` block, and a batch group (Nomad marks no batch alloc for
 migration), move all at once, as before.
 """
@@ -24,23 +25,51 @@ from dataclasses import dataclass
 
 from drover.scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
+    CHECK_PASSING,
+    HEALTH_CHECK_CHECKS,
     HEALTH_HEALTHY,
     HEALTH_UNHEALTHY,
     Allocation,
     MigrateStrategy,
     Node,
+    TaskGroup,
 )
 
-__all__ = ["DrainRoom", "drain_forced", "drain_room", "settles_at_ns"]
+__all__ = [
+    "DrainRoom",
+    "checks_passing_since_ns",
+    "drain_forced",
+    "drain_room",
+    "group_check_count",
+    "settles_at_ns",
+]
 
 _TASK_RUNNING = "running"
 _TASK_DEAD = "dead"
 
 
-def settles_at_ns(alloc: Allocation, strategy: MigrateStrategy) -> int | None:
+def group_check_count(group: TaskGroup) -> int:
+    """How many service checks each alloc of ``group`` reports: its own services' and its
+    tasks'."""
+    return sum(
+        len(svc.checks) for svc in (*group.services, *(svc for t in group.tasks for svc in t.services))
+    )
+
+
+def checks_passing_since_ns(alloc: Allocation, expected: int) -> int | None:
+    """When the last of the alloc's ``expected`` checks began passing (0 with none
+    expected); None while one has no status yet or does not pass."""
+    statuses = alloc.check_statuses
+    if len(statuses) < expected or any(s.status != CHECK_PASSING for s in statuses):
+        return None
+    return max((s.timestamp_ns for s in statuses), default=0)
+
+
+def settles_at_ns(alloc: Allocation, strategy: MigrateStrategy, checks: int = 0) -> int | None:
     """When the live ``alloc`` counts as settled for a drain (0: already, by its client's
     verdict); None when nothing known yet says when (it is not running and has no
-    creation time)."""
+    creation time). ``checks``: how many service checks the alloc reports
+    (``group_check_count``), which ``health_check = "checks"`` waits on."""
     status = alloc.deployment_status
     if status is not None and status.health in (HEALTH_HEALTHY, HEALTH_UNHEALTHY):
         return 0
@@ -55,7 +84,12 @@ def settles_at_ns(alloc: Allocation, strategy: MigrateStrategy) -> int | None:
         and running
         and all(ts in running or (ts.state == _TASK_DEAD and not ts.failed) for ts in states)
     ):
-        times.append(max(ts.started_at_ns for ts in running) + strategy.min_healthy_time_ns)
+        healthy_since = max(ts.started_at_ns for ts in running)
+        passing_since: int | None = 0
+        if strategy.health_check == HEALTH_CHECK_CHECKS and checks:
+            passing_since = checks_passing_since_ns(alloc, checks)
+        if passing_since is not None:
+            times.append(max(healthy_since, passing_since) + strategy.min_healthy_time_ns)
     return min(times) if times else None
 
 
@@ -75,14 +109,17 @@ class DrainRoom:
     next_change_ns: int
 
 
-def drain_room(live: Iterable[Allocation], count: int, strategy: MigrateStrategy, now_ns: int) -> DrainRoom:
+def drain_room(
+    live: Iterable[Allocation], count: int, strategy: MigrateStrategy, now_ns: int, checks: int = 0
+) -> DrainRoom:
     """Nomad's ``numToDrain`` before the drainable cap: settled live allocs beyond
     ``count - max_parallel``. ``live``: the group's allocs that are running or about to
-    (desired to run, not finished), wherever they are, leavers not yet stopped included."""
+    (desired to run, not finished), wherever they are, leavers not yet stopped included;
+    ``checks``: as for ``settles_at_ns``."""
     settled = 0
     next_change = 0
     for alloc in live:
-        at = settles_at_ns(alloc, strategy)
+        at = settles_at_ns(alloc, strategy, checks)
         if at is not None and at <= now_ns:
             settled += 1
         elif at is not None and (next_change == 0 or at < next_change):

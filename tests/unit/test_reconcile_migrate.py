@@ -11,10 +11,17 @@ import pytest
 
 from drover.scheduler import structs
 from drover.scheduler.reconciler.generic import GroupResult, reconcile_group
-from drover.scheduler.reconciler.migrate import drain_room, settles_at_ns
+from drover.scheduler.reconciler.migrate import (
+    DrainRoom,
+    checks_passing_since_ns,
+    drain_room,
+    group_check_count,
+    settles_at_ns,
+)
 from drover.scheduler.structs import (
     HEALTH_UNHEALTHY,
     Allocation,
+    AllocCheckStatus,
     AllocDeploymentStatus,
     DrainStrategy,
     Job,
@@ -22,8 +29,9 @@ from drover.scheduler.structs import (
     Node,
     TaskState,
 )
-from drover.scheduler.validate import ValidationError, canonicalize_job, validate_job
+from drover.scheduler.validate import canonicalize_job, validate_job
 from drover.server.jobspec import parse_jobspec
+from drover.v1 import structs_pb2
 from tests.fixtures import mock
 from tests.fixtures.buckets import Expect
 from tests.fixtures.mock import HOUR, NOW, SECOND
@@ -202,17 +210,72 @@ def _group_with_service(check: str) -> str:
     )
 
 
-def test_validate__migrate_checks_with_service_checks__refused_naming_the_key() -> None:
+def test_validate__migrate_checks_with_service_checks__accepted_and_honoured() -> None:
+    """Check statuses ride with the alloc, so a drain can wait on them (below)."""
     checked = parse_jobspec(
         _group_with_service('check {\n type = "tcp"\n interval = "10s"\n timeout = "2s"\n }')
     )
     unchecked = parse_jobspec(_group_with_service(""))
 
-    with pytest.raises(
-        ValidationError, match=r"groups\[0\]\.migrate\.health_check: \"checks\" is not supported"
-    ):
-        validate_job(canonicalize_job(checked))
+    validate_job(canonicalize_job(checked))
     validate_job(canonicalize_job(unchecked))  # no checks: "checks" means the task states
+    assert group_check_count(checked.groups[0]) == 1
+    assert group_check_count(unchecked.groups[0]) == 0
+
+
+CHECKS = replace(STRATEGY, health_check="checks")
+
+
+def _with_checks(alloc: Allocation, *statuses: tuple[str, int]) -> Allocation:
+    return replace(
+        alloc,
+        check_statuses=tuple(
+            AllocCheckStatus(service="web", check=f"check[{i}]", status=status, timestamp_ns=since)
+            for i, (status, since) in enumerate(statuses)
+        ),
+    )
+
+
+def test_settles__checks_mode__waits_for_every_check_passing_for_min_healthy_time() -> None:
+    job, node = job_with(CHECKS, 1), mock.node()
+    alloc = running_since(job, node, 0, NOW - 10 * SECOND)
+    deadline = alloc.create_time_ns + DEADLINE
+    assert deadline > NOW
+
+    # Tasks long running, but no check has a status yet: only the deadline settles it.
+    assert settles_at_ns(alloc, CHECKS, checks=2) == deadline
+    one = _with_checks(alloc, ("passing", NOW - SECOND))
+    assert settles_at_ns(one, CHECKS, checks=2) == deadline  # the second check has none
+    failing = _with_checks(alloc, ("passing", NOW - SECOND), ("critical", NOW - SECOND))
+    assert settles_at_ns(failing, CHECKS, checks=2) == deadline
+    # Both passing, the later since NOW - 1s: settled min_healthy_time after that.
+    both = _with_checks(alloc, ("passing", NOW - 3 * SECOND), ("passing", NOW - SECOND))
+    assert settles_at_ns(both, CHECKS, checks=2) == NOW - SECOND + MIN_HEALTHY
+    assert checks_passing_since_ns(both, 2) == NOW - SECOND
+    # "task_states", or a group without checks, looks at the tasks alone.
+    assert settles_at_ns(failing, STRATEGY, checks=2) == NOW - 10 * SECOND + MIN_HEALTHY
+    assert settles_at_ns(alloc, CHECKS, checks=0) == NOW - 10 * SECOND + MIN_HEALTHY
+
+
+def test_drain__checks_mode__next_leaves_only_once_the_replacements_checks_pass() -> None:
+    job, old, new = job_with(CHECKS, 2), mock.node(), mock.node()
+    leaving = [running_since(job, old, i, NOW - HOUR) for i in range(2)]
+    # The first batch moved: alloc 0's replacement runs on the new node, its check failing.
+    # The first batch moved: alloc 0's replacement has run on the new node for 10 s (past
+    # min_healthy_time), its check failing.
+    replacement = _with_checks(running_since(job, new, 0, NOW - 10 * SECOND), ("critical", NOW - 10 * SECOND))
+    waiting = drain_room([leaving[1], replacement], 2, CHECKS, NOW, checks=1)
+    assert waiting.room <= 0
+    assert waiting.next_change_ns == replacement.create_time_ns + DEADLINE  # unhealthy by then
+
+    # Passing for 6 s (> min_healthy_time): settled, so the second may leave.
+    passing = _with_checks(replacement, ("passing", NOW - 6 * SECOND))
+    assert drain_room([leaving[1], passing], 2, CHECKS, NOW, checks=1).room == 1
+    # Passing for 1 s only: not yet, and the room says when to look again.
+    recent = _with_checks(replacement, ("passing", NOW - SECOND))
+    assert drain_room([leaving[1], recent], 2, CHECKS, NOW, checks=1) == DrainRoom(
+        0, NOW - SECOND + MIN_HEALTHY
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -250,3 +313,37 @@ def test_update_allocs__replacement_runs_while_its_group_waits_on_a_draining_nod
     # Running already: no second eval for the same start.
     lead.endpoints.update_allocs([report("new")], node_id="n2", secret_id="secret-n2")
     assert len(drain_evals("web")) == before + 1
+
+
+def test_update_allocs__replacements_checks_all_pass_while_its_group_waits_on_a_draining_node__node_drain_eval() -> (
+    None
+):
+    """With ``health_check = "checks"`` the replacement settles when its checks pass, long
+    after it started running: that report brings the next look too."""
+    lead = Leader()
+    for name in ("n1", "n2"):
+        lead.endpoints.register_node(node(name, f"secret-{name}"))
+    job = job_with(CHECKS, 2, id="web")
+    lead.raft.propose(mock.register_job_entry(job))
+    n1, n2 = (lead.raft.store.snapshot().node(name) for name in ("n1", "n2"))
+    assert n1 is not None and n2 is not None
+    placed = [mock.alloc(job, n1, 1, id="held"), mock.alloc(job, n2, 0, id="new")]
+    assert not lead.raft.propose(mock.plan_entry(placed)).error
+    assert not lead.raft.propose(mock.drain_entry("n1", DrainStrategy(deadline_ns=HOUR))).error
+
+    def drain_evals() -> int:
+        evals = lead.raft.store.snapshot().evals_by_job("default", "web")
+        return sum(e.triggered_by == structs.TRIGGER_NODE_DRAIN for e in evals)
+
+    def with_check(status: str) -> structs_pb2.Allocation:
+        update = report("new")
+        update.check_statuses.add(service="web", check="check[0]", status=status, timestamp_ns=NOW)
+        return update
+
+    lead.endpoints.update_allocs([with_check("critical")], node_id="n2", secret_id="secret-n2")
+    started = drain_evals()  # its start brought one look, as with "task_states"
+    lead.endpoints.update_allocs([with_check("passing")], node_id="n2", secret_id="secret-n2")
+    assert drain_evals() == started + 1
+    # Still passing: nothing new to look at.
+    lead.endpoints.update_allocs([with_check("passing")], node_id="n2", secret_id="secret-n2")
+    assert drain_evals() == started + 1
