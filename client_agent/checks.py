@@ -1,9 +1,9 @@
 """The checks of an alloc's services (``service { provider = "nomad" check { ... } }``).
 
-drover has no Consul: the client runs each check itself, on the node where the alloc runs:
-for the check statuses it reports with the alloc and its ``check_restart``s
-(client_agent/checkwatch.py), and for deployment health (``update { health_check =
-"checks" }``, client_agent/health.py).
+drover has no Consul: the client runs each check itself, on the node where the alloc runs,
+once per interval (client_agent/checkwatch.py), and the results serve three ends: the
+statuses it reports with the alloc (each registration's health), its ``check_restart``s, and
+deployment health (``update { health_check = "checks" }``, client_agent/health.py).
 
 - ``http``: a request to ``<protocol>://127.0.0.1:<port>/<path>``, where ``<port>`` is the
   value the scheduler gave the check's port label in this alloc; any 2xx or 3xx status

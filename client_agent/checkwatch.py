@@ -184,6 +184,11 @@ class CheckWatcher:
         with self._lock:
             return tuple(self._statuses[key] for key in sorted(self._statuses))
 
+    def statuses_by_key(self) -> dict[str, CheckStatus]:
+        """The latest statuses by ``CheckSpec.key`` (deployment health reads them)."""
+        with self._lock:
+            return dict(self._statuses)
+
     def tick(self) -> float:
         """Run the checks that are due; seconds until the next one is."""
         starts = self._task_starts()

@@ -19,11 +19,15 @@ Three layers, from pure to threaded:
   (a restart starts it anew) and, with ``health_check = "checks"``, every check has passed
   without a failure, both for ``min_healthy_time``; otherwise "not yet", with the moment
   the answer could change.
-- ``HealthTracker``: one thread per alloc and deployment. Each ``tick()`` runs the checks
-  that are due (``checks.run_check``, each with its own timeout), folds their results into
-  ``CheckStreak`` values (any failure resets a streak) and asks ``decide_health``; the
-  verdict goes to ``on_health``. The thread waits between ticks on an event that task
-  changes set (``poke``), so a failure is seen at once, not at the next check.
+- ``HealthTracker``: one thread per alloc and deployment. Each ``tick()`` takes the
+  checks' ``CheckStreak`` values (any failure resets a streak) and asks ``decide_health``;
+  the verdict goes to ``on_health``. The streaks come from the alloc's check watcher
+  (client_agent/checkwatch.py: the same results the servers see, so a deployment and the
+  registrations never judge the same check differently, and no check runs twice), each
+  counted from no earlier than the tracking began; without one (``streaks`` None) the
+  tracker runs the checks that are due itself (``checks.run_check``). The thread waits
+  between ticks on an event that task and check changes set (``poke``), so a failure is
+  seen at once.
 
 Times are wall-clock nanoseconds from the injected ``Clock``: task start times are stamped
 with it, and the verdict's timestamp is sent to the servers.
@@ -33,12 +37,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import structlog
 
-from drover.client.checks import CheckOutcome, CheckSpec, run_check
+from drover.client.checks import CHECK_PASSING, CheckOutcome, CheckSpec, CheckStatus, run_check
 from drover.client.clock import Clock
 from drover.client.taskstate import TASK_RUNNING, TaskState
 from drover.client.threads import join_thread
@@ -54,6 +58,7 @@ __all__ = [
     "Verdict",
     "decide_health",
     "health_policy",
+    "streaks_of",
 ]
 
 HEALTH_HEALTHY: Final = "healthy"
@@ -118,6 +123,15 @@ class Verdict:
     health: str
     reason: str
     recheck_at_ns: int = 0
+
+
+def streaks_of(statuses: Mapping[str, CheckStatus]) -> dict[str, CheckStreak]:
+    """The check watcher's statuses (by check key) as streaks: a passing status passes since
+    it became passing (any failure since would have changed it)."""
+    return {
+        key: CheckStreak(s.timestamp_ns if s.status == CHECK_PASSING else 0, s.timestamp_ns, s.output)
+        for key, s in statuses.items()
+    }
 
 
 def health_policy(alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> HealthPolicy | None:
@@ -192,9 +206,11 @@ class HealthTracker:
         on_health: Callable[[str, int, str], None],
         log_fields: Mapping[str, Any],
         run: Callable[[CheckSpec], CheckOutcome] = run_check,
+        streaks: Callable[[], Mapping[str, CheckStreak]] | None = None,
     ) -> None:
         self.policy = policy
         self._specs = {spec.key: spec for spec in specs} if policy.use_checks else {}
+        self._source = streaks
         self._clock = clock
         self._tasks = tasks
         self._on_health = on_health
@@ -202,7 +218,9 @@ class HealthTracker:
         self._log = log.bind(**log_fields, deployment_id=policy.deployment_id)
         self._since_ns = clock.now_ns()
         self._streaks: dict[str, CheckStreak] = {key: CheckStreak() for key in self._specs}
-        self._next_run_ns: dict[str, int] = {key: self._since_ns for key in self._specs}
+        self._next_run_ns: dict[str, int] = (
+            {key: self._since_ns for key in self._specs} if streaks is None else {}
+        )
         self._wake = threading.Event()
         self._cancelled = threading.Event()
         self._done = False
@@ -240,7 +258,9 @@ class HealthTracker:
         look, or None when there is nothing more to do (decided or cancelled)."""
         if self._done or self._cancelled.is_set():
             return None
-        for key in sorted(self._specs):
+        if self._source is not None:
+            self._take_streaks(self._source())
+        for key in sorted(self._next_run_ns):
             if self._cancelled.is_set():
                 return None
             if self._clock.now_ns() < self._next_run_ns[key]:
@@ -270,9 +290,21 @@ class HealthTracker:
         if verdict.reason != self._last_reason:
             self._last_reason = verdict.reason
             self._log.debug("health.waiting", reason=verdict.reason)
-        wake_at = [verdict.recheck_at_ns, *self._next_run_ns.values()]
-        next_ns = min(t for t in wake_at if t > 0) if any(t > 0 for t in wake_at) else now
+        wake_at = [t for t in (verdict.recheck_at_ns, *self._next_run_ns.values()) if t > 0]
+        next_ns = min(wake_at, default=now + int(MAX_WAIT_S * 1e9))
         return min(MAX_WAIT_S, max(0.0, (next_ns - now) / 1e9))
+
+    def _take_streaks(self, current: Mapping[str, CheckStreak]) -> None:
+        """The watcher's streaks, a pass counted from no earlier than tracking began (a
+        check that passed before this deployment has yet to pass for min_healthy_time in it)."""
+        for key in self._specs:
+            streak = current.get(key, CheckStreak())
+            if streak.passing_since_ns:
+                streak = replace(streak, passing_since_ns=max(streak.passing_since_ns, self._since_ns))
+            before = self._streaks[key]
+            self._streaks[key] = streak
+            if bool(before.passing_since_ns) != bool(streak.passing_since_ns):
+                self._log.info("health.check", check=key, passing=bool(streak.passing_since_ns))
 
     def _loop(self) -> None:
         try:

@@ -43,7 +43,15 @@ from drover.client.checkwatch import CheckWatcher, reported_statuses, with_statu
 from drover.client.clock import Clock
 from drover.client.drivers.base import Driver, TaskHandle, TaskSpec, parse_config_json
 from drover.client.errors import DriverConfigError, StateError
-from drover.client.health import DeploymentHealth, HealthTracker, health_policy, recorded_health, with_health
+from drover.client.health import (
+    CheckStreak,
+    DeploymentHealth,
+    HealthTracker,
+    health_policy,
+    recorded_health,
+    streaks_of,
+    with_health,
+)
 from drover.client.interpolate import interpolate_config
 from drover.client.lifecycle import HOOK_POSTSTOP, TaskRole, plan_steps, roles_of, stop_wave
 from drover.client.restarts import RestartPolicy, default_restart_policy
@@ -660,6 +668,7 @@ class AllocRunner:
             clock=self._clock,
             tasks=self._task_states,
             on_health=decided,
+            streaks=self._check_streaks,
             log_fields={
                 "alloc_id": self._alloc.id,
                 "job_id": self._alloc.job_id,
@@ -733,6 +742,14 @@ class AllocRunner:
         with self._lock:
             if not self._destroyed:
                 self._persist_and_report()
+            if self._tracker is not None:
+                self._tracker.poke()
+
+    def _check_streaks(self) -> dict[str, CheckStreak]:
+        """What deployment health judges the checks by: the watcher's results (no lock, as
+        for _task_states)."""
+        watcher = self._checks
+        return streaks_of(watcher.statuses_by_key()) if watcher is not None else {}
 
     def _restart_for_check(self, name: str, reason: str) -> None:
         """A check_restart's limit reached: restart the task as a failure (its restart

@@ -13,7 +13,7 @@ import pytest
 
 import drover.client.runner as alloc_runner
 from drover.client.agent import ClientAgent
-from drover.client.checks import CheckOutcome, CheckSpec
+from drover.client.checks import CheckOutcome, CheckSpec, CheckStatus
 from drover.client.health import (
     CheckStreak,
     DeploymentHealth,
@@ -21,6 +21,7 @@ from drover.client.health import (
     HealthTracker,
     decide_health,
     health_policy,
+    streaks_of,
 )
 from drover.client.rpc import alloc_update_message
 from drover.client.taskstate import TASK_DEAD, TASK_PENDING, TASK_RUNNING, AllocStatus, TaskState
@@ -285,6 +286,41 @@ def test_tracker__check_not_due__not_run_again_and_waits_for_it() -> None:
 
     assert run.runs == [T0, T0 + 5 * S]
     assert verdicts == []
+
+
+def test_tracker__streaks_from_the_check_watcher__run_nothing__pass_counted_from_tracking() -> None:
+    """With the watcher's results, the tracker runs no check itself; a check that passed
+    before the deployment began counts from when tracking began; a failure resets it."""
+    clock = ManualClock(T0)
+    watcher: dict[str, CheckStatus] = {
+        "web/alive": CheckStatus("", "web", "alive", "passing", "", T0 - 100 * S)
+    }
+    verdicts: list[tuple[str, int]] = []
+    run = ScriptedCheck(clock, [])
+    spec = CheckSpec(key="web/alive", type="http", interval_ns=5 * S, timeout_ns=S, port=1)
+    tracker = HealthTracker(
+        CHECKED,
+        [spec],
+        clock=clock,
+        tasks=lambda: {"a": running(-200)},
+        on_health=lambda health, ts, _reason: verdicts.append((health, ts)),
+        log_fields={},
+        run=run,
+        streaks=lambda: streaks_of(watcher),
+    )
+    assert tracker.tick() == pytest.approx(1.0)
+    clock.now = T0 + 5 * S
+    watcher["web/alive"] = CheckStatus("", "web", "alive", "critical", "refused", T0 + 5 * S)
+    tracker.tick()
+    clock.now = T0 + 12 * S
+    watcher["web/alive"] = CheckStatus("", "web", "alive", "passing", "", T0 + 12 * S)
+    tracker.tick()
+    clock.now = T0 + 21 * S
+    assert tracker.tick() is not None and verdicts == []  # 9 s of the 10 s passing
+    clock.now = T0 + 22 * S
+    assert tracker.tick() is None
+    assert verdicts == [("healthy", T0 + 22 * S)]
+    assert run.runs == []  # the watcher ran the check, not the tracker
 
 
 def test_tracker__task_states_mode__runs_no_check() -> None:
