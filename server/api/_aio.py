@@ -183,6 +183,7 @@ class SyncBridge(HandlerRewriter):
         limits: CallerLimits,
         tls: TLSMaterial | None,
     ) -> None:
+        super().__init__()
         self._pool = pool
         self._notifier = notifier
         self._limits = limits

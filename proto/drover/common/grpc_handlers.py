@@ -46,7 +46,18 @@ def rebuild_handler(
 
 class HandlerRewriter(grpc.aio.ServerInterceptor):
     """An aio server interceptor that serves each method through ``rewrite`` of its handler
-    (methods the server does not know stay unknown)."""
+    (methods the server does not know stay unknown).
+
+    grpc asks the interceptors for a handler on every call. A rewrite depends only on the
+    method and the handler under it, so it is made once per method and kept while the
+    handler under it stays the same object (a servicer's handlers are made once; an inner
+    rewriter keeps its own): rebuilding three handlers per call was a sixth of the API
+    loop's busy time under a 1,000-client fleet. Runs on the one event loop only."""
+
+    def __init__(self) -> None:
+        self._rewritten: dict[
+            str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]
+        ] = {}
 
     async def intercept_service(
         self,
@@ -56,7 +67,13 @@ class HandlerRewriter(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return self.rewrite(handler, str(handler_call_details.method))
+        method = str(handler_call_details.method)
+        kept = self._rewritten.get(method)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        rewritten = self.rewrite(handler, method)
+        self._rewritten[method] = (handler, rewritten)
+        return rewritten
 
     @abstractmethod
     def rewrite(
