@@ -50,7 +50,11 @@ class ServicesServicer(api_pb2_grpc.ServicesServicer):
             registrations = snap.service_registrations(namespace, name)
             tags = sorted({tag for reg in registrations for tag in reg.tags})
             response.services.add(
-                namespace=namespace, service_name=name, tags=tags, registrations=len(registrations)
+                namespace=namespace,
+                service_name=name,
+                tags=tags,
+                registrations=len(registrations),
+                passing=sum(is_passing(reg) for reg in registrations),
             )
         return response
 

@@ -74,7 +74,7 @@ def test_service_discovery__registered_while_running__template_follows_and_resta
         code, out, err = _cli(dev_agent, "service", "list")
         assert code == 0, err
         assert any(
-            line.split()[:4] == ["api-http", "default", "1", "public,v1"] for line in out.splitlines()
+            line.split()[:5] == ["api-http", "default", "1", "1", "public,v1"] for line in out.splitlines()
         ), out
 
         # The consumer's template sees the new instance: re-rendered, and the task restarted

@@ -286,7 +286,14 @@ def test_registrations__health_follows_the_reported_checks__client_info_hands_ou
         node_id="n1", secret_id="n1-secret", alloc_id=alloc_id, service_names=["web-http", "web-task"]
     )
     assert [r.service_name for r in _call(api, "ClientInfo", request).registrations] == ["web-task"]
+    listed = _call(api, "List", api_pb2.ServiceListRequest()).services
+    assert [(s.service_name, s.registrations, s.passing) for s in listed] == [
+        ("web-http", 1, 0),
+        ("web-task", 1, 1),
+    ]
     _report_checks(cluster, alloc_id, {"alive": "passing", "check[1]": "passing"})
+    listed = _call(api, "List", api_pb2.ServiceListRequest()).services
+    assert [(s.service_name, s.passing) for s in listed] == [("web-http", 1), ("web-task", 1)]
     assert [r.service_name for r in _call(api, "ClientInfo", request).registrations] == [
         "web-http",
         "web-task",

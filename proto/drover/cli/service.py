@@ -46,8 +46,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps([message_json(s) for s in services]))
         return 0
     print_table(
-        ["Service Name", "Namespace", "Registrations", "Tags"],
-        [[s.service_name, s.namespace, str(s.registrations), ",".join(s.tags)] for s in services],
+        ["Service Name", "Namespace", "Registrations", "Passing", "Tags"],
+        [
+            [s.service_name, s.namespace, str(s.registrations), str(s.passing), ",".join(s.tags)]
+            for s in services
+        ],
         empty="No services registered",
     )
     return 0

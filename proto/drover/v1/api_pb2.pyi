@@ -3630,10 +3630,13 @@ class ServiceSummary(_message.Message):
     SERVICE_NAME_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    PASSING_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     service_name: _builtins.str
     registrations: _builtins.int
     """How many registrations the service has."""
+    passing: _builtins.int
+    """How many of them pass every check (what nomadService hands out)."""
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Every tag any registration of the service has, sorted."""
@@ -3645,10 +3648,11 @@ class ServiceSummary(_message.Message):
         service_name: _builtins.str = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
         registrations: _builtins.int = ...,
+        passing: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "registrations", b"registrations", "service_name", b"service_name", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "passing", b"passing", "registrations", b"registrations", "service_name", b"service_name", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
