@@ -79,7 +79,7 @@ from drover.scheduler.structs import (
 )
 from drover.scheduler.validate import canonicalize_job, default_reschedule_policy, default_restart_policy
 from drover.server.codec import from_proto
-from drover.server.jobspec_api import is_nomad_api_json, nomad_api_to_jobspec
+from drover.server.jobspec_api import JsonObject, is_nomad_api_json, load_json, nomad_api_to_jobspec
 from drover.server.jobspec_eval import EvalError, Labelled, Located, VariableInputs, evaluate_document
 from drover.v1 import structs_pb2
 
@@ -171,7 +171,7 @@ def parse_jobspec(text: str, *, filename: str = "", variables: VariableInputs | 
 def _parse(text: str, variables: VariableInputs) -> Job:
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            data = load_json(text)
         except json.JSONDecodeError as exc:
             raise JobspecError(f"line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from exc
         except ValueError as exc:  # an integer past the interpreter's digit limit
@@ -384,7 +384,14 @@ class _Body:
         self.report(f"{self.where} {shown}: expected {expected}, got {_describe(got)}".strip(), where)
 
     def child(self, where: str, data: Mapping[str, Any], line: int) -> _Body:
-        return _Body(where, data, self.problems, line or self.line)
+        body = _Body(where, data, self.problems, line or self.line)
+        body.report_repeats()
+        return body
+
+    def report_repeats(self) -> None:
+        """A JSON object's repeated keys (HCL's are found on its parse tree, ``_check_tree``)."""
+        for key in self.data.repeated if isinstance(self.data, JsonObject) else ():
+            self.report(f"{_place(self.where)}: duplicate key {_quote(key)}", key)
 
     def scalar(self, key: str, convert: Callable[[Any], T | None], expected: str, default: T) -> T:
         raw = self.get(key)
@@ -492,7 +499,7 @@ class _Body:
                 found.append(("", self.child(f"{self.where} {key}".strip(), item, line)))
                 continue
             for label, body in item.items():
-                line = item.lines.get(label, 0) if isinstance(item, Located) else 0
+                line = item.lines.get(label, 0) if isinstance(item, Located) else _block_line(body)
                 if isinstance(body, Labelled):
                     self.problems.append(
                         (line or self.line_of(key), f"{wrong} (it has the labels {_labels(item)})")
@@ -505,8 +512,9 @@ class _Body:
         return found
 
 
-def _block_line(item: Mapping[str, Any]) -> int:
-    return item.line if isinstance(item, Located) else 0
+def _block_line(item: Any) -> int:
+    """The line a block (HCL) or object (JSON) opens on, 0 where unknown."""
+    return item.line if isinstance(item, Located | JsonObject) else 0
 
 
 def _labels(wrapper: Any) -> str:
@@ -650,7 +658,8 @@ def _root(data: Mapping[str, Any], problems: Sequence[tuple[int, str]] = ()) -> 
     """The job, or every problem of the file (those found before, in ``problems``) as one
     ``JobspecError``, in line order. A second ``job`` block is reported and read too, for
     the problems inside it; a file with any problem gives no job."""
-    root = _Body("", data, list(problems))
+    root = _Body("", data, list(problems), _block_line(data))
+    root.report_repeats()
     root.check_keys(frozenset({"job"}))
     jobs = [_job(job_id, body) for job_id, body in root.labelled("job")]
     lines = _block_lines(data.get("job"))

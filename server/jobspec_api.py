@@ -18,12 +18,16 @@ by name, with the object it is in (``job "web" group "api": unknown key "Foo"``)
 
 from __future__ import annotations
 
+import bisect
 import json
-from collections.abc import Mapping
+import json.decoder
+import json.scanner
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["is_nomad_api_json", "nomad_api_to_jobspec"]
+__all__ = ["JsonObject", "is_nomad_api_json", "load_json", "nomad_api_to_jobspec"]
 
 # How a value goes across: as it is, a duration, a map, one block, a list of blocks, or
 # a list of blocks labelled by one of their fields.
@@ -305,6 +309,48 @@ _NOTHING_ASKED: Final[Mapping[tuple[str, str], Any]] = {
 }
 
 
+class JsonObject(dict[str, Any]):
+    """A JSON object of a job file, with the line it opens on and the keys written in it
+    more than once (``json.loads`` would keep the last silently; the first is kept here,
+    as for HCL, and each repeat is a problem at ``line``)."""
+
+    __slots__ = ("line", "repeated")
+
+    def __init__(self, pairs: Sequence[tuple[str, Any]] = ()) -> None:
+        super().__init__()
+        self.line = 0
+        self.repeated: list[str] = []
+        for key, value in pairs:
+            if key in self:
+                self.repeated.append(key)
+            else:
+                self[key] = value
+
+
+def load_json(text: str) -> Any:
+    """``text`` as ``json.loads`` reads it, but every object a ``JsonObject``. Raises what
+    ``json.loads`` raises (``JSONDecodeError``, ``ValueError``, ``RecursionError``).
+
+    The pure-Python scanner is used for its ``parse_object`` hook, the one place an
+    object's position is known; a job file is small enough for it."""
+    newlines = [match.start() for match in re.finditer("\n", text)]
+    decoder = json.JSONDecoder(object_pairs_hook=JsonObject)
+
+    def parse_object(s_and_end: tuple[str, int], *args: Any) -> tuple[Any, int]:
+        obj, end = json.decoder.JSONObject(s_and_end, *args)  # type: ignore[attr-defined]
+        if isinstance(obj, JsonObject):
+            obj.line = bisect.bisect_left(newlines, s_and_end[1]) + 1
+        return obj, end
+
+    decoder.parse_object = parse_object  # type: ignore[attr-defined]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder.decode(text)
+
+
+def _line(obj: Any) -> int:
+    return obj.line if isinstance(obj, JsonObject) else 0
+
+
 def is_nomad_api_json(data: Any) -> bool:
     """A ``{"Job": {...}}`` object, or a bare Nomad API job (it has ``TaskGroups``)."""
     return isinstance(data, dict) and (isinstance(data.get("Job"), dict) or "TaskGroups" in data)
@@ -312,22 +358,30 @@ def is_nomad_api_json(data: Any) -> bool:
 
 def nomad_api_to_jobspec(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[int, str]]]:
     """The jobspec-shaped data of a Nomad API job, and the problems of the fields it could
-    not carry across (unknown ones, wrong shapes), each as (0, message)."""
+    not carry across (unknown ones, repeated ones, wrong shapes), each as (line, message):
+    the line the object opens on when ``data`` came from ``load_json``, else 0."""
     job = data.get("Job", data)
     problems: list[tuple[int, str]] = []
     extra = [k for k in data if k != "Job"] if "Job" in data else []
     for key in extra:
-        problems.append((0, f'top level: unknown key {_quote(key)} (expected only "Job")'))
+        problems.append((_line(data), f'top level: unknown key {_quote(key)} (expected only "Job")'))
+    if job is not data:
+        _report_repeats(data, "top level", problems)
     job_id = job.get("ID") or job.get("Name") or ""
     if not isinstance(job_id, str) or not job_id:
-        problems.append((0, 'job: "ID" is required, a string'))
+        problems.append((_line(job), 'job: "ID" is required, a string'))
         job_id = ""
     where = f"job {_quote(job_id)}"
     region = job.get("Region")
     if region not in (None, "", "global"):
-        problems.append((0, f'{where}: "Region" is not supported by drover (one region only)'))
+        problems.append((_line(job), f'{where}: "Region" is not supported by drover (one region only)'))
     body = _object(job, "job", where, problems, skip=frozenset({"Region"}))
     return {"job": [{job_id: body}]}, problems
+
+
+def _report_repeats(obj: Any, where: str, problems: list[tuple[int, str]]) -> None:
+    for key in obj.repeated if isinstance(obj, JsonObject) else ():
+        problems.append((obj.line, f"{where}: duplicate key {_quote(key)}"))
 
 
 def _quote(text: str) -> str:
@@ -346,15 +400,18 @@ def _object(
         return {}
     if kind == "any":  # a feature drover refuses by its key: what is inside does not matter
         return dict(obj)
+    _report_repeats(obj, where, problems)
     table = _TABLES[kind]
     skipped = _SKIPPED.get(kind, frozenset()) | skip
-    out: dict[str, Any] = {}
+    # Carries the object's line, so the converter's problems with it have it too.
+    out = JsonObject()
+    out.line = _line(obj)
     for name, value in obj.items():
         if name in skipped or _empty(value) or _NOTHING_ASKED.get((kind, name), object()) == value:
             continue
         field = table.get(name)
         if field is None:
-            problems.append((0, f"{where}: unknown key {_quote(name)} (Nomad API JSON)"))
+            problems.append((_line(obj), f"{where}: unknown key {_quote(name)} (Nomad API JSON)"))
             continue
         carried = _carry(field, value, f"{where} {field.key}", problems)
         if carried is None:
@@ -382,7 +439,7 @@ def _carry(field: _Field, value: Any, where: str, problems: list[tuple[int, str]
     for item in items:
         label = item.get(field.label) if isinstance(item, dict) else None
         if not isinstance(label, str) or not label:
-            problems.append((0, f"{where}: each needs {_quote(field.label)}, a string"))
+            problems.append((_line(item), f"{where}: each needs {_quote(field.label)}, a string"))
             continue
         labelled.append({label: _object(item, field.kind, f"{where} {_quote(label)}", problems)})
     return labelled
