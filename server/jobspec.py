@@ -9,19 +9,29 @@ plain Python data shaped as python-hcl2's own serializer would give it: a block 
 label (``group "api" { ... }`` -> ``{"group": [{"api": {...}}]}``), and an attribute is its
 value (``count = 1 + 2`` -> ``{"count": 3}``). Runtime interpolation (``${node.*}``,
 ``${attr.*}``, ``${meta.*}``, ``${env.*}``, ``${NOMAD_*}``) stays text for the client.
-Each body also carries the line of each of its keys (``Located``).
+Each body also carries the line of each of its keys and its block's own line
+(``Located``), and a label is a ``Labelled`` wrapper, so a block whose label was left out
+(``group { meta = {} }``) is not taken for a group called "meta".
 
-Two things that data cannot tell us are checked on the parse tree first (``_check_tree``):
-a repeated attribute (python-hcl2 silently keeps the last one) and a missing block label
-(``group { meta = {} }`` would look like a group called "meta").
+What that data cannot tell us, a key written twice (the evaluator keeps the first), is
+found on the parse tree first (``_check_tree``), every repeat at its own line.
 
 The converter (``_job`` and friends) then walks the data with a ``_Body`` per block. Every
 block lists the keys it knows, so a typo is an error naming the key and the place, and
-each getter checks the value's type. A problem does not stop the walk: every problem of
+each getter checks the value's type. A problem does not stop the walk: a bad value is
+reported and its default read on; a block with its label left out or doubled is reported
+and read as if it had one; a second ``update`` (or any block allowed once) or a second
+``job`` is reported at its line and read too, for the problems inside it. Every problem of
 the file (evaluation's and the converter's) is collected with its line and raised as one
-``JobspecError``, in line order (``web.hcl:12: job "web" group "api": unknown key "x"``). JSON with a top-level ``"job"`` key goes through the
-same converter (it also accepts HCL-JSON's ``{"label": {...}}`` object for labelled
-blocks); any other JSON object is the protobuf JSON of ``drover.v1.Job``.
+``JobspecError``, in line order (``web.hcl:12: job "web" group "api": duplicate key
+"count"``); a file with any problem gives no job. Only what ends the reading itself stops
+it at once: a syntax error, the evaluation's budget, JSON that does not parse.
+
+JSON with a top-level ``"job"`` key goes through the same converter (it also accepts
+HCL-JSON's ``{"label": {...}}`` object for labelled blocks), and so does Nomad's API JSON
+(``{"Job": ...}``, by ``jobspec_api``); both are read by ``jobspec_api.load_json``, which
+gives each object its line and keeps the keys written twice in one, to be reported. Any
+other JSON object is the protobuf JSON of ``drover.v1.Job``.
 
 Parsing never validates: the caller runs ``drover.scheduler.validate.validate_job`` on the
 result, so one rule set serves the API and the CLI.
@@ -94,9 +104,10 @@ MAX_MESSAGE_CHARS: Final = 4000
 
 
 class JobspecError(ValueError):
-    """A jobspec that cannot be read: every problem found, each naming its place and, for
-    HCL, its line. ``str()`` is one line (problems joined by "; "), so any caller can print
-    it; ``errors`` has each problem alone (``web.hcl:12: job "web": unknown key "x"``)."""
+    """A jobspec that cannot be read: every problem found, each naming its place and its
+    line. ``str()`` is one line (problems joined by "; "), so any caller can print it;
+    ``errors`` has each problem alone (``web.hcl:12: job "web": unknown key "x"``), as many
+    as ``str()`` shows; ``all_errors`` has every one, for a listing (``job validate``)."""
 
     def __init__(
         self, message: str = "", *, problems: Sequence[tuple[int, str]] = (), filename: str = ""
@@ -110,6 +121,9 @@ class JobspecError(ValueError):
                 break
             shown.append(rendered)
         self.errors: tuple[str, ...] = tuple(shown)
+        self.all_errors: tuple[str, ...] = tuple(
+            _render_problem(filename, line, text) for line, text in self.problems
+        )
         more = len(self.problems) - len(shown)
         super().__init__("; ".join(self.errors) + (f"; and {more} more" if more else ""))
 

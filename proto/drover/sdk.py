@@ -319,7 +319,8 @@ def parse_job(
     try:
         job = parse_jobspec(text, filename=filename, variables=inputs)
     except JobspecError as exc:
-        raise JobFileError(str(exc), problems=getattr(exc, "errors", (str(exc),))) from exc
+        listed = getattr(exc, "all_errors", getattr(exc, "errors", (str(exc),)))
+        raise JobFileError(str(exc), problems=listed) from exc
     if validate:
         try:
             validate_job(canonicalize_job(job))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from drover.cli import main
 from drover.server.jobspec import JobspecError, parse_jobspec
 
 # Each mistake is on its own line, and the file goes on after every one of them.
@@ -218,3 +219,20 @@ def test_cli_validate__a_real_process_lists_every_problem_and_exits_1(tmp_path: 
         "  * " + error.replace("web.hcl:", f"{path}:", 1) for error in MANY_MISTAKES_ERRORS
     ], result.stdout
     assert result.stderr == f"Error: {path}: job validation failed: {len(MANY_MISTAKES_ERRORS)} problem(s)\n"
+
+
+def test_cli_validate__more_problems_than_one_line_shows__lists_them_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run`` and ``plan`` put the first 20 on their one line; ``validate`` lists all."""
+    path = tmp_path / "web.hcl"
+    path.write_text('job "web" {\n' + "".join(f"  bogus{i} = 1\n" for i in range(30)) + "}\n")
+
+    code = main(["job", "validate", "-address", "127.0.0.1:1", str(path)])
+
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out.splitlines()[1:] == [
+        f'  * {path}:{i + 2}: job "web": unknown key "bogus{i}"' for i in range(30)
+    ]
+    assert err == f"Error: {path}: job validation failed: 30 problem(s)\n"
