@@ -291,6 +291,8 @@ def _check_tree(body: Any, where: str, problems: list[tuple[int, str]]) -> None:
                     (line, f"{_place(where)}: duplicate key {_quote(kind)}{_first_at(attributes[kind])}")
                 )
             blocks.setdefault(kind, line)
+            if not where and kind == "locals":
+                continue  # the evaluator reports a local defined twice, in one block or two
             # Named as the converter names it: the first label only, none if left out.
             name = " ".join([kind, *(_quote(label) for label in labels[1:2])])
             _check_tree(child.body, f"{where} {name}".strip(), problems)

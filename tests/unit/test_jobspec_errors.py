@@ -90,6 +90,14 @@ def test_hcl__every_mistake_reported_with_its_line_and_place() -> None:
             'job "a" {\n  group "g" {\n    task "t" {\n      config {\n        x = 1\n        x = 2\n      }\n    }\n  }\n}\n',
             'line 6: job "a" group "g" task "t" config: duplicate key "x"',
         ),
+        (
+            'variable "v" {\n  default = 1\n  default = 2\n}\njob "a" {}\n',
+            'line 3: variable "v": duplicate key "default"',
+        ),
+        (
+            'job "a" {\n  meta = {}\n  dynamic "meta" {\n    for_each = [1]\n    content {}\n  }\n}\n',
+            'line 3: dynamic "meta": "meta" is set already',
+        ),
     ],
     ids=[
         "attribute-twice",
@@ -99,10 +107,17 @@ def test_hcl__every_mistake_reported_with_its_line_and_place() -> None:
         "job-two-labels",
         "port-no-label",
         "config-key-twice",
+        "variable-key-twice",
+        "dynamic-beside-attribute",
     ],
 )
 def test_hcl__each_kind_of_mistake__alone_is_refused_at_its_line(text: str, expected: str) -> None:
     assert any(error.startswith(expected) for error in _errors(text, "")), _errors(text, "")
+
+
+def test_hcl__a_local_defined_twice__reported_once() -> None:
+    text = 'locals {\n  a = 1\n  a = 2\n}\njob "x" {\n  priority = local.a\n}\n'
+    assert _errors(text, "") == ("line 3: local.a is defined twice",)
 
 
 def test_hcl__a_block_without_its_label__no_guessed_keys_from_inside_it() -> None:
