@@ -617,16 +617,17 @@ _FIELD_PATH_STEP: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?")
 
 def locate_problems(errors: Sequence[str], text: str, *, filename: str = "") -> list[str]:
     """Validation problems (``job.groups[0].count: must be >= 0``, from
-    ``drover.scheduler.validate``) with the line their field was written on, where an HCL
+    ``drover.scheduler.validate``) with the line their field was written on, where the
     file says it: ``web.hcl:4: job.groups[0].count: must be >= 0``. A field the file left
-    out (a default) gets its block's line; a problem with no place in the file is kept
-    as it is. Reads ``text`` again, so a caller that has only the ``Job`` can use it."""
-    if text.lstrip().startswith("{"):
-        return list(errors)
+    out (a default) gets its block's line, and in JSON (HCL-shaped or Nomad's API JSON)
+    every field gets the line its object opens on; a problem with no place in the file
+    (or in drover's protobuf JSON) is kept as it is. Reads ``text`` again, so a caller
+    that has only the ``Job`` can use it."""
     try:
-        tree = hcl2.parses(_trim_heredoc_ends(text))
-        data, _ = evaluate_document(tree.body, VariableInputs())
+        data = _data_for_lines(text)
     except Exception:  # the file parsed once already; if not now, keep the problems as they are
+        return list(errors)
+    if data is None:
         return list(errors)
     located = []
     for error in errors:
@@ -636,38 +637,65 @@ def locate_problems(errors: Sequence[str], text: str, *, filename: str = "") -> 
     return located
 
 
-def _line_of_field(root: Located, path: str) -> int:
+def _data_for_lines(text: str) -> Mapping[str, Any] | None:
+    """The jobspec-shaped data of ``text``, with its lines; ``None`` for protobuf JSON."""
+    if not text.lstrip().startswith("{"):
+        tree = hcl2.parses(_trim_heredoc_ends(text))
+        data, _ = evaluate_document(tree.body, VariableInputs())
+        return data
+    loaded = load_json(text)
+    if isinstance(loaded, dict) and "job" in loaded:
+        return loaded
+    if is_nomad_api_json(loaded):
+        return nomad_api_to_jobspec(loaded)[0]
+    return None
+
+
+def _line_of_field(root: Mapping[str, Any], path: str) -> int:
     steps = path.split(".")
     if not steps or steps[0] != "job":
         return 0
-    jobs = root.get("job")
-    if not isinstance(jobs, list) or not jobs or not isinstance(jobs[0], Located) or not jobs[0]:
+    jobs = _labelled_bodies(root.get("job"))
+    if not jobs:
         return 0
-    label = next(iter(jobs[0]))
-    line = jobs[0].lines.get(label, 0)
-    body = jobs[0][label]
+    body, line = jobs[0]
     for step in steps[1:]:
         match = _FIELD_PATH_STEP.fullmatch(step)
-        if match is None or not isinstance(body, Located):
+        if match is None:
             break
         name, index = match.group(1), int(match.group(2) or 0)
         candidates = [name, _FIELD_KEYS.get(name, name), re.sub(r"_(ns|mb|mhz)$", "", name)]
         key = next((c for c in candidates if c in body), None)
         if key is None:
             break
-        line = body.lines.get(key, line)
+        line = body.lines.get(key, line) if isinstance(body, Located) else line
         value = body[key]
-        if isinstance(value, list) and value and all(isinstance(v, Located) for v in value):
-            labelled = [(v, label) for v in value for label in v if isinstance(v[label], Located)]
-            if key in _LABELLED_BLOCKS and len(labelled) > index:
-                wrapper, label = labelled[index]
-                line = wrapper.lines.get(label, line)
-                body = wrapper[label]
-            else:
-                body = value[min(index, len(value) - 1)]
-        else:
+        if key in _LABELLED_BLOCKS:
+            labelled = _labelled_bodies(value)
+            if len(labelled) <= index:
+                break
+            body, line = labelled[index]
+            continue
+        blocks = [item for item in (value if isinstance(value, list) else [value]) if isinstance(item, dict)]
+        if not blocks:
             break
+        body = blocks[min(index, len(blocks) - 1)]
+        line = _block_line(body) or line
     return line
+
+
+def _labelled_bodies(raw: Any) -> list[tuple[Mapping[str, Any], int]]:
+    """Each body of labelled blocks (HCL's ``[{"a": {...}}]``, JSON's ``{"a": {...}}``)
+    with its line."""
+    found: list[tuple[Mapping[str, Any], int]] = []
+    for item in raw if isinstance(raw, list) else [raw]:
+        if not isinstance(item, dict) or (isinstance(item, Located) and not isinstance(item, Labelled)):
+            continue
+        for label, body in item.items():
+            if isinstance(body, dict):
+                line = item.lines.get(label, 0) if isinstance(item, Located) else _block_line(body)
+                found.append((body, line))
+    return found
 
 
 def _root(data: Mapping[str, Any], problems: Sequence[tuple[int, str]] = ()) -> Job:

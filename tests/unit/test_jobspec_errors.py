@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from drover.cli import main
-from drover.server.jobspec import JobspecError, parse_jobspec
+from drover.scheduler.validate import ValidationError, validate_job
+from drover.server.jobspec import JobspecError, locate_problems, parse_jobspec
 
 # Each mistake is on its own line, and the file goes on after every one of them.
 MANY_MISTAKES = """\
@@ -251,3 +252,60 @@ def test_cli_validate__more_problems_than_one_line_shows__lists_them_all(
         f'  * {path}:{i + 2}: job "web": unknown key "bogus{i}"' for i in range(30)
     ]
     assert err == f"Error: {path}: job validation failed: 30 problem(s)\n"
+
+
+INVALID_HCL_SHAPED_JSON = """\
+{"job": {"w": {
+  "priority": 500,
+  "group": {"a": {
+    "count": -1,
+    "task": {"t": {
+      "driver": "mock",
+      "resources": {
+        "memory": -5
+      }
+    }}
+  }}
+}}}
+"""
+
+INVALID_NOMAD_API_JSON = """\
+{"Job": {
+  "ID": "w",
+  "Priority": 500,
+  "TaskGroups": [
+    {
+      "Name": "a",
+      "Count": -1,
+      "Tasks": [
+        {
+          "Name": "t",
+          "Driver": "mock",
+          "Resources": {
+            "MemoryMB": -5
+          }
+        }
+      ]
+    }
+  ]
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "group_line", "resources_line"),
+    [(INVALID_HCL_SHAPED_JSON, 3, 7), (INVALID_NOMAD_API_JSON, 5, 12)],
+    ids=["hcl-shaped-json", "nomad-api-json"],
+)
+def test_locate_problems__json__each_validation_problem_gets_its_objects_line(
+    text: str, group_line: int, resources_line: int
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        validate_job(parse_jobspec(text))
+    located = locate_problems([str(e) for e in info.value.errors], text, filename="w.json")
+    lines = {e.split(": ", 2)[1]: int(e.split(":", 2)[1]) for e in located}
+    assert lines == {
+        "job.priority": 1,  # the job's object opens on line 1
+        "job.groups[0].count": group_line,
+        "job.groups[0].tasks[0].resources.memory_mb": resources_line,
+    }, located
