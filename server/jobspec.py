@@ -267,8 +267,8 @@ def _syntax_message(exc: UnexpectedInput) -> str:
 
 
 def _check_tree(body: Any, where: str, problems: list[tuple[int, str]]) -> None:
-    """Catch what the serialized data hides: an attribute set twice (python-hcl2 and the
-    evaluator keep the last), or both set and written as a block. Each repeat goes on
+    """Catch what the serialized data hides: an attribute set twice (python-hcl2 keeps the
+    last, the evaluator the first), or both set and written as a block. Each repeat goes on
     ``problems`` at its own line and the walk goes on. Labels are the converter's to
     check (``_Body.labelled``): it sees ``dynamic`` blocks' labels too.
     """
