@@ -440,6 +440,6 @@ def _carry(field: _Field, value: Any, where: str, problems: list[tuple[int, str]
         label = item.get(field.label) if isinstance(item, dict) else None
         if not isinstance(label, str) or not label:
             problems.append((_line(item), f"{where}: each needs {_quote(field.label)}, a string"))
-            continue
+            label = ""  # read all the same, for the problems inside it
         labelled.append({label: _object(item, field.kind, f"{where} {_quote(label)}", problems)})
     return labelled

@@ -309,3 +309,15 @@ def test_locate_problems__json__each_validation_problem_gets_its_objects_line(
         "job.groups[0].count": group_line,
         "job.groups[0].tasks[0].resources.memory_mb": resources_line,
     }, located
+
+
+def test_nomad_api_json__a_group_without_its_name__still_read_for_its_problems() -> None:
+    text = (
+        '{"Job": {"ID": "w", "TaskGroups": [\n {"Count": "x",\n'
+        '  "Tasks": [{"Name": "t", "Driver": "mock", "Bogus": 1}]}]}}\n'
+    )
+    assert _errors(text, "w.json") == (
+        'w.json:2: job "w" group: each needs "Name", a string',
+        'w.json:2: job "w" group "" count: expected a number, got "x"',
+        'w.json:3: job "w" group "" task "t": unknown key "Bogus" (Nomad API JSON)',
+    )
