@@ -41,7 +41,14 @@ from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
 from drover.common.tls import channel_options
 from drover.server.api._limits import CallerLimits
 from drover.server.api._notify import IndexNotifier
-from drover.server.api._park import ConfirmRequest, ForwardRequest, Parking, ParkRequest, parking_scope
+from drover.server.api._park import (
+    ConfirmRequest,
+    ForwardRequest,
+    Parking,
+    ParkRequest,
+    parking_scope,
+    rpc_kind,
+)
 from drover.server.errors import DroverError
 
 if TYPE_CHECKING:
@@ -182,9 +189,14 @@ class SyncBridge(HandlerRewriter):
         notifier: IndexNotifier,
         limits: CallerLimits,
         tls: TLSMaterial | None,
+        *,
+        write_pool: concurrent.futures.Executor | None = None,
     ) -> None:
         super().__init__()
         self._pool = pool
+        # Write RPCs wait in their thread for the raft commit: their own pool, so reads and
+        # heartbeats never queue behind them (server/api/grpc_server.py, WRITE_THREADS).
+        self._write_pool = write_pool or pool
         self._notifier = notifier
         self._limits = limits
         self._tls = tls
@@ -213,6 +225,8 @@ class SyncBridge(HandlerRewriter):
     # -- unary: the pool, with parking and async forwarding ---------------------------------
 
     def _unary(self, behaviour: Callable[[Any, Any], Any]) -> Callable[..., Awaitable[Any]]:
+        pool = self._write_pool if rpc_kind(behaviour) == "write" else self._pool
+
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             loop = asyncio.get_running_loop()
             sync = SyncContext(context, loop)
@@ -223,7 +237,7 @@ class SyncBridge(HandlerRewriter):
                     scope = parking_scope(parking)
                     parking.runs += 1
                     try:
-                        return await loop.run_in_executor(self._pool, scope.run, behaviour, request, sync)
+                        return await loop.run_in_executor(pool, scope.run, behaviour, request, sync)
                     except ParkRequest as park:
                         if not held:
                             self._limits.acquire(park.caller)

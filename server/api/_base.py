@@ -38,7 +38,13 @@ from drover.server.api._limits import (
     current_caller,
     is_blocking,
 )
-from drover.server.api._park import ConfirmRequest, ForwardRequest, ParkRequest, current_parking
+from drover.server.api._park import (
+    ConfirmRequest,
+    ForwardRequest,
+    ParkRequest,
+    current_parking,
+    mark_rpc_kind,
+)
 from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
@@ -199,6 +205,7 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
                 context, lambda: caller_limits(core).admit(core, rpc_name, request, context, run)
             )
 
+        mark_rpc_kind(wrapper, kind)
         return wrapper  # type: ignore[return-value]
 
     return deco

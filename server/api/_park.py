@@ -118,3 +118,17 @@ def node_caller(node_id: str) -> str:
     """Who parks a node's alloc watch: the node (it proved its secret), not its host, so
     many nodes behind one address (NAT, a simulator, a test) are many callers."""
     return f"node {node_id}"
+
+
+_RPC_KIND_ATTR = "drover_rpc_kind"
+
+
+def mark_rpc_kind(handler: Callable[..., Any], kind: str) -> None:
+    """Say on a servicer method what ``rpc(service, kind)`` made it ("write", "read",
+    "local"), for the bridge to choose its pool by (writes wait for a commit in theirs)."""
+    setattr(handler, _RPC_KIND_ATTR, kind)
+
+
+def rpc_kind(handler: Callable[..., Any]) -> str:
+    """The kind ``mark_rpc_kind`` gave ``handler`` (a bound method sees its function's), or ""."""
+    return str(getattr(handler, _RPC_KIND_ATTR, ""))

@@ -24,7 +24,7 @@ from drover.server.api._aio import SyncBridge
 from drover.server.api._decode import AioDecodeGuard
 from drover.server.api._limits import CallerLimits
 from drover.server.api._notify import IndexNotifier
-from drover.server.api._park import ParkRequest, current_parking
+from drover.server.api._park import ParkRequest, current_parking, mark_rpc_kind
 from drover.server.api.grpc_server import api_loop
 from drover.server.state_store import StateStore
 from drover.server.telemetry.rpc import AioRpcMetrics
@@ -38,15 +38,17 @@ class _Rig:
     store: StateStore
     limits: CallerLimits
     runs: list[str]
+    committed: threading.Event
 
 
 def _count(method: str, code: str) -> float:
     return REGISTRY.get_sample_value("drover_rpc_requests_total", {"method": method, "code": code}) or 0.0
 
 
-def _parked_handler(store: StateStore, runs: list[str]) -> grpc.GenericRpcHandler:
+def _parked_handler(store: StateStore, runs: list[str], committed: threading.Event) -> grpc.GenericRpcHandler:
     """``/test.Park/Wait``: answers the store's index once it is at least 5, parking (as a
-    blocking query does) until then; records each run's thread."""
+    blocking query does) until then; ``/test.Park/Write``: a write RPC that returns once
+    ``committed`` is set. Both record each run's thread."""
 
     def wait(request: bytes, context: grpc.ServicerContext) -> bytes:
         runs.append(threading.current_thread().name)
@@ -56,8 +58,18 @@ def _parked_handler(store: StateStore, runs: list[str]) -> grpc.GenericRpcHandle
             raise ParkRequest((), lambda s: s.index >= 5, parking.deadline_after(30.0), "tester")
         return str(snap.index).encode()
 
-    handler = grpc.unary_unary_rpc_method_handler(wait)
-    return grpc.method_handlers_generic_handler("test.Park", {"Wait": handler})
+    def write(request: bytes, context: grpc.ServicerContext) -> bytes:
+        """A write waiting for its commit, here until the test lets it go."""
+        runs.append(threading.current_thread().name)
+        assert committed.wait(30)
+        return b"written"
+
+    mark_rpc_kind(write, "write")
+    handlers = {
+        "Wait": grpc.unary_unary_rpc_method_handler(wait),
+        "Write": grpc.unary_unary_rpc_method_handler(write),
+    }
+    return grpc.method_handlers_generic_handler("test.Park", handlers)
 
 
 @pytest.fixture
@@ -66,17 +78,19 @@ def rig() -> Iterator[_Rig]:
     limits = CallerLimits()
     runs: list[str] = []
     pool = futures.ThreadPoolExecutor(4, thread_name_prefix="test-pool")
+    write_pool = futures.ThreadPoolExecutor(2, thread_name_prefix="test-write")
+    committed = threading.Event()
 
     async def build() -> tuple[grpc.aio.Server, IndexNotifier, SyncBridge, int]:
         notifier = IndexNotifier(store, asyncio.get_running_loop())
-        bridge = SyncBridge(pool, notifier, limits, None)
+        bridge = SyncBridge(pool, notifier, limits, None, write_pool=write_pool)
         server = grpc.aio.server(
             migration_thread_pool=pool, interceptors=[AioRpcMetrics(), AioDecodeGuard(), bridge]
         )
         servicer = health.HealthServicer()
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        server.add_generic_rpc_handlers((_parked_handler(store, runs),))
+        server.add_generic_rpc_handlers((_parked_handler(store, runs, committed),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, notifier, bridge, port
@@ -84,13 +98,15 @@ def rig() -> Iterator[_Rig]:
     loop = api_loop()
     server, notifier, bridge, port = asyncio.run_coroutine_threadsafe(build(), loop).result(10)
     try:
-        yield _Rig(f"127.0.0.1:{port}", store, limits, runs)
+        yield _Rig(f"127.0.0.1:{port}", store, limits, runs, committed)
     finally:
+        committed.set()
         notifier.stop()
         asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
         asyncio.run_coroutine_threadsafe(bridge.close(), loop).result(10)
         store.close()
         pool.shutdown(wait=False)
+        write_pool.shutdown(wait=False)
 
 
 def test_aio__sync_unary_handler__counted_by_method_and_code(rig: _Rig) -> None:
@@ -153,3 +169,19 @@ def test_aio__parked_query_past_the_callers_bound__resource_exhausted(
         assert "tester has 1 blocking queries waiting" in (caught.value.details() or "")
         first.cancel()
     wait_for(lambda: rig.limits.parked_total() == 0, 10, message="the cancelled query's place given back")
+
+
+def test_aio__writes_waiting_for_their_commit__fill_their_own_pool_not_the_readers(rig: _Rig) -> None:
+    """Every write thread waits for a commit (two here); a read still answers at once, on
+    the other pool, and the writes answer once committed."""
+    with grpc.insecure_channel(rig.address) as channel:
+        write = channel.unary_unary("/test.Park/Write")
+        pending = [write.future(b"", timeout=30) for _ in range(2)]
+        wait_for(lambda: len(rig.runs) == 2, 10, 0.02, "both writes running")
+        assert sorted(name.split("_")[0] for name in rig.runs) == ["test-write", "test-write"]
+
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert not any(f.done() for f in pending)
+
+        rig.committed.set()
+        assert [f.result(10) for f in pending] == [b"written", b"written"]
