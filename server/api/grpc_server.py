@@ -24,7 +24,7 @@ from drover.common.grpc_options import SERVER_MESSAGE_SIZE_OPTIONS
 from drover.common.tls import server_credentials
 from drover.server.api._aio import SyncBridge
 from drover.server.api._decode import AioDecodeGuard
-from drover.server.api._limits import caller_limits
+from drover.server.api._limits import MAX_PARKED_TOTAL, caller_limits
 from drover.server.api._notify import IndexNotifier, attach_notifier
 from drover.server.api.acl import ACLServicer
 from drover.server.api.deployments import DeploymentsServicer
@@ -50,6 +50,18 @@ API_THREADS: Final = 32
 # a loaded machine, 2,000 fleet clients registering got ~30 writes/s while heartbeats
 # queued behind them past their 5 s deadline and their nodes were marked down.
 WRITE_THREADS: Final = 256
+# Calls that reach grpc's core before the aio server has asked for them wait in its pending
+# queue, and core cancels (CANCELLED, at once) what arrives past max_pending_requests_hard_limit
+# (3,000 by default; the soft limit of 1,000 lets only quick ones in). A burst of that many
+# is what a fleet makes when its watches are re-issued together (a failover, a big placement):
+# 5,000 fleet clients saw 22,259 watches cancelled, each followed by a re-registration. The
+# queue must take a whole server's parked calls at once (MAX_PARKED_TOTAL), with room.
+API_SERVER_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    *SERVER_MESSAGE_SIZE_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", 2 * MAX_PARKED_TOTAL),
+    ("grpc.server.max_pending_requests_hard_limit", 3 * MAX_PARKED_TOTAL),
+)
 # How long stop() waits for the loop to finish stopping the server, beyond the grace.
 _STOP_MARGIN_S: Final = 5.0
 
@@ -124,7 +136,7 @@ async def _create(address: str, core: ServerCore) -> tuple[ApiServer, int]:
     bridge = SyncBridge(pool, notifier, caller_limits(core), core.tls, write_pool=write_pool)
     server = grpc.aio.server(
         migration_thread_pool=pool,
-        options=[*SERVER_MESSAGE_SIZE_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=list(API_SERVER_OPTIONS),
         # Outermost first: every call counted and timed by method and code (drover_rpc_*,
         # server/telemetry/rpc.py), then undecodable requests refused with INVALID_ARGUMENT
         # and a rate-limited WARN (server/api/_decode.py), then sync handlers bridged to

@@ -7,6 +7,7 @@ holds a parking place but no thread and answers when the state moves, the parkin
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import threading
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from drover.server.api._decode import AioDecodeGuard
 from drover.server.api._limits import CallerLimits
 from drover.server.api._notify import IndexNotifier
 from drover.server.api._park import ParkRequest, current_parking, mark_rpc_kind
-from drover.server.api.grpc_server import api_loop
+from drover.server.api.grpc_server import API_SERVER_OPTIONS, api_loop
 from drover.server.state_store import StateStore
 from drover.server.telemetry.rpc import AioRpcMetrics
 
@@ -39,16 +40,20 @@ class _Rig:
     limits: CallerLimits
     runs: list[str]
     committed: threading.Event
+    held: list[int]
 
 
 def _count(method: str, code: str) -> float:
     return REGISTRY.get_sample_value("drover_rpc_requests_total", {"method": method, "code": code}) or 0.0
 
 
-def _parked_handler(store: StateStore, runs: list[str], committed: threading.Event) -> grpc.GenericRpcHandler:
+def _parked_handler(
+    store: StateStore, runs: list[str], committed: threading.Event, held: list[int]
+) -> grpc.GenericRpcHandler:
     """``/test.Park/Wait``: answers the store's index once it is at least 5, parking (as a
     blocking query does) until then; ``/test.Park/Write``: a write RPC that returns once
-    ``committed`` is set. Both record each run's thread."""
+    ``committed`` is set (both record each run's thread); ``/test.Park/Hold``: an async
+    handler held until then (counted in ``held``)."""
 
     def wait(request: bytes, context: grpc.ServicerContext) -> bytes:
         runs.append(threading.current_thread().name)
@@ -64,8 +69,16 @@ def _parked_handler(store: StateStore, runs: list[str], committed: threading.Eve
         assert committed.wait(30)
         return b"written"
 
+    async def hold(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        """Held on the loop, as a parked query is, until ``committed`` is set."""
+        held.append(1)
+        while not committed.is_set():
+            await asyncio.sleep(0.05)
+        return b"held"
+
     mark_rpc_kind(write, "write")
     handlers = {
+        "Hold": grpc.unary_unary_rpc_method_handler(hold),
         "Wait": grpc.unary_unary_rpc_method_handler(wait),
         "Write": grpc.unary_unary_rpc_method_handler(write),
     }
@@ -80,17 +93,20 @@ def rig() -> Iterator[_Rig]:
     pool = futures.ThreadPoolExecutor(4, thread_name_prefix="test-pool")
     write_pool = futures.ThreadPoolExecutor(2, thread_name_prefix="test-write")
     committed = threading.Event()
+    held: list[int] = []
 
     async def build() -> tuple[grpc.aio.Server, IndexNotifier, SyncBridge, int]:
         notifier = IndexNotifier(store, asyncio.get_running_loop())
         bridge = SyncBridge(pool, notifier, limits, None, write_pool=write_pool)
         server = grpc.aio.server(
-            migration_thread_pool=pool, interceptors=[AioRpcMetrics(), AioDecodeGuard(), bridge]
+            migration_thread_pool=pool,
+            interceptors=[AioRpcMetrics(), AioDecodeGuard(), bridge],
+            options=list(API_SERVER_OPTIONS),
         )
         servicer = health.HealthServicer()
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        server.add_generic_rpc_handlers((_parked_handler(store, runs, committed),))
+        server.add_generic_rpc_handlers((_parked_handler(store, runs, committed, held),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, notifier, bridge, port
@@ -98,7 +114,7 @@ def rig() -> Iterator[_Rig]:
     loop = api_loop()
     server, notifier, bridge, port = asyncio.run_coroutine_threadsafe(build(), loop).result(10)
     try:
-        yield _Rig(f"127.0.0.1:{port}", store, limits, runs, committed)
+        yield _Rig(f"127.0.0.1:{port}", store, limits, runs, committed, held)
     finally:
         committed.set()
         notifier.stop()
@@ -185,3 +201,32 @@ def test_aio__writes_waiting_for_their_commit__fill_their_own_pool_not_the_reade
 
         rig.committed.set()
         assert [f.result(10) for f in pending] == [b"written", b"written"]
+
+
+def test_aio__a_burst_past_grpcs_default_pending_queue__every_call_is_served(rig: _Rig) -> None:
+    """4,000 calls at once, each held until every one has arrived or ended: grpc core
+    cancels the calls past 3,000 that the aio server has not taken yet, unless
+    API_SERVER_OPTIONS raise its pending queue (a fleet's watches re-issued together after
+    a failover are such a burst)."""
+    burst = 4_000
+
+    async def calls() -> collections.Counter[str]:
+        ended: list[str] = []
+        async with grpc.aio.insecure_channel(rig.address) as channel:
+            hold = channel.unary_unary("/test.Park/Hold")
+
+            async def one() -> None:
+                try:
+                    await hold(b"", timeout=60)
+                    ended.append("OK")
+                except grpc.aio.AioRpcError as exc:
+                    ended.append(exc.code().name)
+
+            pending = [asyncio.ensure_future(one()) for _ in range(burst)]
+            while len(rig.held) + len(ended) < burst:
+                await asyncio.sleep(0.05)
+            rig.committed.set()
+            await asyncio.gather(*pending)
+        return collections.Counter(ended)
+
+    assert asyncio.run(asyncio.wait_for(calls(), 90)) == collections.Counter({"OK": burst})
