@@ -7,7 +7,7 @@ from typing import Final
 
 from drover.cli._args import Subcommands, add_command, flag, parse_meta
 from drover.cli._errors import CLIError
-from drover.server.config import load_client_config, load_dev_config, load_server_config
+from drover.server.config import GC_DURATION_KEYS, load_client_config, load_dev_config, load_server_config
 
 __all__ = ["register"]
 
@@ -111,12 +111,7 @@ _AGENT_KEYS: Final = {
         "heartbeat_grace",
         "failover_heartbeat_ttl",
         "job_max_group_count",
-        "eval_gc_threshold",
-        "batch_eval_gc_threshold",
-        "job_gc_threshold",
-        "node_gc_threshold",
-        "deployment_gc_threshold",
-        "gc_interval",
+        *GC_DURATION_KEYS,
         "acl_enabled",
         "log_json",
         "log_level",
