@@ -66,6 +66,7 @@ from tests.bench.heartbeats import (
     node_secret,
     run_sim_process,
     server_args,
+    sim_or_usage,
 )
 
 NAME: Final = "fleet"
@@ -585,11 +586,7 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["sim"]:
-        return sim_main(args[1:])
-    print(f"usage: python -m tests.bench.run --only {NAME} [--quick]", file=sys.stderr)
-    return 2
+    return sim_or_usage(NAME, sim_main, argv)
 
 
 if __name__ == "__main__":

@@ -1071,12 +1071,18 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def sim_or_usage(name: str, sim: Callable[[Sequence[str]], int], argv: Sequence[str] | None) -> int:
+    """A simulator bench run as a module: only its simulator children start it so (``sim
+    ...``); the bench itself runs under tests.bench.run, which the usage line says."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["sim"]:
-        return sim_main(args[1:])
-    print(f"usage: python -m tests.bench.run --only {NAME} [--quick]", file=sys.stderr)
+        return sim(args[1:])
+    print(f"usage: python -m tests.bench.run --only {name} [--quick]", file=sys.stderr)
     return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return sim_or_usage(NAME, sim_main, argv)
 
 
 if __name__ == "__main__":
