@@ -181,13 +181,17 @@ def _job_event(index: int, key: str) -> api_pb2.Event:
     return api_pb2.Event(index=index, topic="Job", type="JobRegistered", key=key, namespace="default")
 
 
+# What a scripted server answers one Stream with: its responses, then the status it ends with.
+Script = tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]
+
+
 class ScriptedEvents(api_pb2_grpc.EventsServicer):
     """Answers each Stream with the next script: (responses, then the status to end with)."""
 
     def __init__(
         self,
-        *scripts: tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None],
-        queue: list[tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]] | None = None,
+        *scripts: Script,
+        queue: list[Script] | None = None,
         lock: threading.Lock | None = None,
     ) -> None:
         # ``queue``/``lock``: scripts shared with other servers, taken in the order the
@@ -210,10 +214,25 @@ class ScriptedEvents(api_pb2_grpc.EventsServicer):
             time.sleep(0.05)
 
 
+def _sharing(scripts: list[Script]) -> tuple[ScriptedEvents, ScriptedEvents]:
+    """Two servers taking ``scripts`` from one queue, in the order the streams arrive."""
+    lock = threading.Lock()
+    return ScriptedEvents(queue=scripts, lock=lock), ScriptedEvents(queue=scripts, lock=lock)
+
+
+@contextlib.contextmanager
+def _client_of(*servers: ScriptedEvents) -> Iterator[Client]:
+    """An SDK client whose addresses are ``servers``, each served on its own port, in order."""
+    add = api_pb2_grpc.add_EventsServicer_to_server
+    with contextlib.ExitStack() as stack:
+        addresses = [stack.enter_context(serving((add, server), max_workers=4)) for server in servers]
+        yield stack.enter_context(Client(addresses, retry_deadline=10))
+
+
 def test_sdk__stream_broken__resumes_on_the_next_address_after_the_covered_index() -> None:
     # The scripts go by arrival, not by server: the client's first contact takes whichever
     # address connects first, so which server gets the first stream is not fixed.
-    scripts: list[tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]] = [
+    scripts: list[Script] = [
         (
             [
                 api_pb2.EventStreamResponse(index=4),
@@ -226,15 +245,8 @@ def test_sdk__stream_broken__resumes_on_the_next_address_after_the_covered_index
         # The resumed stream repeats index 8 (as a server that resumed early would): dropped.
         ([api_pb2.EventStreamResponse(events=[_job_event(8, "x"), _job_event(9, "c")], index=9)], None),
     ]
-    lock = threading.Lock()
-    first = ScriptedEvents(queue=scripts, lock=lock)
-    second = ScriptedEvents(queue=scripts, lock=lock)
-    add = api_pb2_grpc.add_EventsServicer_to_server
-    with (
-        serving((add, first), max_workers=4) as a,
-        serving((add, second), max_workers=4) as b,
-        Client([a, b], retry_deadline=10) as client,
-    ):
+    first, second = _sharing(scripts)
+    with _client_of(first, second) as client:
         stream = client.stream_events(["Job"], index=5)
         got = [next(stream) for _ in range(3)]
         stream.close()
@@ -246,13 +258,7 @@ def test_sdk__stream_broken__resumes_on_the_next_address_after_the_covered_index
 
 def test_sdk__every_server_out_of_range__raised() -> None:
     servers = [ScriptedEvents(([], grpc.StatusCode.OUT_OF_RANGE)) for _ in range(2)]
-    add = api_pb2_grpc.add_EventsServicer_to_server
-    with (
-        serving((add, servers[0]), max_workers=4) as a,
-        serving((add, servers[1]), max_workers=4) as b,
-        Client([a, b], retry_deadline=10) as client,
-        pytest.raises(DroverError) as caught,
-    ):
+    with _client_of(*servers) as client, pytest.raises(DroverError) as caught:
         next(client.stream_events(index=1))
 
     assert caught.value.code == grpc.StatusCode.OUT_OF_RANGE
@@ -270,10 +276,9 @@ def test_sdk__topic_with_key__sent_as_a_filter() -> None:
         seen.append(request)
         return original(self, request, context)
 
-    add = api_pb2_grpc.add_EventsServicer_to_server
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ScriptedEvents, "Stream", recording)
-        with serving((add, server), max_workers=4) as a, Client(a, retry_deadline=10) as client:
+        with _client_of(server) as client:
             stream = client.stream_events(["Job:web", "Node"], namespace="*")
             next(stream)
             stream.close()
@@ -288,19 +293,12 @@ def test_sdk__server_silent_past_the_stall_timeout__resumed_on_the_next_address(
     # The first stream opens, then says nothing, without closing: a paused server, or one
     # cut off. Scripts go by arrival (the first contact takes whichever address connects
     # first), so the silent one is whichever server the client reaches first.
-    scripts: list[tuple[list[api_pb2.EventStreamResponse], grpc.StatusCode | None]] = [
+    scripts: list[Script] = [
         ([api_pb2.EventStreamResponse(index=4)], None),
         ([api_pb2.EventStreamResponse(events=[_job_event(5, "a")], index=5)], None),
     ]
-    lock = threading.Lock()
-    silent = ScriptedEvents(queue=scripts, lock=lock)
-    live = ScriptedEvents(queue=scripts, lock=lock)
-    add = api_pb2_grpc.add_EventsServicer_to_server
-    with (
-        serving((add, silent), max_workers=4) as a,
-        serving((add, live), max_workers=4) as b,
-        Client([a, b], retry_deadline=10) as client,
-    ):
+    silent, live = _sharing(scripts)
+    with _client_of(silent, live) as client:
         stream = client.stream_events(index=5, stall_timeout=0.5)
         first = next(stream)
         stream.close()
