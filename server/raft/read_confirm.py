@@ -104,15 +104,26 @@ class ReadConfirmations:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                if not still_leading():
-                    return False
-                if self._confirmed_locked(seq, term, followers):
-                    return still_leading()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                # Woken by each ack; the slice re-checks leadership while none comes.
-                self._cond.wait(min(left, 0.05))
+                verdict, pause = self._step_locked(
+                    seq, term, followers, still_leading, deadline - time.monotonic()
+                )
+                if verdict is not None:
+                    return verdict
+                self._cond.wait(pause)
+
+    def _step_locked(
+        self, seq: int, term: int, followers: Sequence[str], still_leading: Callable[[], bool], left: float
+    ) -> tuple[bool | None, float]:
+        """One look of a waiting reader: its answer (None: not yet), and how long to wait
+        for an ack before looking again (a slice, so lost leadership is seen while none
+        comes)."""
+        if not still_leading():
+            return False, 0.0
+        if self._confirmed_locked(seq, term, followers):
+            return still_leading(), 0.0
+        if left <= 0:
+            return False, 0.0
+        return None, min(left, 0.05)
 
     async def wait_async(
         self,
@@ -132,16 +143,14 @@ class ReadConfirmations:
             while True:
                 # Cleared before the check: an ack landing after it sets the event again.
                 woken.clear()
-                if not still_leading():
-                    return False
-                if self.confirmed(seq, term, followers):
-                    return still_leading()
-                left = deadline - loop.time()
-                if left <= 0:
-                    return False
-                # Woken by each ack; the slice re-checks leadership while none comes.
+                with self._cond:
+                    verdict, pause = self._step_locked(
+                        seq, term, followers, still_leading, deadline - loop.time()
+                    )
+                if verdict is not None:
+                    return verdict
                 try:
-                    await asyncio.wait_for(woken.wait(), min(left, 0.05))
+                    await asyncio.wait_for(woken.wait(), pause)
                 except TimeoutError:
                     pass
         finally:
