@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
@@ -81,27 +81,29 @@ def _heartbeats_config(opts: Options) -> heartbeats.HeartbeatsConfig:
     return cfg if opts.duration is None else dataclasses.replace(cfg, window_s=opts.duration)
 
 
+class _Budgeted(Protocol):
+    def budget_s(self) -> float: ...
+
+
+Config = TypeVar("Config", bound=_Budgeted)
+
+
+def benchmark(
+    config: Callable[[Options], Config],
+    run: Callable[[Config], dict[str, Any]],
+    summary: Callable[[dict[str, Any]], list[str]],
+) -> Benchmark:
+    """A benchmark whose run and time budget come from one config, made from the options."""
+    return Benchmark(
+        run=lambda opts: run(config(opts)), summary=summary, budget_s=lambda opts: config(opts).budget_s()
+    )
+
+
 BENCHMARKS: dict[str, Benchmark] = {
-    foundation.NAME: Benchmark(
-        run=lambda opts: foundation.run_foundation(_foundation_config(opts)),
-        summary=foundation.summary_lines,
-        budget_s=lambda opts: _foundation_config(opts).budget_s(),
-    ),
-    scheduling.NAME: Benchmark(
-        run=lambda opts: scheduling.run_scheduling(_scheduling_config(opts)),
-        summary=scheduling.summary_lines,
-        budget_s=lambda opts: _scheduling_config(opts).budget_s(),
-    ),
-    heartbeats.NAME: Benchmark(
-        run=lambda opts: heartbeats.run_heartbeats(_heartbeats_config(opts)),
-        summary=heartbeats.summary_lines,
-        budget_s=lambda opts: _heartbeats_config(opts).budget_s(),
-    ),
-    fleet.NAME: Benchmark(
-        run=lambda opts: fleet.run_fleet(_fleet_config(opts)),
-        summary=fleet.summary_lines,
-        budget_s=lambda opts: _fleet_config(opts).budget_s(),
-    ),
+    foundation.NAME: benchmark(_foundation_config, foundation.run_foundation, foundation.summary_lines),
+    scheduling.NAME: benchmark(_scheduling_config, scheduling.run_scheduling, scheduling.summary_lines),
+    heartbeats.NAME: benchmark(_heartbeats_config, heartbeats.run_heartbeats, heartbeats.summary_lines),
+    fleet.NAME: benchmark(_fleet_config, fleet.run_fleet, fleet.summary_lines),
 }
 
 
