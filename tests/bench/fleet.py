@@ -31,10 +31,8 @@ import contextlib
 import os
 import random
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +58,8 @@ from tests.bench.heartbeats import (
     Record,
     StatusPoller,
     base_ttl_s,
+    bench_cluster,
+    failure_record,
     job_proto,
     node_id,
     node_proto,
@@ -493,30 +493,19 @@ def run_fleet(cfg: FleetConfig) -> dict[str, Any]:
     """The whole benchmark on one fresh cluster; failures are recorded, not raised."""
     errors: list[str] = []
     results: dict[str, Any] = {}
-    env = {_procs.PARENT_PID_ENV: str(os.getpid()), _procs.MAX_SECONDS_ENV: f"{cfg.budget_s():.0f}"}
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="drover-bench-fleet-") as tmp,
-            _procs.children_stopped_on_exit() as children,
-        ):
-            base = Path(tmp)
-            cluster = LocalCluster(
-                base / "cluster", servers=3, extra_args=SERVER_ARGS, env=env, agent_module=AGENT_MODULE
-            )
-            with cluster:
-                cluster.wait_for_leader(CLUSTER_WAIT_S)
-                cluster.wait_converged(CLUSTER_WAIT_S)
-                with DroverClient(
-                    cluster.grpc_addresses, timeout=RPC_TIMEOUT_S, retry_deadline=CLUSTER_WAIT_S
-                ) as api:
-                    _wait_announced(api, len(cluster.server_names))
-                    fleet = _Fleet(cfg, base, os.urandom(3).hex(), cluster, children)
-                    try:
-                        results = _measure(fleet, api)
-                    except Exception as exc:
-                        detail = "".join(traceback.format_exception_only(exc)).strip()
-                        results = {"error": detail[:4000], "traceback": traceback.format_exc()[-4000:]}
-                        errors.append(detail.splitlines()[0][:300])
+        with bench_cluster("drover-bench-fleet-", cfg.budget_s(), SERVER_ARGS) as (base, cluster, children):
+            cluster.wait_converged(CLUSTER_WAIT_S)
+            with DroverClient(
+                cluster.grpc_addresses, timeout=RPC_TIMEOUT_S, retry_deadline=CLUSTER_WAIT_S
+            ) as api:
+                _wait_announced(api, len(cluster.server_names))
+                fleet = _Fleet(cfg, base, os.urandom(3).hex(), cluster, children)
+                try:
+                    results = _measure(fleet, api)
+                except Exception as exc:
+                    results, line = failure_record(exc)
+                    errors.append(line)
     except _procs.BenchError as exc:
         errors.append(str(exc).splitlines()[0][:300])
         results.setdefault("error", str(exc)[:4000])

@@ -51,7 +51,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -947,37 +947,54 @@ def _measure(run: _Run) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def bench_cluster(
+    prefix: str, budget_s: float, server_args: Sequence[str]
+) -> Iterator[tuple[Path, LocalCluster, list[_procs.Child]]]:
+    """A fresh 3-server cluster with a leader, in a temp dir, and a list to put simulator
+    children in; all of it is stopped and removed when the block ends, however (a child
+    left behind ends itself past ``budget_s``). Shared by the heartbeat and fleet benches."""
+    env = {_procs.PARENT_PID_ENV: str(os.getpid()), _procs.MAX_SECONDS_ENV: f"{budget_s:.0f}"}
+    with (
+        tempfile.TemporaryDirectory(prefix=prefix) as tmp,
+        _procs.children_stopped_on_exit() as children,
+    ):
+        base = Path(tmp)
+        cluster = LocalCluster(
+            base / "cluster", servers=3, extra_args=server_args, env=env, agent_module=AGENT_MODULE
+        )
+        with cluster:
+            cluster.wait_for_leader(CLUSTER_WAIT_S)
+            yield base, cluster, children
+
+
+def failure_record(exc: BaseException) -> tuple[dict[str, Any], str]:
+    """A measurement that raised: the results that say so (with the traceback), and the
+    one line for the document's ``errors``."""
+    detail = "".join(traceback.format_exception_only(exc)).strip()
+    return {"error": detail[:4000], "traceback": traceback.format_exc()[-4000:]}, detail.splitlines()[0][:300]
+
+
 def run_heartbeats(cfg: HeartbeatsConfig) -> dict[str, Any]:
     """The whole benchmark on one fresh cluster; failures are recorded, not raised."""
     errors: list[str] = []
     results: dict[str, Any] = {}
-    env = {_procs.PARENT_PID_ENV: str(os.getpid()), _procs.MAX_SECONDS_ENV: f"{cfg.budget_s():.0f}"}
     nonce = os.urandom(3).hex()
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="drover-bench-hb-") as tmp,
-            _procs.children_stopped_on_exit() as children,
-        ):
-            base = Path(tmp)
-            cluster = LocalCluster(
-                base / "cluster", servers=3, extra_args=SERVER_ARGS, env=env, agent_module=AGENT_MODULE
-            )
-            with cluster:
-                cluster.wait_for_leader(CLUSTER_WAIT_S)
-                _wait_peers(cluster)
-                control = base / "control.json"
-                _procs.write_json(control, {"paused": []})
-                with DroverClient(
-                    cluster.grpc_addresses, timeout=RPC_TIMEOUT_S, retry_deadline=CLUSTER_WAIT_S
-                ) as api:
-                    run = _Run(cfg, base, nonce, cluster, children, control, api)
-                    try:
-                        results = _measure(run)
-                    except Exception as exc:
-                        detail = "".join(traceback.format_exception_only(exc)).strip()
-                        results = {"error": detail[:4000], "traceback": traceback.format_exc()[-4000:]}
-                        results["marks"] = {k: round(v, 2) for k, v in run.marks.items()}
-                        errors.append(detail.splitlines()[0][:300])
+        with bench_cluster("drover-bench-hb-", cfg.budget_s(), SERVER_ARGS) as (base, cluster, children):
+            _wait_peers(cluster)
+            control = base / "control.json"
+            _procs.write_json(control, {"paused": []})
+            with DroverClient(
+                cluster.grpc_addresses, timeout=RPC_TIMEOUT_S, retry_deadline=CLUSTER_WAIT_S
+            ) as api:
+                run = _Run(cfg, base, nonce, cluster, children, control, api)
+                try:
+                    results = _measure(run)
+                except Exception as exc:
+                    results, line = failure_record(exc)
+                    results["marks"] = {k: round(v, 2) for k, v in run.marks.items()}
+                    errors.append(line)
     except _procs.BenchError as exc:
         errors.append(str(exc).splitlines()[0][:300])
         results.setdefault("error", str(exc)[:4000])
