@@ -1161,8 +1161,9 @@ class _Evaluator:
         if not match:
             raise _FnError("invalid heredoc")
         body = match.group(3)
-        # The closing marker's line, and the newline before it, are not part of the value.
-        body = re.sub(r"(?:\r?\n)?[ \t]*" + re.escape(match.group(2)) + r"\r?\n\Z", "", body)
+        # The closing marker's line is not part of the value; the newline that ends the last
+        # line of text is (HCL's heredoc, as Nomad reads it: "a\nb\n" for two lines).
+        body = re.sub(r"(?:^|(?<=\n))[ \t]*" + re.escape(match.group(2)) + r"\r?\n\Z", "", body)
         if isinstance(node, HeredocTrimTemplateRule) or match.group(1):
             lines = body.split("\n")
             indents = [len(line) - len(line.lstrip(" ")) for line in lines if line.strip()]

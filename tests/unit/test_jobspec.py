@@ -355,9 +355,13 @@ def test_parameterized() -> None:
     )
 
 
-def test_heredoc__is_plain_text() -> None:
+def test_heredoc__is_plain_text_each_line_with_its_newline() -> None:
+    """HCL's heredoc holds every line between the markers, the last one's newline included
+    (a template's rendered file, a script, end as written)."""
     j = parse(one_task_job(task_body='driver = "mock"\n env {\n SCRIPT = <<EOF\necho hi\nEOF\n }'))
-    assert task_of(j).env == {"SCRIPT": "echo hi"}
+    assert task_of(j).env == {"SCRIPT": "echo hi\n"}
+    empty = parse(one_task_job(task_body='driver = "mock"\n env {\n SCRIPT = <<EOF\nEOF\n }'))
+    assert task_of(empty).env == {"SCRIPT": ""}
 
 
 def test_parse__does_not_validate() -> None:

@@ -217,7 +217,7 @@ def test_heredoc__interpolates_and_keeps_runtime_text() -> None:
         """
     )
     assert errors == []
-    assert data["v"] == "name: web\nnode: ${node.unique.name}\nkeep: ${PATH}"
+    assert data["v"] == "name: web\nnode: ${node.unique.name}\nkeep: ${PATH}\n"
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,7 @@ def test_template_directive__in_a_heredoc_with_strip_markers() -> None:
         """
     )
     assert errors == []
-    assert data["v"] == "listen 80;\nlisten 443;\ndone"
+    assert data["v"] == "listen 80;\nlisten 443;\ndone\n"
 
 
 def test_template_directive__condition_not_bool__error_with_its_line() -> None:
