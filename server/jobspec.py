@@ -184,6 +184,12 @@ def parse_jobspec(text: str, *, filename: str = "", variables: VariableInputs | 
 
 def _parse(text: str, variables: VariableInputs) -> Job:
     if text.lstrip().startswith("{"):
+        if variables.cli or variables.files:
+            # JSON has no variable blocks to fill: a -var given anyway would change nothing.
+            raise JobspecError(
+                "-var and -var-file fill an HCL job file's variable blocks; this job file is JSON, "
+                "which has none: write the values into it"
+            )
         try:
             data = load_json(text)
         except json.JSONDecodeError as exc:

@@ -367,6 +367,21 @@ def test_variable__cli_value_for_undeclared_variable__refused() -> None:
 
 
 @pytest.mark.parametrize(
+    "inputs",
+    [VariableInputs(cli=(("x", "1"),)), VariableInputs(files=(("vars.hcl", 'x = "1"'),))],
+    ids=["var", "var-file"],
+)
+def test_variable__given_for_a_json_job__refused_saying_json_has_none(inputs: VariableInputs) -> None:
+    """A JSON job file has no variable blocks: a -var for it would change nothing, so it is
+    refused rather than dropped; NOMAD_VAR_* in the environment is not the caller's choice
+    for this file, and stays ignored."""
+    text = '{"Job": {"ID": "j", "Name": "j", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "mock"}]}]}}'
+    with pytest.raises(JobspecError, match=r"this job file is JSON, which has none"):
+        parse_jobspec(text, variables=inputs)
+    assert parse_jobspec(text, variables=VariableInputs(env=(("x", "1"),))).id == "j"
+
+
+@pytest.mark.parametrize(
     ("inputs", "message"),
     [
         (
