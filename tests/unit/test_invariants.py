@@ -12,23 +12,13 @@ from dataclasses import replace
 import pytest
 
 from drover.scheduler.structs import Job, JobChildrenSummary, JobSummary, Node, TaskGroupSummary
-from drover.server.fsm import FSM
 from drover.server.invariants import INVARIANT_SUMMARIES, INVARIANT_SYSTEM_ALLOCS, check_invariants
-from drover.server.state_store import StateStore, Tables, Txn
+from drover.server.state_store import Tables, Txn
 from tests.fixtures import mock
+from tests.fixtures.fsm_log import FsmLog
 
 
-class Cluster:
-    def __init__(self) -> None:
-        self.store = StateStore()
-        self.fsm = FSM(self.store)
-        self.index = 0
-
-    def apply(self, data: bytes) -> None:
-        self.index += 1
-        result = self.fsm.apply(data, self.index)
-        assert not result.error, result.error
-
+class Cluster(FsmLog):
     def corrupt(self, write: object) -> None:
         """Write the tables directly, bypassing the FSM's bookkeeping (a bug's effect)."""
         self.index += 1

@@ -23,12 +23,12 @@ from drover.scheduler.structs import (
 from drover.server.api.services import ServicesServicer
 from drover.server.endpoints import Endpoints
 from drover.server.errors import NotFoundError, PermissionDeniedError, ValidationError
-from drover.server.fsm import ET, FSM, encode_entry
+from drover.server.fsm import ET, encode_entry
 from drover.server.services.registrations import registrations_for, service_address
 from drover.server.snapshot import from_snapshot, state_digest, to_snapshot
-from drover.server.state_store import Snapshot, StateStore
 from drover.v1 import api_pb2, raft_pb2, structs_pb2
 from tests.fixtures import mock
+from tests.fixtures.fsm_log import FsmLog
 
 
 def _service_job() -> Job:
@@ -42,24 +42,8 @@ def _service_job() -> Job:
     return replace(base, groups=(group,))
 
 
-class _Cluster:
-    def __init__(self) -> None:
-        self.store = StateStore()
-        self.fsm = FSM(self.store)
-        self.index = 0
-
-    def apply(self, data: bytes) -> None:
-        self.index += 1
-        result = self.fsm.apply(data, self.index)
-        assert not result.error, result.error
-
-    @property
-    def snap(self) -> Snapshot:
-        return self.store.snapshot()
-
-
-def _running_alloc(job: Job | None = None) -> tuple[_Cluster, str]:
-    cluster = _Cluster()
+def _running_alloc(job: Job | None = None) -> tuple[FsmLog, str]:
+    cluster = FsmLog()
     job = job or _service_job()
     node = mock.node(
         id="n1",
@@ -157,7 +141,7 @@ def test_registrations_for__consul_provider_or_no_job__none() -> None:
 # The Services API, below its rpc decorator (ACLs: tests/unit/test_acl_rights.py)
 
 
-def _api(cluster: _Cluster) -> ServicesServicer:
+def _api(cluster: FsmLog) -> ServicesServicer:
     raft = SimpleNamespace(leader_address=lambda: "127.0.0.1:4647")
     clock, ids = SimpleNamespace(now_ns=lambda: mock.NOW), mock.Counter("id")
     endpoints = Endpoints(raft, cluster.store, clock, ids)
@@ -248,7 +232,7 @@ def _checked_job() -> Job:
     return replace(job, groups=(replace(group, services=(replace(group.services[0], checks=checks),)),))
 
 
-def _report_checks(cluster: _Cluster, alloc_id: str, statuses: dict[str, str]) -> None:
+def _report_checks(cluster: FsmLog, alloc_id: str, statuses: dict[str, str]) -> None:
     """The client's report of its alloc running, with web-http's check statuses."""
     entry = raft_pb2.AllocClientUpdateEntry(updated_at_ns=mock.NOW, node_id="n1")
     msg = entry.allocs.add(id=alloc_id, client_status=ALLOC_CLIENT_RUNNING)
@@ -257,7 +241,7 @@ def _report_checks(cluster: _Cluster, alloc_id: str, statuses: dict[str, str]) -
     cluster.apply(encode_entry(ET.ENTRY_TYPE_ALLOC_CLIENT_UPDATE, entry))
 
 
-def _health(cluster: _Cluster) -> dict[str, tuple[str, int]]:
+def _health(cluster: FsmLog) -> dict[str, tuple[str, int]]:
     return {r.service_name: (r.health, r.modify_index) for r in cluster.snap.alloc_services("a1")}
 
 
