@@ -12,6 +12,7 @@ deployments`` and ``deployment status`` show the rollouts.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,7 +178,10 @@ def test_job_lifecycle__run_history_revert_scale_inspect_validate_plan(
     assert len(validated.stderr.splitlines()) == 1 and "job validation failed" in validated.stderr
     problems = [line for line in validated.stdout.splitlines() if line.startswith("  * ")]
     for field in ("job.priority", "job.groups[0].count", "job.groups[0].tasks[0].resources.memory_mb"):
-        assert any(p.startswith(f"  * {field}:") for p in problems), _said(validated)
+        # Each with the line of its field in the file: "  * bad.hcl:4: job.groups[0].count: ...".
+        assert any(re.match(rf"  \* {re.escape(str(bad))}:\d+: {re.escape(field)}:", p) for p in problems), (
+            _said(validated)
+        )
     valid = _cli(cluster, "job", "validate", str(v1))
     assert (valid.returncode, valid.stdout) == (0, "Job validation successful\n"), _said(valid)
 

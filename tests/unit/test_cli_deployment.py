@@ -833,9 +833,10 @@ def test_job_validate__every_problem_at_once__exit_1(
     assert lines[:2] == ["Job Warnings:", "  * job.update: ignored"]
     problems = lines[lines.index("Job validation errors:") + 1 :]
     assert len(problems) == 3 and len(set(problems)) == 3
-    assert any(p.startswith("  * job.priority:") for p in problems)
-    assert "  * job.groups[0].count: must be >= 0, got -1" in problems
-    assert problems[-1] == "  * job.groups[0].tasks[0].driver: no node has it"
+    # Each with the line of its field in the file, the server's too.
+    assert any(p.startswith(f"  * {path}:2: job.priority:") for p in problems)
+    assert f"  * {path}:4: job.groups[0].count: must be >= 0, got -1" in problems
+    assert problems[-1] == f"  * {path}:6: job.groups[0].tasks[0].driver: no node has it"
     [request] = state.calls("Jobs.Validate")
     assert request.job.id == "web"
 

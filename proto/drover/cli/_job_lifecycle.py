@@ -25,7 +25,15 @@ from drover.cli._deployments import print_deployment_list
 from drover.cli._errors import CLIError
 from drover.cli._format import fmt_time, print_json, print_kv, print_table
 from drover.cli._jobdiff import diff_jobs, fmt_value
-from drover.cli._jobs import JobFileProblems, get_job, job_file_flags, job_proto, local_errors, parse_job_file
+from drover.cli._jobs import (
+    JobFileProblems,
+    get_job,
+    job_file_flags,
+    job_proto,
+    local_errors,
+    parse_job_file,
+    with_lines,
+)
 from drover.cli._monitor import monitor_eval
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, structs_pb2
@@ -257,8 +265,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             if exc.code != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             resp = api_pb2.JobValidateResponse(errors=[exc.message])
-    # The local check and the server's overlap: each problem once, local ones first.
+    # The local check and the server's overlap: each problem once, local ones first, each
+    # with the line of its field in the file, as a parse error has.
     errors += [e for e in resp.errors if e not in errors]
+    errors = with_lines(errors, args.file)
     if resp.warnings:
         print("Job Warnings:")
         for warning in resp.warnings:

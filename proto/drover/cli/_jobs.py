@@ -26,6 +26,7 @@ __all__ = [
     "load_job_file",
     "local_errors",
     "parse_job_file",
+    "with_lines",
 ]
 
 
@@ -110,11 +111,11 @@ def load_job_file(path: str, args: argparse.Namespace | None = None) -> structs_
         return _read_job_file(path, args, validate=True)
     except JobFileError as exc:
         if exc.errors:
-            raise CLIError("; ".join(_with_lines(exc.errors, path))) from exc
+            raise CLIError("; ".join(with_lines(exc.errors, path))) from exc
         raise CLIError(str(exc)) from exc
 
 
-def _with_lines(errors: Sequence[str], path: str) -> list[str]:
+def with_lines(errors: Sequence[str], path: str) -> list[str]:
     """Validation problems with the line of their field in the file (``web.hcl:4:
     job.groups[0].count: ...``), when drover's own parser is there to say it."""
     try:
