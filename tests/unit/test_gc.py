@@ -88,6 +88,16 @@ class Cluster:
         assert isinstance(value, dict)
         return value
 
+    def periodic_with_dead_children(self) -> Job:
+        """The periodic job "nightly" as stored, with three children launched a second
+        apart from NOW and run to completion: dead children for GC to weigh against a
+        parent that stays (both the selection and the FSM's GC entry start here)."""
+        self.apply(mock.register_job_entry(mock.periodic_job(id="nightly")))
+        parent = self.tables.jobs[("default", "nightly")]
+        for n in range(3):
+            self.run_job(mock.periodic_child(parent, launch_ns=NOW + n * mock.SECOND), "complete")
+        return parent
+
     def run_job(self, job: Job, client_status: str, *, at: int = NOW) -> tuple[Job, Evaluation, Allocation]:
         """``job`` registered, placed (one alloc), its eval complete and the alloc reported
         ``client_status``, every change stamped ``at``."""
@@ -254,11 +264,7 @@ def test_gc_job__stopped_service_job_with_stopped_allocs__collected(cluster: Clu
 
 
 def test_gc_job__periodic_parent__kept_until_stopped_while_dead_children_go(cluster: Cluster) -> None:
-    parent = mock.periodic_job(id="nightly")
-    cluster.apply(mock.register_job_entry(parent))
-    stored = cluster.tables.jobs[("default", "nightly")]
-    for n in range(3):
-        cluster.run_job(mock.periodic_child(stored, launch_ns=NOW + n * mock.SECOND), "complete")
+    cluster.periodic_with_dead_children()
     garbage = cluster.select(NOW + 4 * HOUR)
     assert sorted(_jobs(garbage)) == [f"nightly/periodic-{NOW // mock.SECOND + n}" for n in range(3)]
     cluster.apply(mock.deregister_entry("nightly"))
@@ -352,11 +358,7 @@ def test_gc_batches__bounded_pieces_and_a_job_never_cut() -> None:
 
 
 def test_gc_apply__dead_children__deleted_with_their_evals_and_allocs_counts_exact(cluster: Cluster) -> None:
-    parent = mock.periodic_job(id="nightly")
-    cluster.apply(mock.register_job_entry(parent))
-    stored = cluster.tables.jobs[("default", "nightly")]
-    for n in range(3):
-        cluster.run_job(mock.periodic_child(stored, launch_ns=NOW + n * mock.SECOND), "complete")
+    stored = cluster.periodic_with_dead_children()
     cluster.run_job(mock.periodic_child(stored, launch_ns=NOW + 10 * mock.SECOND), "running")
     summary = cluster.tables.job_summaries[("default", "nightly")]
     assert summary.children == JobChildrenSummary(pending=0, running=1, dead=3)
