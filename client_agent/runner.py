@@ -409,11 +409,14 @@ class AllocRunner:
             self._limit_run_locked()
 
     def update(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> None:
-        """The server changed the alloc (an in-place update): keep the newer copy."""
+        """The server changed the alloc (an in-place update): keep the newer copy. The
+        running tasks take the new version's restart policy (``TaskRunner.set_policy``):
+        an update that changes only ``restart`` is in place, so nothing else would."""
         with self._lock:
             self._alloc = alloc
             if job is not None:
                 self._job = job
+                self._update_policies_locked(job)
             held = recorded_health(alloc)
             if held is not None:
                 self._verdict = held
@@ -422,6 +425,15 @@ class AllocRunner:
             self._persist()
             self._watch_health_locked()
             self._watch_checks_locked()
+
+    def _update_policies_locked(self, job: structs_pb2.Job) -> None:
+        group = find_group(job, self._alloc.task_group)
+        if group is None:
+            return
+        for task in group.tasks:
+            runner = self._tasks.get(task.name)
+            if runner is not None:
+                runner.set_policy(restart_policy_of(job, group, task))
 
     def stop(self, reason: str) -> None:
         """Kill every task (each with its kill_timeout). Idempotent."""

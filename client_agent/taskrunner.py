@@ -16,6 +16,11 @@ all tasks at once). Three flags steer the thread from outside, and each also wak
   at once, without asking the restart policy (its attempts are not used up, as Nomad's
   restart-triggered path skips the policy's count).
 
+``set_policy(policy)``: an in-place update of the job changed the restart block: the next
+exit is judged by the new policy, against the attempts already counted in the current
+window (Nomad's task runner hands the update to its restart tracker's ``SetPolicy``, which
+keeps the count), so an update cannot hand a crash-looping task a fresh set of attempts.
+
 ``signal(signum)`` passes an operator's signal to the running task's handle (its process
 group for raw_exec); it changes no state beyond a task event.
 
@@ -167,6 +172,13 @@ class TaskRunner:
         self.add_event(TaskEvent(EVENT_SIGNALING, f"Task being sent signal {name}", self._now()))
         handle.signal(signum)
         return True
+
+    def set_policy(self, policy: RestartPolicy) -> None:
+        with self._lock:
+            if policy == self._policy:
+                return
+            self._policy = policy
+        self._log.info("task.restart_policy_updated", attempts=policy.attempts, mode=policy.mode)
 
     @property
     def task_dir(self) -> Path:
@@ -367,9 +379,10 @@ class TaskRunner:
         now = self._now()
         with self._lock:
             window = self._window
+            policy = self._policy
         result = exit_.result
         decision, window = decide_restart(
-            self._policy,
+            policy,
             window,
             job_type=self._job_type,
             exit_code=result.exit_code,
