@@ -13,9 +13,12 @@ failing. One ``CheckWatcher`` thread per alloc runs every check at its ``interva
   task, or any task of a group service's group): before that first start it has no status
   (the servers call it "pending"); once that task stops running it is "critical" (nothing
   answers) until it runs again.
-- A status change calls ``on_change`` (the alloc runner reports the alloc); a run that
-  gives the same status changes nothing, so an alloc whose checks keep passing costs the
-  servers nothing.
+- A status change calls ``on_change`` (the alloc runner reports the alloc) at once. A run
+  that gives the same status with another output keeps the new output (``statuses()``,
+  and so any report, carries it) but reports it by itself at most once per
+  ``OUTPUT_REPORT_INTERVAL_S`` per check: each report is a raft write, and a check whose
+  output changes every run (a timestamp, a counter) would otherwise cost one per interval
+  per alloc. A run that changes neither costs the servers nothing.
 - ``count_failures`` (pure: the time is an argument) folds each result of a check with a
   ``check_restart`` into a ``FailureCount``, as Nomad's check watcher does: a passing
   result (or a warning, with ``ignore_warnings``) resets the count; a failing one inside
@@ -49,11 +52,24 @@ from drover.client.clock import Clock
 from drover.client.threads import join_thread
 from drover.v1 import structs_pb2
 
-__all__ = ["CheckWatcher", "FailureCount", "count_failures", "reported_statuses", "with_statuses"]
+__all__ = [
+    "OUTPUT_REPORT_INTERVAL_S",
+    "CheckWatcher",
+    "FailureCount",
+    "count_failures",
+    "reported_statuses",
+    "with_statuses",
+]
 
 # However far the next check is, look again this often: a stop waits at most this.
 MAX_WAIT_S: Final = 1.0
 NOT_RUNNING: Final = "the task is not running"
+# The least time between two reports of one check whose status stayed the same and whose
+# output changed. Every report is an alloc update, so a raft write on the servers: a check
+# whose output differs on every run (it prints a timestamp) at a 1s interval would make
+# one per second per alloc. An operator reading ``service info -verbose`` is served well
+# enough by an output at most a minute old; a status change is never held back.
+OUTPUT_REPORT_INTERVAL_S: Final = 60.0
 
 log = structlog.get_logger("drover.client.checks")
 
@@ -120,7 +136,8 @@ class CheckWatcher:
     """The thread that runs one alloc's checks until ``stop()``.
 
     ``task_starts`` returns the start time of each task now running (a task not running
-    is absent); ``on_change`` runs after a status changed (``statuses()`` has it);
+    is absent); ``on_change`` runs after a status changed, or an output (at most once per
+    ``OUTPUT_REPORT_INTERVAL_S`` for a check: ``statuses()`` has it);
     ``restart(task, reason)`` restarts a task for a failing check. ``run`` performs one
     check (``checks.run_check`` in production; tests pass their own). ``known`` are the
     statuses already reported (by the agent before a restart, or by the watcher of the
@@ -162,6 +179,10 @@ class CheckWatcher:
         # Whether a run's results went out yet: the first always does, whatever ``known``
         # said, so the servers converge on what the checks say now.
         self._reported = False
+        # Per check, the output the last report carried and when (monotonic) that report
+        # went out: what throttles output-only reports.
+        self._sent_output: dict[str, str] = {key: s.output for key, s in self._statuses.items()}
+        self._output_sent_ns: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -215,13 +236,34 @@ class CheckWatcher:
             changed = self._record(key, spec, outcome.status, outcome.output, ran_at) or changed
             if spec.restart is not None:
                 self._count(key, spec, spec.restart, outcome.status, starts.get(spec.restart_task, 0), ran_at)
-        if changed or (ran and not self._reported):
+        if changed or (ran and not self._reported) or self._output_due():
             self._reported = True
+            self._note_sent()
             self._on_change()
         now = self._clock.now_ns()
         due = [t for k, t in self._next_run_ns.items() if k in self._specs]
         next_ns = min(due, default=now + int(MAX_WAIT_S * 1e9))
         return min(MAX_WAIT_S, max(0.0, (next_ns - now) / 1e9))
+
+    def _output_due(self) -> bool:
+        """A check's output changed since the last report, which is at least
+        ``OUTPUT_REPORT_INTERVAL_S`` old for that check."""
+        now = self._clock.monotonic_ns()
+        interval_ns = int(OUTPUT_REPORT_INTERVAL_S * 1e9)
+        with self._lock:
+            return any(
+                status.output != self._sent_output.get(key)
+                and (key not in self._output_sent_ns or now - self._output_sent_ns[key] >= interval_ns)
+                for key, status in self._statuses.items()
+            )
+
+    def _note_sent(self) -> None:
+        """A report is going out with every check's current output."""
+        now = self._clock.monotonic_ns()
+        with self._lock:
+            for key, status in self._statuses.items():
+                self._sent_output[key] = status.output
+                self._output_sent_ns[key] = now
 
     def _not_running(self, key: str, spec: CheckSpec, now_ns: int) -> bool:
         """Its task stopped: the check is critical (if it ever ran), and runs as soon as the
@@ -233,9 +275,14 @@ class CheckWatcher:
         return self._record(key, spec, CHECK_CRITICAL, NOT_RUNNING, now_ns)
 
     def _record(self, key: str, spec: CheckSpec, status: str, output: str, now_ns: int) -> bool:
+        """Keep the result; True if the status changed. The same status keeps its
+        timestamp (when it became this status: deployment health counts from it) and takes
+        the new output, which ``_output_due`` reports when its turn comes."""
         with self._lock:
             before = self._statuses.get(key)
             if before is not None and before.status == status:
+                if before.output != output:
+                    self._statuses[key] = replace(before, output=output)
                 return False
             self._statuses[key] = CheckStatus(spec.task, spec.service, spec.check, status, output, now_ns)
         self._log.info(

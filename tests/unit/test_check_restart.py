@@ -19,7 +19,7 @@ from drover.client.checks import (
     CheckSpec,
     CheckStatus,
 )
-from drover.client.checkwatch import CheckWatcher, FailureCount, count_failures
+from drover.client.checkwatch import OUTPUT_REPORT_INTERVAL_S, CheckWatcher, FailureCount, count_failures
 from drover.scheduler.structs import (
     Allocation,
     AllocCheckStatus,
@@ -204,6 +204,47 @@ def test_watcher__known_statuses_kept__the_first_run_reported_once_anyway() -> N
     assert (h.watcher.statuses(), h.changes) == ((known,), 1)  # same status, same timestamp
     h.tick_at(1)
     assert h.changes == 1
+
+
+def test_watcher__output_changes__reported_at_most_once_per_interval__status_changes_at_once() -> None:
+    """A check whose output changes every run (it prints the time) is reported by itself
+    once per OUTPUT_REPORT_INTERVAL_S, with its latest output; its timestamp stays when it
+    became passing. A status change goes out at once, throttle or not."""
+    interval = int(OUTPUT_REPORT_INTERVAL_S)
+    outcomes = [CheckOutcome(True, f"t={s}") for s in range(interval + 2)] + [CheckOutcome(False, "down")]
+    h = Harness(_spec(), outcomes)
+    h.tick_at(0)
+    assert h.changes == 1
+    for second in range(1, interval):
+        h.tick_at(second)
+        (status,) = h.watcher.statuses()
+        assert status.output == f"t={second}"  # kept, for the next report, but not sent alone
+    assert h.changes == 1
+    h.tick_at(interval)
+    (status,) = h.watcher.statuses()
+    assert (h.changes, status.output, status.timestamp_ns) == (2, f"t={interval}", STARTED)
+    h.tick_at(interval + 1)
+    assert h.changes == 2  # the next output waits its own interval
+    h.tick_at(interval + 2)
+    assert (h.changes, h.status()) == (3, CHECK_CRITICAL)
+
+
+def test_watcher__an_output_that_changed_once__reported_once_its_interval_is_over() -> None:
+    """Held back by the throttle, a new output still goes out when the interval is over,
+    even though the check's later runs change nothing; and then only once."""
+    interval = int(OUTPUT_REPORT_INTERVAL_S)
+    outcomes = [CheckOutcome(True, "v1")] + [CheckOutcome(True, "v2")] * (interval + 5)
+    h = Harness(_spec(), outcomes)
+    h.tick_at(0)
+    h.tick_at(1)
+    assert h.changes == 1
+    h.tick_at(interval - 1)
+    assert h.changes == 1
+    h.tick_at(interval)
+    assert h.changes == 2
+    for second in range(interval + 1, interval + 4):
+        h.tick_at(second)
+    assert h.changes == 2
 
 
 def test_watcher__a_raising_check_is_critical() -> None:
