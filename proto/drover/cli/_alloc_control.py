@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 from drover.cli._args import Subcommands, add_command, conn_flags, display_id, flag
 from drover.cli._connect import ALLOCS, connect, find
 from drover.cli._errors import CLIError
 from drover.cli._format import print_json
+
+if TYPE_CHECKING:
+    from drover.sdk import DroverClient
+    from drover.v1 import api_pb2
 
 __all__ = ["register_control"]
 
@@ -117,26 +122,34 @@ def _cmd_alloc_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_alloc_restart(args: argparse.Namespace) -> int:
-    task = _task(args)
-    with connect(args) as client:
-        alloc = find(client, ALLOCS, args.alloc, stale=False)
-        response = client.restart_alloc(alloc.id, task)
-        if args.json:
-            print_json(response)
-            return 0
-        what = f'task "{task}"' if task else "every running task"
-        print(f'Restarting {what} of allocation "{display_id(alloc.id, args)}"')
-    return 0
+    return _control_tasks(
+        args, lambda client, alloc_id, task: client.restart_alloc(alloc_id, task), "Restarting"
+    )
 
 
 def _cmd_alloc_signal(args: argparse.Namespace) -> int:
+    return _control_tasks(
+        args,
+        lambda client, alloc_id, task: client.signal_alloc(alloc_id, task, signal=args.signal),
+        f"Sent {args.signal or 'SIGKILL'} to",
+    )
+
+
+def _control_tasks(
+    args: argparse.Namespace,
+    send: Callable[[DroverClient, str, str], api_pb2.AllocControlResponse],
+    done: str,
+) -> int:
+    """``restart`` and ``signal`` alike: the alloc found by its ID prefix, one request to its
+    client for the named task (none: every running task), and the answer printed as JSON or
+    as one line saying what was ``done`` to which tasks of which alloc."""
     task = _task(args)
     with connect(args) as client:
         alloc = find(client, ALLOCS, args.alloc, stale=False)
-        response = client.signal_alloc(alloc.id, task, signal=args.signal)
+        response = send(client, alloc.id, task)
         if args.json:
             print_json(response)
             return 0
         what = f'task "{task}"' if task else "every running task"
-        print(f'Sent {args.signal or "SIGKILL"} to {what} of allocation "{display_id(alloc.id, args)}"')
+        print(f'{done} {what} of allocation "{display_id(alloc.id, args)}"')
     return 0
