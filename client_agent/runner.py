@@ -24,8 +24,10 @@ once, a stop is sent at most once per task.
 Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them in that order (dead, not
 failed: the alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them
 running for the next agent, which
-builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` stops
-the tasks and forgets the alloc (the servers garbage-collected it).
+builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` forgets
+the alloc (the servers garbage-collected it, or forgot it without a stop first) and stops
+its tasks as ``stop`` does, in the same waves and so within the same budget
+(``longest_kill_timeout_ns``), reporting nothing more.
 """
 
 from __future__ import annotations
@@ -455,10 +457,11 @@ class AllocRunner:
         or every task but the poststop ones once the alloc is being stopped) in
         ``stop_wave``'s order: each wave once the one before it is dead. A task that never
         started is started only to end it at once (dead, not pending)."""
-        if not self._started or self._destroyed or self._error:
+        if not self._started or self._error:
             return
+        stopping = self._stop_requested or self._destroyed
         states = {n: t.snapshot().state for n, t in self._tasks.items()}
-        steps = plan_steps(self._roles, states, stopping=self._stop_requested)
+        steps = plan_steps(self._roles, states, stopping=stopping)
         now = self._clock.now_ns()
         for name in steps.stop:
             if name in self._told_to_stop:
@@ -467,7 +470,7 @@ class AllocRunner:
             self._log.info("alloc.task_stopped_by_siblings", task=name, reason=steps.stop_reason)
             self._tasks[name].add_event(TaskEvent(steps.stop_reason, steps.stop_message, now))
         to_stop = set(self._told_to_stop)
-        if self._stop_requested:
+        if stopping:
             to_stop |= {r.name for r in self._roles if r.hook != HOOK_POSTSTOP}
         for name in stop_wave(self._roles, states, to_stop):
             if name in self._killed:
@@ -500,13 +503,17 @@ class AllocRunner:
             task.detach()
 
     def destroy(self) -> None:
-        """The servers forgot the alloc: kill its tasks and remove its record."""
+        """The servers forgot the alloc: stop its tasks in ``stop``'s waves (the leader,
+        the main tasks, the sidecars, then the poststop tasks run: ``_advance_locked`` goes
+        on after each task's end) and remove its record. Idempotent."""
         with self._lock:
+            if self._destroyed:
+                return
             self._destroyed = True
+            self._log.info("alloc.destroying", stop_requested=self._stop_requested)
             self._cancel_tracker_locked()
             self._end_watches_locked()
-            for task in self._tasks.values():
-                task.kill()
+            self._advance_locked()
             try:
                 self._store.delete_alloc(self._alloc.id)
             except StateError as exc:
@@ -793,6 +800,9 @@ class AllocRunner:
     def _task_changed(self, _name: str) -> None:
         with self._lock:
             if self._destroyed:
+                # Forgotten by the servers: nothing to record or report, but the stop's
+                # next wave waits for this task's end.
+                self._advance_locked()
                 return
             self._persist_and_report()
             self._advance_locked()

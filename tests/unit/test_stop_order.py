@@ -133,3 +133,25 @@ def test_stop__leader_then_main_tasks_then_sidecars_then_poststop(runner: tuple[
     assert order.index("proxy:term") < order.index("proxy:exit"), order
     assert order[8:] == ["cleanup:run"], order
     assert alloc_runner.status().client_status == "complete"
+
+
+def test_destroy__same_waves_as_a_stop(runner: tuple[AllocRunner, Path]) -> None:
+    """The servers forgot the alloc without stopping it first (garbage collected): its
+    tasks stop in the same waves, not all at once, and its record is gone at once."""
+    alloc_runner, log = runner
+    running = {"proxy:run", "main:run", "worker:run", "logs:run"}
+    assert wait_for(lambda: running <= set(_lines(log)), 20.0)
+    started = len(_lines(log))
+    store = StateDB(log.parent / "data")
+    assert [r.alloc.id for r in store.load_allocs()] == ["a1"]
+
+    alloc_runner.destroy()
+    assert store.load_allocs() == []
+    assert wait_for(lambda: "cleanup:run" in _lines(log), 30.0)
+    assert wait_for(alloc_runner.is_finished, 10.0)
+
+    order = _lines(log)[started:]
+    assert order[:4] == ["main:term", "main:exit", "worker:term", "worker:exit"], order
+    assert sorted(order[4:8]) == ["logs:exit", "logs:term", "proxy:exit", "proxy:term"], order
+    assert order[8:] == ["cleanup:run"], order
+    assert store.load_allocs() == []  # the tasks' ends wrote no record back
