@@ -22,12 +22,12 @@ import grpc
 from drover.cli._args import display_id
 from drover.cli._deployments import deployment_kv, group_table, is_active
 from drover.cli._errors import CLIError
-from drover.cli._format import format_kv, format_table, oldest_allocs_first
+from drover.cli._format import format_kv, format_table, oldest_allocs_first, print_json
 from drover.scheduler.structs import DEPLOYMENT_STATUS_FAILED, DEPLOYMENT_STATUS_SUCCESSFUL
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 
-__all__ = ["EXIT_PLACEMENT_FAILED", "monitor_deployment", "monitor_eval"]
+__all__ = ["EXIT_PLACEMENT_FAILED", "answer_then_monitor", "monitor_deployment", "monitor_eval"]
 
 EXIT_PLACEMENT_FAILED: Final = 2
 # While an eval is pending, one blocking query on the job's allocs waits at most this long
@@ -39,6 +39,22 @@ _MONITOR_POLL_S: Final = 0.2
 _DEPLOYMENT_WAIT_S: Final = 5.0
 # What the deployment watcher appends when a failure rolls the job back (DEPLOY.md, 5).
 _ROLLBACK_MARKER: Final = " - rolling back to job version "
+
+
+def answer_then_monitor(
+    client: DroverClient, args: argparse.Namespace, response: object, said: str, eval_id: str
+) -> int:
+    """The answer of a write that made one eval (alloc stop, job dispatch, periodic force):
+    with -json the response alone; otherwise ``said`` with the eval's ID, and then the eval
+    followed to its end unless -detach. One place, so each such command prints, detaches
+    and exits the same way."""
+    if args.json:
+        print_json(response)
+        return 0
+    print(f"{said}, evaluation {display_id(eval_id, args)}")
+    if args.detach:
+        return 0
+    return monitor_eval(client, args, eval_id)
 
 
 def monitor_eval(

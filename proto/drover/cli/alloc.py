@@ -20,7 +20,7 @@ from drover.cli._args import (
 )
 from drover.cli._connect import ALLOCS, connect, find
 from drover.cli._format import fmt_duration, fmt_time, print_json, print_kv, print_table
-from drover.cli._monitor import monitor_eval
+from drover.cli._monitor import answer_then_monitor
 from drover.cli._placement import metric_lines, score_table
 from drover.cli._reschedule import attempts_text, eligibility_text
 from drover.sdk import DroverClient, DroverError
@@ -140,15 +140,9 @@ def _cmd_alloc_stop(args: argparse.Namespace) -> int:
     with connect(args) as client:
         alloc = find(client, ALLOCS, args.alloc, stale=False)
         resp = client.stop_alloc(alloc.id)
-        if args.json:
-            print_json(resp)
-            return 0
-        print(
-            f'Alloc "{display_id(alloc.id, args)}" is stopping, evaluation {display_id(resp.eval_id, args)}'
+        return answer_then_monitor(
+            client, args, resp, f'Alloc "{display_id(alloc.id, args)}" is stopping', resp.eval_id
         )
-        if args.detach:
-            return 0
-        return monitor_eval(client, args, resp.eval_id)
 
 
 def _print_placement_metrics(alloc: structs_pb2.Allocation) -> None:

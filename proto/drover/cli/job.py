@@ -18,7 +18,6 @@ from drover.cli._args import (
     add_command,
     add_group,
     conn_flags,
-    display_id,
     flag,
     is_verbose,
     parse_meta,
@@ -39,7 +38,7 @@ from drover.cli._format import (
 from drover.cli._jobs import get_job as _get_job
 from drover.cli._jobs import job_file_flags
 from drover.cli._jobs import load_job_file as _load_job_file
-from drover.cli._monitor import monitor_eval
+from drover.cli._monitor import answer_then_monitor, monitor_eval
 from drover.cli._placement import failed_group_lines
 from drover.cli._reschedule import awaiting_rows
 from drover.sdk import DroverClient, DroverError
@@ -433,24 +432,13 @@ def _cmd_job_dispatch(args: argparse.Namespace) -> int:
             payload=payload,
             idempotency_token=args.idempotency_token,
         )
-        if args.json:
-            print_json(resp)
-            return 0
-        print(f'Dispatched job "{resp.dispatched_job_id}", evaluation {display_id(resp.eval_id, args)}')
-        if args.detach:
-            return 0
-        return monitor_eval(client, args, resp.eval_id)
+        return answer_then_monitor(
+            client, args, resp, f'Dispatched job "{resp.dispatched_job_id}"', resp.eval_id
+        )
 
 
 def _cmd_job_periodic_force(args: argparse.Namespace) -> int:
     with connect(args) as client:
         resp = client.periodic_force(args.job, namespace=args.namespace)
-        if args.json:
-            print_json(resp)
-            return 0
-        print(
-            f'Force periodic successful: launched job "{resp.child_job_id}", evaluation {display_id(resp.eval_id, args)}'
-        )
-        if args.detach:
-            return 0
-        return monitor_eval(client, args, resp.eval_id)
+        said = f'Force periodic successful: launched job "{resp.child_job_id}"'
+        return answer_then_monitor(client, args, resp, said, resp.eval_id)
