@@ -31,7 +31,7 @@ from drover.cli._deployments import (
     group_table,
     print_deployment_list,
 )
-from drover.cli._errors import CLIError
+from drover.cli._errors import CLIError, Handler
 from drover.cli._format import print_json, print_kv, print_table
 from drover.cli._monitor import monitor_eval
 from drover.sdk import DroverClient
@@ -86,42 +86,38 @@ def register(top: Subcommands) -> None:
     p = add_command(deployments, "status", _cmd_status, "show one deployment", _STATUS_EPILOG)
     p.add_argument("deployment")
     read_flags(p)
-    p = add_command(
-        deployments,
-        "promote",
-        _cmd_promote,
-        "promote a deployment's canaries so rolling goes on",
-        _WRITE_EXIT,
+    p = _steering_command(
+        deployments, "promote", _cmd_promote, "promote a deployment's canaries so rolling goes on"
     )
-    p.add_argument("deployment")
-    write_flags(p, monitor=True)
     flag(p, "group", action="append", default=[], metavar="G", help="promote only this group (repeatable)")
     p = add_command(deployments, "pause", _cmd_pause, "pause a running deployment: no new placements")
     p.add_argument("deployment")
     write_flags(p)
-    p = add_command(deployments, "resume", _cmd_resume, "resume a paused deployment", _WRITE_EXIT)
-    p.add_argument("deployment")
-    write_flags(p, monitor=True)
-    p = add_command(
-        deployments,
-        "fail",
-        _cmd_fail,
-        "mark a deployment failed (rolling back with auto_revert)",
-        _WRITE_EXIT,
+    _steering_command(deployments, "resume", _cmd_resume, "resume a paused deployment")
+    _steering_command(
+        deployments, "fail", _cmd_fail, "mark a deployment failed (rolling back with auto_revert)"
     )
-    p.add_argument("deployment")
-    write_flags(p, monitor=True)
-    p = add_command(
+    p = _steering_command(
         deployments,
         "alloc-health",
         _cmd_alloc_health,
         "set allocations' deployment health by hand",
         _ALLOC_HEALTH_EPILOG,
     )
-    p.add_argument("deployment")
-    write_flags(p, monitor=True)
     flag(p, "healthy", action="append", default=[], metavar="A,B", help="allocations to mark healthy")
     flag(p, "unhealthy", action="append", default=[], metavar="A,B", help="allocations to mark unhealthy")
+
+
+def _steering_command(
+    deployments: Subcommands, name: str, handler: Handler, help_: str, epilog: str = _WRITE_EXIT
+) -> argparse.ArgumentParser:
+    """A write on one deployment that is monitored after (promote, resume, fail,
+    alloc-health): its ID or a unique prefix as the argument, the write flags with -detach,
+    and the exit statuses in its help, so each such command takes the deployment the same way."""
+    p = add_command(deployments, name, handler, help_, epilog)
+    p.add_argument("deployment")
+    write_flags(p, monitor=True)
+    return p
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
