@@ -1,6 +1,6 @@
 """Each scheduling-key example of deploy/examples/ (node_pool, migrate/reschedule, spread
 targets, memory_max, network mode host, scaling, the old disconnect names, Nomad's API
-JSON) run with ``drover job run`` on a dev agent and placed; scaling bounds kept by ``job
+JSON, a service with http and script checks and a check_restart) run with ``drover job run`` on a dev agent and placed; scaling bounds kept by ``job
 scale``; ``node pool list``; and a key drover does not support refused in one line, exit 1."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ _EXAMPLES = {
     "scaling.nomad.hcl": ("scaling", 1, "running"),
     "disconnect-aliases.nomad.hcl": ("disconnect-aliases", 1, "running"),
     "nomad-api.json": ("nomad-api", 1, "running"),
+    "service-checks.nomad.hcl": ("service-checks", 1, "running"),
 }
 
 
@@ -67,6 +68,15 @@ def test_jobspec_examples__each_runs_and_places(dev_agent: DevAgent, tmp_path: P
     assert "must be <= the scaling policy's max 4, got 9" in out
     code, out = _cli(address, "job", "scale", "-detach", "scaling", "web", "3")
     assert code == 0, out
+
+    # The checked service's instance passes both its checks (an http server the task runs,
+    # a script in the task's directory): the list counts it passing.
+    def checked_passing() -> bool:
+        code, out = _cli(address, "service", "list", "-json")
+        assert code == 0, out
+        return any(s["service_name"] == "web-checked" and s.get("passing") == 1 for s in json.loads(out))
+
+    wait_for(checked_passing, 60, message="web-checked passing its checks")
 
     result = drover_cli("node", "pool", "list", "-address", address)
     out = result.stdout + result.stderr
