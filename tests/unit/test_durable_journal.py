@@ -49,6 +49,19 @@ def _fill(journal: DurableJournal, first: int, count: int, term: int = 1) -> Non
         journal.add(f"command-{index}".encode(), index, term)
 
 
+def _indexes_and_terms(journal: DurableJournal) -> list[tuple[int, int]]:
+    return [(int(journal[i][1]), int(journal[i][2])) for i in range(len(journal))]
+
+
+def _journal_that_can_lose_power(tmp_path: Path) -> tuple[Path, PowerLossStorage, DurableJournal]:
+    """A fresh journal on storage that keeps un-synced writes in memory: its path, to reopen
+    it after ``store.cut_power()`` drops them; the storage; the journal. Every power-loss
+    test starts here, so each reads back exactly what a sync made durable."""
+    path = tmp_path / "journal.bin"
+    store = PowerLossStorage()
+    return path, store, _journal(path, store)
+
+
 def _indexes(journal: DurableJournal) -> list[int]:
     return [int(journal[i][1]) for i in range(len(journal))]
 
@@ -57,9 +70,7 @@ def _indexes(journal: DurableJournal) -> list[int]:
 
 
 def test_power_loss__keeps_synced_entries__loses_the_unsynced_tail(tmp_path: Path) -> None:
-    path = tmp_path / "journal.bin"
-    store = PowerLossStorage()
-    journal = _journal(path, store)
+    path, store, journal = _journal_that_can_lose_power(tmp_path)
     _fill(journal, 1, 5)
     assert journal.sync()
     _fill(journal, 6, 3)
@@ -72,9 +83,7 @@ def test_power_loss__keeps_synced_entries__loses_the_unsynced_tail(tmp_path: Pat
 
 
 def test_group_commit__one_sync_covers_every_entry_of_the_tick(tmp_path: Path) -> None:
-    path = tmp_path / "journal.bin"
-    store = PowerLossStorage()
-    journal = _journal(path, store)
+    path, store, journal = _journal_that_can_lose_power(tmp_path)
     _fill(journal, 1, 200)
 
     assert journal.sync()
@@ -86,22 +95,20 @@ def test_group_commit__one_sync_covers_every_entry_of_the_tick(tmp_path: Path) -
 
 def test_power_loss__truncation_not_synced__the_old_tail_is_back(tmp_path: Path) -> None:
     """A follower's dropped conflicting tail is as durable as an append: not before a sync."""
-    path = tmp_path / "journal.bin"
-    store = PowerLossStorage()
-    journal = _journal(path, store)
+    path, store, journal = _journal_that_can_lose_power(tmp_path)
     _fill(journal, 1, 6)
     journal.sync()
     journal.deleteEntriesFrom(3)
     _fill(journal, 4, 2, term=2)
 
     store.cut_power()
-    assert [(e[1], e[2]) for e in (_journal(path)[i] for i in range(6))] == [(i, 1) for i in range(1, 7)]
+    assert _indexes_and_terms(_journal(path)) == [(i, 1) for i in range(1, 7)]
 
     journal.deleteEntriesFrom(3)
     _fill(journal, 4, 2, term=2)
     journal.sync()
     store.cut_power()
-    assert [(e[1], e[2]) for e in (_journal(path)[i] for i in range(5))] == [
+    assert _indexes_and_terms(_journal(path)) == [
         (1, 1),
         (2, 1),
         (3, 1),
@@ -111,9 +118,7 @@ def test_power_loss__truncation_not_synced__the_old_tail_is_back(tmp_path: Path)
 
 
 def test_compaction__rewrites_durably__keeps_unsynced_entries_it_kept(tmp_path: Path) -> None:
-    path = tmp_path / "journal.bin"
-    store = PowerLossStorage()
-    journal = _journal(path, store)
+    path, store, journal = _journal_that_can_lose_power(tmp_path)
     _fill(journal, 1, 10)
     journal.sync()
     _fill(journal, 11, 5)  # not synced yet when the compaction comes
@@ -128,9 +133,7 @@ def test_compaction__rewrites_durably__keeps_unsynced_entries_it_kept(tmp_path: 
 
 
 def test_term_and_vote__on_disk_before_set_current_term_returns(tmp_path: Path) -> None:
-    path = tmp_path / "journal.bin"
-    store = PowerLossStorage()
-    journal = _journal(path, store)
+    path, store, journal = _journal_that_can_lose_power(tmp_path)
     journal.setCurrentTerm(7, "127.0.0.1:4001")
 
     store.cut_power()
