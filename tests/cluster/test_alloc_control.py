@@ -71,6 +71,12 @@ def _run_chatty(cluster: LocalCluster, directory: Path, job_id: str) -> structs_
     return alloc
 
 
+def _wait_usr1_trapped(cluster: LocalCluster, alloc_id: str, what: str) -> None:
+    """Until the CHATTY task's USR1 trap has printed to its stdout, as ``alloc logs`` reads
+    it: a signal counts as delivered once the task itself has answered it."""
+    wait_for(lambda: "got-usr1" in run_cli(cluster, "alloc", "logs", alloc_id).stdout, 30, 0.2, what)
+
+
 def _task_dir(cluster: LocalCluster, alloc_id: str) -> Path:
     return cluster.client_data_dir(0) / "allocs" / alloc_id / TASK
 
@@ -195,12 +201,7 @@ def test_alloc_signal__usr1_reaches_the_task(one_client: LocalCluster, tmp_path:
     alloc = _run_chatty(cluster, tmp_path, "signalled")
     result = run_cli(cluster, "alloc", "signal", "-s", "USR1", alloc.id[:8], TASK)
     assert result.returncode == 0, result.stderr
-    wait_for(
-        lambda: "got-usr1" in run_cli(cluster, "alloc", "logs", alloc.id).stdout,
-        30,
-        0.2,
-        "the task's USR1 trap to print",
-    )
+    _wait_usr1_trapped(cluster, alloc.id, "the task's USR1 trap to print")
     now = _task_state(cluster, alloc.id)
     assert now.client_status == "running"
     assert any(e.type == "Signaling" and "SIGUSR1" in e.message for e in now.task_states[TASK].events)
@@ -295,12 +296,7 @@ def test_tunnel__three_servers__any_server_relays_to_the_one_holding_it(tmp_path
             "alloc", "signal", "-s", "USR1", alloc.id, env={"DROVER_ADDR": cluster.grpc_addresses[-1]}
         )
         assert signalled.returncode == 0, signalled.stderr
-        wait_for(
-            lambda: "got-usr1" in run_cli(cluster, "alloc", "logs", alloc.id).stdout,
-            30,
-            0.2,
-            "the relayed signal to reach the task",
-        )
+        _wait_usr1_trapped(cluster, alloc.id, "the relayed signal to reach the task")
 
 
 @pytest.mark.timeout(180)
