@@ -134,10 +134,15 @@ class FakeState:
         self.plan.failed_tg_metrics["web"].CopyFrom(missing_drivers(3, failures=2))
 
 
-class _Allocs(api_pb2_grpc.AllocsServicer):
+class _Answering:
+    """A fake servicer that answers from the one FakeState the test set up, so the CLI's
+    alloc, eval and plan reads all see the same placement."""
+
     def __init__(self, state: FakeState) -> None:
         self.state = state
 
+
+class _Allocs(_Answering, api_pb2_grpc.AllocsServicer):
     def Get(self, request: Any, context: grpc.ServicerContext) -> api_pb2.AllocGetResponse:
         if request.alloc_id != self.state.alloc.id:
             context.abort(grpc.StatusCode.NOT_FOUND, "no such alloc")
@@ -147,20 +152,14 @@ class _Allocs(api_pb2_grpc.AllocsServicer):
         return api_pb2.AllocListResponse(allocs=[self.state.alloc])
 
 
-class _Evals(api_pb2_grpc.EvalsServicer):
-    def __init__(self, state: FakeState) -> None:
-        self.state = state
-
+class _Evals(_Answering, api_pb2_grpc.EvalsServicer):
     def Get(self, request: Any, context: grpc.ServicerContext) -> api_pb2.EvalGetResponse:
         if request.eval_id != self.state.eval.id:
             context.abort(grpc.StatusCode.NOT_FOUND, "no such eval")
         return api_pb2.EvalGetResponse(eval=self.state.eval)
 
 
-class _Jobs(api_pb2_grpc.JobsServicer):
-    def __init__(self, state: FakeState) -> None:
-        self.state = state
-
+class _Jobs(_Answering, api_pb2_grpc.JobsServicer):
     def Plan(self, request: Any, context: grpc.ServicerContext) -> api_pb2.JobPlanResponse:
         return self.state.plan
 
@@ -186,6 +185,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]
     code, out, err = run_cli(capsys, *argv)
     assert err == []
     return code, out.splitlines()
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    """Run the CLI with -json; it must succeed, and its stdout is one JSON document."""
+    code, lines = run(capsys, *argv, "-json")
+    assert code == 0
+    return json.loads("\n".join(lines))
 
 
 def section(lines: list[str], title: str) -> list[str]:
@@ -225,9 +231,7 @@ def test_alloc_status_json__metrics_score_meta_data(
     fake: tuple[FakeState, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, addr = fake
-    code, lines = run(capsys, "alloc", "status", "-json", "-address", addr, ALLOC_ID)
-    assert code == 0
-    doc = json.loads("\n".join(lines))
+    doc = run_json(capsys, "alloc", "status", "-address", addr, ALLOC_ID)
     metas = doc["metrics"]["score_meta_data"]
     assert [m["node_id"] for m in metas] == [NODE_A, NODE_B]
     assert metas[1]["scores"] == {"binpack": 0.61, "job-anti-affinity": -0.5, "node-reschedule-penalty": -1.0}
@@ -257,9 +261,7 @@ def test_eval_status_json__failed_group_metrics_with_every_count(
     fake: tuple[FakeState, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, addr = fake
-    code, lines = run(capsys, "eval", "status", "-json", "-address", addr, EVAL_ID)
-    assert code == 0
-    doc = json.loads("\n".join(lines))
+    doc = run_json(capsys, "eval", "status", "-address", addr, EVAL_ID)
     assert doc["eval"]["failed_tg_allocs"] == {"web": "no node is feasible"}
     metric = doc["eval"]["failed_tg_metrics"]["web"]
     # The zeros a script asks about are there too: none exhausted, no class filtered.
