@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import random
 import sys
 import threading
 import time
@@ -52,9 +50,9 @@ from tests.bench.heartbeats import (
     HEARTBEAT_TIMEOUT_S,
     KIND_HEARTBEAT,
     KIND_REGISTER,
-    MAX_ERROR_SAMPLES,
     MIN_TTL_S,
     RPC_TIMEOUT_S,
+    NodeSim,
     Record,
     StatusPoller,
     base_ttl_s,
@@ -121,30 +119,13 @@ class _Client:
     registered: bool = False
 
 
-class _Sim:
+class _Sim(NodeSim):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.nonce: str = args.nonce
-        self.first: int = args.first
-        self.count: int = args.count
-        self.control = Path(args.control)
-        self.out = Path(args.out)
-        servers = [s for s in args.servers.split(",") if s]
-        self.addresses = [servers[i % len(servers)] for i in range(args.channels)]
-        self.register_sem = asyncio.Semaphore(args.register_concurrency)
-        self.rng = random.Random(f"{self.nonce}/{self.first}")
-        self.records: list[Record] = []
-        self.errors: Counter[str] = Counter()
-        self.error_samples: list[str] = []
-        self.stop = asyncio.Event()
-        self.registered: set[int] = set()
+        super().__init__(args)
         self.reported: set[str] = set()
-        self.stubs: list[api_pb2_grpc.NodesStub] = []
 
     def _failed(self, kind: str, client: _Client, exc: grpc.aio.AioRpcError) -> None:
-        code = exc.code().name
-        self.errors[f"{kind}:{code}"] += 1
-        if len(self.error_samples) < MAX_ERROR_SAMPLES:
-            self.error_samples.append(f"{kind} {code}: {exc.details()}")
+        code = self._note_error(kind, exc)
         if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
             client.slot = (client.slot + 1) % len(self.stubs)
         client.registered = False  # the agent registers again after any failure
@@ -235,10 +216,6 @@ class _Sim:
                 self._failed("watch", client, exc)
                 failures += 1
                 await self._sleep(self.rng.uniform(0.1, min(2.0, 0.1 * 2**failures)))
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), seconds)
 
     async def _control(self) -> None:
         while not self.stop.is_set():

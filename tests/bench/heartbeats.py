@@ -231,8 +231,12 @@ job "{JOB_ID}" {{
 # --- the simulator (a child process) ----------------------------------------------------------
 
 
-class _Sim:
-    """Many simulated nodes in one asyncio loop (see the module docstring)."""
+class NodeSim:
+    """What every simulator child of the heartbeat and fleet benches keeps: its share of the
+    fleet (``first``, ``count``, under the run's ``nonce``), the control file it obeys and the
+    output it writes, one server address per channel, every call's record and every error
+    (the first MAX_ERROR_SAMPLES in words), and the stop event. Each bench's sim adds the
+    calls its nodes make; both count and sample errors and sleep the same way."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.nonce: str = args.nonce
@@ -248,10 +252,8 @@ class _Sim:
         self.records: list[Record] = []
         self.errors: Counter[str] = Counter()
         self.error_samples: list[str] = []
-        self.paused: frozenset[int] = frozenset()
         self.stop = asyncio.Event()
         self.registered: set[int] = set()
-        self.channels: list[grpc.aio.Channel] = []
         self.stubs: list[api_pb2_grpc.NodesStub] = []
 
     def _note_error(self, kind: str, exc: grpc.aio.AioRpcError) -> str:
@@ -260,6 +262,20 @@ class _Sim:
         if len(self.error_samples) < MAX_ERROR_SAMPLES:
             self.error_samples.append(f"{kind} {code}: {exc.details()}")
         return code
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when the sim is told to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
+
+class _Sim(NodeSim):
+    """Many simulated nodes in one asyncio loop (see the module docstring)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.paused: frozenset[int] = frozenset()
+        self.channels: list[grpc.aio.Channel] = []
 
     async def _call(self, slot: int, kind: int, fn: Callable[[api_pb2_grpc.NodesStub], Any]) -> Any:
         """One call on the node's channel; on UNAVAILABLE the node moves to another server."""
@@ -323,10 +339,6 @@ class _Sim:
                 await self._sleep(self.rng.uniform(0, ttl_s / 2))
             else:
                 await self._sleep(ttl_s / 2)
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), seconds)
 
     async def _watch_control(self) -> None:
         while not self.stop.is_set():
