@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import os
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from tests.bench.heartbeats import (
     KIND_REGISTER,
     MIN_TTL_S,
     RPC_TIMEOUT_S,
+    EveryInterval,
     NodeSim,
     Record,
     StatusPoller,
@@ -267,33 +267,25 @@ def sim_main(argv: Sequence[str]) -> int:
 # --- the benchmark's side ---------------------------------------------------------------------
 
 
-class _Reader:
+class _Reader(EveryInterval):
     """``drover job status``'s read (Jobs.List, on the leader) every ``READ_INTERVAL_S``."""
 
     def __init__(self, addresses: Sequence[str]) -> None:
+        super().__init__("fleet-reader", READ_INTERVAL_S)
         self._api = DroverClient(addresses, timeout=RPC_TIMEOUT_S, retry_deadline=RPC_TIMEOUT_S)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fleet-reader", daemon=True)
         self.samples: list[tuple[float, float, int]] = []  # (wall start, latency s, ok)
 
-    def __enter__(self) -> _Reader:
-        self._thread.start()
-        return self
+    def tick(self) -> None:
+        start_wall, start = time.time(), time.perf_counter()
+        try:
+            self._api.list_jobs()
+            ok = 1
+        except DroverError:
+            ok = 0
+        self.samples.append((start_wall, time.perf_counter() - start, ok))
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(RPC_TIMEOUT_S * 2)
+    def close(self) -> None:
         self._api.close()
-
-    def _run(self) -> None:
-        while not self._stop.wait(READ_INTERVAL_S):
-            start_wall, start = time.time(), time.perf_counter()
-            try:
-                self._api.list_jobs()
-                ok = 1
-            except DroverError:
-                ok = 0
-            self.samples.append((start_wall, time.perf_counter() - start, ok))
 
 
 def _stats(records: Sequence[Record], kind: int, start: float, end: float) -> dict[str, Any]:

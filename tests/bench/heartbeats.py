@@ -416,7 +416,7 @@ def run_sim_process(
 # --- the fleet's alloc runners, played by the benchmark ---------------------------------------
 
 
-class _EveryInterval:
+class EveryInterval:
     """A daemon thread calling ``tick`` every ``interval_s`` while the with-block runs, then
     ``close`` once it has ended."""
 
@@ -445,7 +445,7 @@ class _EveryInterval:
         """Release what ``tick`` used."""
 
 
-class FleetReporter(_EveryInterval):
+class FleetReporter(EveryInterval):
     """Reports allocs as their clients would: placed -> running, stopped -> complete, and a
     node back from a partition resends its allocs' states (unknown -> running).
 
@@ -528,7 +528,7 @@ class FleetReporter(_EveryInterval):
 # --- watching the servers ---------------------------------------------------------------------
 
 
-class StatusPoller(_EveryInterval):
+class StatusPoller(EveryInterval):
     """Every node's status, polled from one follower (stale reads: the leader is spared)."""
 
     def __init__(self, address: str) -> None:
