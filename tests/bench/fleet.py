@@ -58,6 +58,7 @@ from tests.bench.heartbeats import (
     base_ttl_s,
     bench_cluster,
     failure_record,
+    false_downs,
     job_proto,
     node_id,
     node_proto,
@@ -315,35 +316,6 @@ def back_after_failover(records: Sequence[Record], clients: int, killed_at: floa
     }
 
 
-def false_downs(
-    cluster: LocalCluster, api: DroverClient, poller: StatusPoller, nonce: str, clients: int
-) -> dict[str, Any]:
-    fleet = {node_id(nonce, i) for i in range(clients)}
-    by_log: set[str] = set()
-    for i in range(len(cluster.server_names)):
-        for line in cluster.log(i).splitlines():
-            if "heartbeat_missed" in line:
-                by_log.update(
-                    w[len("node_id=") :]
-                    for w in line.split()
-                    if w.startswith("node_id=") and w[len("node_id=") :] in fleet
-                )
-    by_event = {
-        n.id
-        for n in api.list_nodes().nodes
-        if n.id in fleet and any("heartbeat missed" in e.message for e in n.events)
-    }
-    by_poll = {nid for nid in poller.non_ready_seen if nid in fleet}
-    union = by_log | by_event | by_poll
-    return {
-        "count": len(union),
-        "by_log": len(by_log),
-        "by_event": len(by_event),
-        "by_poll": len(by_poll),
-        "examples": sorted(union)[:10],
-    }
-
-
 @dataclass(slots=True)
 class _Fleet:
     cfg: FleetConfig
@@ -451,7 +423,9 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
         **back_after_failover(records, cfg.clients, killed_at),
         "failover_ttl_s": FAILOVER_TTL_S,
     }
-    out["false_downs"] = false_downs(cluster, api, poller, fleet.nonce, cfg.clients)
+    out["false_downs"] = false_downs(
+        cluster, api, poller, {node_id(fleet.nonce, i) for i in range(cfg.clients)}
+    )
     out["non_ready_at_end"] = len(non_ready)
     out["client_errors"] = errors
     out["client_error_samples"] = samples

@@ -772,20 +772,30 @@ def _top_threads(per_thread: Mapping[int, tuple[str, float]], n: int = 8) -> dic
 
 def _false_downs(run: _Run, poller: StatusPoller, partitioned: set[str]) -> dict[str, Any]:
     healthy = {node_id(run.nonce, i) for i in range(run.cfg.clients)} - partitioned
+    return false_downs(run.cluster, run.api, poller, healthy)
+
+
+def false_downs(
+    cluster: LocalCluster, api: DroverClient, poller: StatusPoller, watched: set[str]
+) -> dict[str, Any]:
+    """How many of the ``watched`` nodes (ones that never stopped heartbeating) were taken
+    for down, seen any of three ways: a server logged a missed heartbeat for it, the node
+    has a "heartbeat missed" event, or the status poll caught it not ready. The heartbeat
+    and fleet benches both hold their "no false down" target to this one count."""
     by_log: set[str] = set()
-    for i in range(len(run.cluster.server_names)):
-        for line in run.cluster.log(i).splitlines():
+    for i in range(len(cluster.server_names)):
+        for line in cluster.log(i).splitlines():
             if "heartbeat_missed" not in line:
                 continue
             for word in line.split():
-                if word.startswith("node_id=") and word[len("node_id=") :] in healthy:
+                if word.startswith("node_id=") and word[len("node_id=") :] in watched:
                     by_log.add(word[len("node_id=") :])
     by_event = {
         n.id
-        for n in run.api.list_nodes().nodes
-        if n.id in healthy and any("heartbeat missed" in e.message for e in n.events)
+        for n in api.list_nodes().nodes
+        if n.id in watched and any("heartbeat missed" in e.message for e in n.events)
     }
-    by_poll = {nid for nid, seen in poller.non_ready_seen.items() if nid in healthy}
+    by_poll = {nid for nid in poller.non_ready_seen if nid in watched}
     union = by_log | by_event | by_poll
     return {
         "count": len(union),
