@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,17 @@ def wait_ready_nodes(cluster: LocalCluster, count: int, timeout: float = 60) -> 
             0.2,
             lambda: f"{count} ready nodes\n" + cluster.logs_tail(),
         )
+
+
+@contextmanager
+def ready_cluster(data_dir: Path, *, servers: int, clients: int) -> Iterator[LocalCluster]:
+    """A LocalCluster settled (``wait_settled``) with all ``clients`` agents ready nodes, stopped
+    on the way out: what a test that runs jobs needs before its first call, so none of them
+    starts placing while an agent is still registering or a server has not announced itself."""
+    with LocalCluster(data_dir, servers=servers, clients=clients) as cluster:
+        wait_settled(cluster)
+        wait_ready_nodes(cluster, clients)
+        yield cluster
 
 
 @pytest.fixture

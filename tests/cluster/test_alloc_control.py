@@ -19,7 +19,7 @@ from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.cli import drover_cli, one_error_line, run_cli, run_job_file
-from tests.cluster.conftest import DevAgentFactory, wait_ready_nodes, wait_settled
+from tests.cluster.conftest import DevAgentFactory, ready_cluster
 from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
 
 TASK = "t"
@@ -37,9 +37,7 @@ CHATTY = (
 def one_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One server and one raw_exec client agent, shared by this module's tests (each runs
     its own job)."""
-    with LocalCluster(tmp_path_factory.mktemp("alloc-control"), servers=1, clients=1) as cluster:
-        cluster.wait_for_leader(60)
-        wait_ready_nodes(cluster, 1)
+    with ready_cluster(tmp_path_factory.mktemp("alloc-control"), servers=1, clients=1) as cluster:
         yield cluster
 
 
@@ -282,9 +280,7 @@ def test_node_meta__apply_then_read__servers_and_scheduler_see_it(
 def test_tunnel__three_servers__any_server_relays_to_the_one_holding_it(tmp_path: Path) -> None:
     """The client holds its tunnel on one server; asking each server in turn, at least two
     of them have to relay the call to that one."""
-    with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
-        wait_settled(cluster)
-        wait_ready_nodes(cluster, 1)
+    with ready_cluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
         alloc = _run_chatty(cluster, tmp_path, "relayed")
         for address in cluster.grpc_addresses:
             env = {"DROVER_ADDR": address}

@@ -21,7 +21,7 @@ from drover.common.version import drover_version
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.cli import drover_cli, one_error_line, run_cli, run_job_file
-from tests.cluster.conftest import DevAgentFactory, wait_ready_nodes
+from tests.cluster.conftest import DevAgentFactory, ready_cluster
 from tests.cluster.jobs import running_allocs
 
 # Long enough to see a paused broker hand nothing out: an unpaused one places a job's
@@ -58,9 +58,7 @@ job "{job_id}" {{
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One server and two client agents, shared by this module's one-server tests (each
     runs its own jobs and sets the scheduler config it needs)."""
-    with LocalCluster(tmp_path_factory.mktemp("cluster-commands"), servers=1, clients=2) as c:
-        c.wait_for_leader(60)
-        wait_ready_nodes(c, 2)
+    with ready_cluster(tmp_path_factory.mktemp("cluster-commands"), servers=1, clients=2) as c:
         yield c
 
 

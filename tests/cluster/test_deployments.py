@@ -17,7 +17,7 @@ from drover.cli._format import short_id
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli, run_job_file
-from tests.cluster.conftest import wait_ready_nodes
+from tests.cluster.conftest import ready_cluster
 from tests.cluster.jobs import NO_RESTARTS, deployment_of_version, raw_exec_hcl
 
 # A deployment needs health verdicts (min_healthy_time each) and evals per batch: generous
@@ -160,35 +160,32 @@ def test_deployment__leader_killed_mid_rollout__new_leader_finishes_it(tmp_path:
     update = """      max_parallel     = 1
       min_healthy_time = "2s"
       healthy_deadline = "60s\""""
-    with LocalCluster(tmp_path / "cluster", servers=3, clients=2) as c:
-        c.wait_for_leader(60)
-        wait_ready_nodes(c, 2)
-        with _client(c) as client:
-            run_job_file(c, tmp_path, "v0", _job("lk", GOOD, update, count=3))
-            _wait_status(c, client, "lk", 0, "successful")
-            run_job_file(c, tmp_path, "v1", _job("lk", "echo v1; exec sleep 600", update, count=3))
+    with ready_cluster(tmp_path / "cluster", servers=3, clients=2) as c, _client(c) as client:
+        run_job_file(c, tmp_path, "v0", _job("lk", GOOD, update, count=3))
+        _wait_status(c, client, "lk", 0, "successful")
+        run_job_file(c, tmp_path, "v1", _job("lk", "echo v1; exec sleep 600", update, count=3))
 
-            def first_batch_healthy() -> structs_pb2.Deployment | None:
+        def first_batch_healthy() -> structs_pb2.Deployment | None:
+            d = deployment_of_version(client, "lk", 1)
+            return d if d is not None and d.task_groups["g"].healthy_allocs >= 1 else None
+
+        midway = wait_for(first_batch_healthy, ROLLOUT_TIMEOUT, 0.25, lambda: c.logs_tail())
+        assert midway.status == "running"
+        c.kill(c.leader_index())
+
+        def succeeded() -> structs_pb2.Deployment | None:
+            try:
                 d = deployment_of_version(client, "lk", 1)
-                return d if d is not None and d.task_groups["g"].healthy_allocs >= 1 else None
+            except DroverError:
+                return None  # no leader yet
+            return d if d is not None and d.status == "successful" else None
 
-            midway = wait_for(first_batch_healthy, ROLLOUT_TIMEOUT, 0.25, lambda: c.logs_tail())
-            assert midway.status == "running"
-            c.kill(c.leader_index())
-
-            def succeeded() -> structs_pb2.Deployment | None:
-                try:
-                    d = deployment_of_version(client, "lk", 1)
-                except DroverError:
-                    return None  # no leader yet
-                return d if d is not None and d.status == "successful" else None
-
-            done = wait_for(succeeded, ROLLOUT_TIMEOUT, 0.5, lambda: c.logs_tail())
-            assert done.id == midway.id
-            assert done.task_groups["g"].healthy_allocs == 3
-            wait_for(
-                lambda: len(_running(client, "lk", 1)) == 3,
-                ROLLOUT_TIMEOUT,
-                0.5,
-                lambda: f"v1 on all three: {_allocs(client, 'lk')}",
-            )
+        done = wait_for(succeeded, ROLLOUT_TIMEOUT, 0.5, lambda: c.logs_tail())
+        assert done.id == midway.id
+        assert done.task_groups["g"].healthy_allocs == 3
+        wait_for(
+            lambda: len(_running(client, "lk", 1)) == 3,
+            ROLLOUT_TIMEOUT,
+            0.5,
+            lambda: f"v1 on all three: {_allocs(client, 'lk')}",
+        )

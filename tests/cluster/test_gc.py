@@ -18,7 +18,7 @@ from drover.sdk import DroverClient
 from drover.server.raft_tools import log_entries, open_data_dir
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
-from tests.cluster.conftest import wait_ready_nodes, wait_settled
+from tests.cluster.conftest import ready_cluster
 from tests.cluster.jobs import child_jobs, service_job
 from tests.cluster.replay import check_every_index
 
@@ -28,9 +28,7 @@ FORCED = 50
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """One server and one client agent (mock driver), always stopped afterwards."""
-    with LocalCluster(tmp_path / "cluster", servers=1, clients=1) as c:
-        wait_settled(c)
-        wait_ready_nodes(c, 1)
+    with ready_cluster(tmp_path / "cluster", servers=1, clients=1) as c:
         yield c
 
 

@@ -24,7 +24,7 @@ from prometheus_client.samples import Sample
 from deploy.cluster import LocalCluster, pick_free_ports, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.cli import drover_cli, one_error_line
-from tests.cluster.conftest import DevAgentFactory, wait_ready_nodes
+from tests.cluster.conftest import DevAgentFactory, ready_cluster
 from tests.cluster.jobs import running_allocs, service_job
 
 WAIT_S = 60.0
@@ -75,9 +75,7 @@ def names(samples: list[Sample]) -> set[str]:
 
 @pytest.fixture
 def one_of_each(tmp_path: Path) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path / "cluster", servers=1, clients=1) as cluster:
-        cluster.wait_for_leader(WAIT_S)
-        wait_ready_nodes(cluster, 1)
+    with ready_cluster(tmp_path / "cluster", servers=1, clients=1) as cluster:
         yield cluster
 
 

@@ -29,7 +29,7 @@ from drover.scheduler.periodic import SECOND_NS, launch_ns_from_id, prev_periodi
 from drover.scheduler.structs import PeriodicConfig
 from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
-from tests.cluster.conftest import wait_ready_nodes, wait_settled
+from tests.cluster.conftest import ready_cluster
 from tests.cluster.jobs import child_jobs, service_job
 from tests.cluster.replay import ReplayReport, assert_servers_agree, check_every_index
 
@@ -40,9 +40,7 @@ EVERY_SECOND_CONFIG = PeriodicConfig(enabled=True, spec=EVERY_SECOND, time_zone=
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three servers and one client agent (real processes), always stopped afterwards."""
-    with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as c:
-        wait_settled(c)
-        wait_ready_nodes(c, 1)
+    with ready_cluster(tmp_path / "cluster", servers=3, clients=1) as c:
         yield c
 
 
@@ -207,10 +205,8 @@ def test_periodic_and_dispatch__cli_end_to_end__and_offline_tools_refuse_while_r
     tmp_path: Path,
 ) -> None:
     """One server, one client: the commands an operator types, then the offline tools."""
-    with LocalCluster(tmp_path / "one", servers=1, clients=1) as cluster:
-        wait_settled(cluster)
-        # The forced launch below must place at once (a placement failure exits 2).
-        wait_ready_nodes(cluster, 1)
+    # The forced launch below must place at once (a placement failure exits 2).
+    with ready_cluster(tmp_path / "one", servers=1, clients=1) as cluster:
         env = {**os.environ, "DROVER_ADDR": cluster.grpc_addresses[0]}
 
         def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.cli import run_cli
-from tests.cluster.conftest import wait_ready_nodes, wait_settled
+from tests.cluster.conftest import ready_cluster
 
 
 def _job(job_id: str, driver: str, config: str) -> str:
@@ -49,9 +49,7 @@ job "{job_id}" {{
 @pytest.fixture
 def one_client(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three real servers and one real client agent, always stopped afterwards."""
-    with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
-        wait_settled(cluster)
-        wait_ready_nodes(cluster, 1)
+    with ready_cluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
         yield cluster
 
 

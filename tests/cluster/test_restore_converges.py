@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deploy.cluster import LocalCluster, wait_for
+from deploy.cluster import wait_for
 from drover.sdk import DroverClient
 from tests.cluster.cli import run_cli
-from tests.cluster.conftest import wait_ready_nodes, wait_settled
+from tests.cluster.conftest import ready_cluster
 from tests.cluster.jobs import service_job
 
 COUNT = 5
@@ -26,9 +26,7 @@ def _running(client: DroverClient) -> set[str]:
 
 
 def test_restore__after_stop_purge__converges_to_count_without_phantoms(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
-        wait_settled(cluster)
-        wait_ready_nodes(cluster, 1)
+    with ready_cluster(tmp_path / "cluster", servers=3, clients=1) as cluster:
         with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
             client.register_job(service_job("demo", count=COUNT))
             wait_for(lambda: len(_running(client)) == COUNT, 60, 0.2, f"{COUNT} running")
