@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from drover.server.codec import to_proto
 from drover.server.jobspec import parse_jobspec
@@ -189,6 +190,17 @@ def running_allocs(client: DroverClient, job_id: str) -> list[structs_pb2.Alloca
         for a in client.list_allocs(job_id=job_id).allocs
         if a.desired_status == "run" and a.client_status == "running"
     ]
+
+
+def wait_one_running(cluster: LocalCluster, client: DroverClient, job_id: str, timeout: float = 60) -> None:
+    """Until some alloc of ``job_id`` is running on its client; on a timeout the failure
+    carries the servers' log tail, which says why nothing was placed or started."""
+    wait_for(
+        lambda: any(a.client_status == "running" for a in client.list_allocs(job_id=job_id).allocs),
+        timeout,
+        0.2,
+        lambda: f"an alloc of {job_id} to run\n" + cluster.logs_tail(),
+    )
 
 
 def deployment_of_version(client: DroverClient, job_id: str, version: int) -> structs_pb2.Deployment | None:

@@ -20,7 +20,7 @@ from drover.sdk import DroverClient
 from drover.v1 import structs_pb2
 from tests.cluster.cli import drover_cli, one_error_line, run_cli, run_job_file
 from tests.cluster.conftest import DevAgentFactory, ready_cluster
-from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl
+from tests.cluster.jobs import NO_RESTARTS, raw_exec_hcl, wait_one_running
 
 TASK = "t"
 # Prints to both streams, answers USR1, and prints one more line whenever the test drops a
@@ -264,14 +264,7 @@ def test_node_meta__apply_then_read__servers_and_scheduler_see_it(
     blue = run_cli(cluster, "node", "meta", "apply", "zone=blue")
     assert blue.returncode == 0, blue.stderr
     with _sdk(cluster) as client:
-        wait_for(
-            lambda: any(
-                a.client_status == "running" for a in client.list_allocs(job_id="meta-pinned").allocs
-            ),
-            60,
-            0.2,
-            lambda: "the meta-constrained job to run\n" + cluster.logs_tail(),
-        )
+        wait_one_running(cluster, client, "meta-pinned")
 
     refused = one_error_line(run_cli(cluster, "node", "meta", "apply"))
     assert "-unset or at least 1 key=value" in refused

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 from deploy.cluster import LocalCluster, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.conftest import DevAgentFactory
-from tests.cluster.jobs import service_job
+from tests.cluster.jobs import service_job, wait_one_running
 from tests.raft_wire import MakeDir, frame
 
 
@@ -239,14 +239,7 @@ def test_at_rest__data_dirs_journal_snapshots_client_state_and_saved_snapshot_ar
             cluster.wait_for_leader(timeout=60)
             with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
                 client.register_job(service_job("at-rest", count=1))
-                wait_for(
-                    lambda: any(
-                        a.client_status == "running" for a in client.list_allocs(job_id="at-rest").allocs
-                    ),
-                    90,
-                    0.2,
-                    lambda: "the alloc to run\n" + cluster.logs_tail(),
-                )
+                wait_one_running(cluster, client, "at-rest", timeout=90)
             saved = tmp_path / "state.snap"
             result = subprocess.run(
                 [sys.executable, "-m", "drover.cli", "operator", "snapshot", "save", str(saved)],
