@@ -31,6 +31,7 @@ from drover.scheduler.validate import ValidationError, validate_job
 from drover.server.jobspec import JobspecError, parse_jobspec
 from drover.server.services.registrations import is_passing, registrations_for, service_health
 from drover.v1 import api_pb2, structs_pb2
+from tests.fixtures.clock import ManualClock
 from tests.unit.test_client_agent import agent_leaving_tasks, running_agent, status_is
 from tests.unit.test_client_fake_server import alloc, fake_server, job, task, wait_until
 
@@ -102,17 +103,6 @@ def test_count__a_new_start__new_count_and_new_grace() -> None:
 
 
 # -- the watcher ----------------------------------------------------------------------
-
-
-class ManualClock:
-    def __init__(self, now_ns: int) -> None:
-        self.now = now_ns
-
-    def now_ns(self) -> int:
-        return self.now
-
-    def monotonic_ns(self) -> int:
-        return self.now
 
 
 class Harness:

@@ -14,20 +14,10 @@ import pytest
 
 from drover.client.drivers import ExitResult, MockDriver, RawExecDriver, TaskHandle, TaskSpec
 from drover.client.errors import DriverConfigError, TaskStartError
+from tests.fixtures.clock import ManualClock
 from tests.unit.test_client_fake_server import alive, wait_until
 
 S = 1_000_000_000
-
-
-class ManualClock:
-    def __init__(self, now_ns: int = 1_000 * S) -> None:
-        self.now = now_ns
-
-    def now_ns(self) -> int:
-        return self.now
-
-    def monotonic_ns(self) -> int:
-        return self.now
 
 
 def spec(
@@ -63,7 +53,7 @@ def foreign_sleep() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_mock__run_for__exits_with_exit_code_when_time_is_up(tmp_path: Path) -> None:
-    clock = ManualClock()
+    clock = ManualClock(1_000 * S)
     handle = MockDriver(clock).start(spec("mock", {"run_for": "30s", "exit_code": 3}), tmp_path)
     assert handle.wait(0) is None
     clock.now += 29 * S
@@ -73,7 +63,7 @@ def test_mock__run_for__exits_with_exit_code_when_time_is_up(tmp_path: Path) -> 
 
 
 def test_mock__no_run_for__runs_until_stopped(tmp_path: Path) -> None:
-    handle = MockDriver(ManualClock()).start(spec("mock", {}), tmp_path)
+    handle = MockDriver(ManualClock(1_000 * S)).start(spec("mock", {}), tmp_path)
     assert handle.wait(0.01) is None
     assert handle.stop(1.0).exit_code == 0
     assert handle.wait(0) is not None
@@ -100,7 +90,7 @@ def test_mock__unknown_key__config_error(tmp_path: Path) -> None:
 
 
 def test_mock__recover__keeps_the_original_deadline() -> None:
-    clock = ManualClock()
+    clock = ManualClock(1_000 * S)
     driver = MockDriver(clock)
     state = driver.start(spec("mock", {"run_for": 10, "exit_code": 1}), Path("/nonexistent")).state()
     clock.now += 5 * S

@@ -26,6 +26,7 @@ from drover.client.health import (
 from drover.client.rpc import alloc_update_message
 from drover.client.taskstate import TASK_DEAD, TASK_PENDING, TASK_RUNNING, AllocStatus, TaskState
 from drover.v1 import structs_pb2
+from tests.fixtures.clock import ManualClock
 from tests.unit.test_client_agent import FAST, settings
 from tests.unit.test_client_fake_server import FakeServer, alloc, fake_server, job, task, wait_until
 
@@ -196,17 +197,6 @@ def test_alloc_update_message__carries_the_verdict_and_the_servers_canary_flag()
 
 # ---------------------------------------------------------------------------------------
 # The tracker, stepped by hand
-
-
-class ManualClock:
-    def __init__(self, now_ns: int) -> None:
-        self.now = now_ns
-
-    def now_ns(self) -> int:
-        return self.now
-
-    def monotonic_ns(self) -> int:
-        return self.now
 
 
 class ScriptedCheck:
