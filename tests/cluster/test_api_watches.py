@@ -26,8 +26,9 @@ from tests.cluster.nodes import simulated_node, simulated_secret
 WATCHES: Final = 1_000
 CHANNELS: Final = 8
 READ_DEADLINE_S: Final = 1.0
-# The server's threads with every watch open: raft, leader services, the API pool (32),
-# grpc's own; a thread per watch would be a thousand more.
+# The server's threads with every watch open: raft, leader services, the API's read pool
+# (32) and the write threads its registrations needed (at most 50 at once here), grpc's
+# own; a thread per watch would be a thousand more.
 MAX_SERVER_THREADS: Final = 200
 
 
