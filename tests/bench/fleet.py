@@ -198,7 +198,10 @@ class _Sim(NodeSim):
                 response = await self.stubs[client.slot].GetClientAllocs(
                     request, timeout=WATCH_WAIT_S + RPC_TIMEOUT_S
                 )
-                index = max(index, response.meta.index)
+                # The index moves on only once what it brought is reported: a report that
+                # fails (a timeout under load) is retried from the same answer, as the agent
+                # keeps unsent updates; moving on first dropped those allocs for good.
+                seen = max(index, response.meta.index)
                 updates = [
                     _running(a)
                     for a in response.allocs
@@ -212,6 +215,7 @@ class _Sim(NodeSim):
                         KIND_REPORT, client, lambda s, r=report: s.UpdateAllocs(r, timeout=RPC_TIMEOUT_S)
                     )
                     self.reported.update(u.id for u in updates)
+                index = seen
                 failures = 0
             except grpc.aio.AioRpcError as exc:
                 self._failed("watch", client, exc)
