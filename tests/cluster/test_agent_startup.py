@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from deploy.cluster import LocalCluster, pick_free_ports
+from deploy.cluster import LocalCluster, pick_free_ports, wait_for
 from tests.cluster.cli import drover_cli, lone_server_args
 
 
@@ -57,8 +57,13 @@ def test_agent__health_and_reflection__serve_what_grpcurl_needs(tmp_path: Path) 
     with LocalCluster(tmp_path / "c", servers=1) as cluster:
         cluster.wait_for_leader(timeout=60)
         with grpc.insecure_channel(cluster.grpc_addresses[0]) as channel:
-            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            # Health says SERVING once its watcher has seen the leader and a quorum
+            # (server/api/health.py), a moment after the election that wait_for_leader saw.
+            def serving() -> bool:
+                check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                return bool(check.status == health_pb2.HealthCheckResponse.SERVING)
+
+            wait_for(serving, 30, 0.1, "health to say SERVING")
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             request = reflection_pb2.ServerReflectionRequest(list_services="")
             (answer,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
