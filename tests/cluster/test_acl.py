@@ -229,8 +229,12 @@ def test_acl__deleted_token__stops_working_on_every_server(cluster: LocalCluster
 def test_acl__health_open_reflection_off(cluster: LocalCluster) -> None:
     assert cluster.tls is not None
     with open_channel(cluster.grpc_addresses[0], cluster.tls.cli_files.load()) as channel:
-        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        # SERVING once health's watcher has seen the leader and a quorum (server/api/health.py).
+        def serving() -> bool:
+            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+        wait_for(serving, 30, 0.1, "health to say SERVING")
         stream = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
         )
