@@ -86,7 +86,8 @@ INTERNED_FIELDS: Final[Mapping[type, frozenset[str]]] = {
 }
 # Shared: equal records decode to one object (every alloc of a group asks the same).
 # A placement's top node scores repeat across the allocs of an eval (a node at the same fill
-# level scores the same), so they are shared too; a scalar map field is part of the key.
+# level scores the same), so they are shared too; a scalar map field is part of the key,
+# sorted: a map's order is not kept through a protobuf round trip, and digests sort keys.
 SHARED_CLASSES: Final = frozenset(
     {structs.AllocatedResources, structs.Resources, structs.NodeResources, structs.NodeScoreMeta}
 )
@@ -247,7 +248,7 @@ def _from_source(n: int, cls: type, plan: tuple[FieldPlan, ...], numbers: Mappin
             lines.append(f"    v{i} = {value}")
         values = [f"v{i}" for i in range(len(values))]
         key_parts = [
-            f"tuple({v}.items())" if kind == _MAP_SCALAR else v
+            f"tuple(sorted({v}.items()))" if kind == _MAP_SCALAR else v
             for v, (_name, kind, _sub) in zip(values, plan, strict=True)
         ]
         lines += [
@@ -276,8 +277,8 @@ def _check_shareable(
     cls: type, plan: tuple[FieldPlan, ...], plans: Mapping[type, tuple[FieldPlan, ...]]
 ) -> None:
     """A shared class's field values must be a hashable key whose equality is the record's:
-    frozen dataclasses, scalars and tuples of them, scalar maps (keyed by their items in
-    order), no maps of records, all the way down."""
+    frozen dataclasses, scalars and tuples of them, scalar maps (keyed by their items
+    sorted), no maps of records, all the way down."""
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not (params.frozen and params.eq):
         raise TypeError(f"codec: shared class {cls.__name__} is not a frozen dataclass with eq")
@@ -292,9 +293,10 @@ _SHARED_MAP_CACHE: dict[tuple[tuple[Any, Any], ...], dict[Any, Any]] = {}
 
 
 def _shared_map(d: dict[Any, Any]) -> dict[Any, Any]:
-    """The one dict equal to ``d``, its keys in the same order (a decoded map keeps the
-    message's order; bounded like the shared records' caches)."""
-    key = tuple(d.items())
+    """The one dict equal to ``d``, whatever its key order: protobuf does not keep a map's
+    order through a round trip, so an order-sensitive key would miss now and then
+    (bounded like the shared records' caches)."""
+    key = tuple(sorted(d.items()))
     hit = _SHARED_MAP_CACHE.get(key)
     if hit is not None:
         return hit

@@ -424,20 +424,27 @@ def reference_from_proto(msg: Any, cls: type) -> Any:
     return cls(**kwargs)
 
 
-def assert_identical(ours: Any, ref: Any, where: str = "value") -> None:
-    """Stricter than ``==``: the same types all the way down, and dicts in the same order."""
+def assert_identical(ours: Any, ref: Any, where: str = "value", any_order: bool = False) -> None:
+    """Stricter than ``==``: the same types all the way down, and dicts in the same order,
+    except a shared map (``any_order``): the codec hands out the first equal one it decoded,
+    in that one's order, since protobuf does not keep a map's order through a round trip."""
     assert type(ours) is type(ref), f"{where}: {type(ours).__name__} vs {type(ref).__name__}"
     if dataclasses.is_dataclass(ref):
+        shared = codec.SHARED_MAPS.get(type(ref), frozenset())
         for f in dataclasses.fields(ref):
-            assert_identical(getattr(ours, f.name), getattr(ref, f.name), f"{where}.{f.name}")
+            unordered = any_order or type(ref) in codec.SHARED_CLASSES or f.name in shared
+            assert_identical(getattr(ours, f.name), getattr(ref, f.name), f"{where}.{f.name}", unordered)
     elif isinstance(ref, tuple):
         assert len(ours) == len(ref), f"{where}: length {len(ours)} vs {len(ref)}"
         for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
-            assert_identical(a, b, f"{where}[{i}]")
+            assert_identical(a, b, f"{where}[{i}]", any_order)
     elif isinstance(ref, dict):
-        assert list(ours) == list(ref), f"{where}: keys {list(ours)} vs {list(ref)}"
+        if any_order:
+            assert sorted(ours) == sorted(ref), f"{where}: keys {sorted(ours)} vs {sorted(ref)}"
+        else:
+            assert list(ours) == list(ref), f"{where}: keys {list(ours)} vs {list(ref)}"
         for key in ref:
-            assert_identical(ours[key], ref[key], f"{where}[{key!r}]")
+            assert_identical(ours[key], ref[key], f"{where}[{key!r}]", any_order)
     else:
         assert ours == ref, f"{where}: {ours!r} vs {ref!r}"
     assert ours == ref
@@ -693,13 +700,18 @@ def test_codec__sharing_a_class_with_a_map_of_records__is_refused(monkeypatch: p
 
 def test_codec__shared_class_with_a_scalar_map__equal_values_decode_to_one_record() -> None:
     """A placement's node scores (structs.NodeScoreMeta) repeat across allocs: equal ones
-    are one object; a different score or another key order is its own record."""
+    are one object whatever their key order (protobuf does not keep a map's order through a
+    round trip); a different score is its own record."""
     msg = structs_pb2.NodeScoreMeta(node_id="n1", norm_score=0.5)
     msg.scores["binpack"] = 0.5
     msg.scores["job-anti-affinity"] = -0.25
     first = from_proto(msg, structs.NodeScoreMeta)
     again = from_proto(structs_pb2.NodeScoreMeta.FromString(msg.SerializeToString()), structs.NodeScoreMeta)
     assert again is first
+    reordered = structs_pb2.NodeScoreMeta(node_id="n1", norm_score=0.5)
+    reordered.scores["job-anti-affinity"] = -0.25
+    reordered.scores["binpack"] = 0.5
+    assert from_proto(reordered, structs.NodeScoreMeta) is first
     other = structs_pb2.NodeScoreMeta(node_id="n1", norm_score=0.5)
     other.scores["binpack"] = 0.75
     assert from_proto(other, structs.NodeScoreMeta).scores == {"binpack": 0.75}
@@ -712,6 +724,16 @@ def test_codec__shared_maps__equal_counts_decode_to_one_dict() -> None:
     second = from_proto(structs_pb2.AllocMetric.FromString(msg.SerializeToString()), structs.AllocMetric)
     assert first.nodes_available == {"dc1": 20}
     assert second.nodes_available is first.nodes_available
+    two = structs_pb2.AllocMetric(nodes_evaluated=3)
+    two.nodes_available["dc1"] = 20
+    two.nodes_available["dc2"] = 5
+    owt = structs_pb2.AllocMetric(nodes_evaluated=3)
+    owt.nodes_available["dc2"] = 5
+    owt.nodes_available["dc1"] = 20
+    assert (
+        from_proto(owt, structs.AllocMetric).nodes_available
+        is from_proto(two, structs.AllocMetric).nodes_available
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
