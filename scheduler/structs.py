@@ -9,9 +9,9 @@ nanoseconds: the scheduler never reads a clock, the caller passes ``now``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 # ---------------------------------------------------------------------------------------
 # Vocabulary. Strings, as in Nomad's API, so logs and JSON read the same everywhere.
@@ -343,6 +343,21 @@ class AllocCheckStatus:
     status: str = ""
     output: str = ""
     timestamp_ns: int = 0
+
+
+class HasCheckStatus(Protocol):
+    """A check status as a record (``AllocCheckStatus``) or as the message a client sent."""
+
+    @property
+    def status(self) -> str: ...
+
+
+def all_checks_passing(statuses: Collection[HasCheckStatus], expected: int) -> bool:
+    """An alloc is healthy by its checks when at least ``expected`` of them have reported
+    and every one passes: the one rule behind a drain's ``health_check = "checks"``
+    (scheduler/reconciler/migrate.py) and the drain eval a report that makes them pass
+    brings (server/endpoints.py)."""
+    return len(statuses) >= expected and all(s.status == CHECK_PASSING for s in statuses)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ from drover.scheduler.structs import (
     ALLOC_CLIENT_FAILED,
     ALLOC_CLIENT_RUNNING,
     ALLOC_DESIRED_RUN,
-    CHECK_PASSING,
     CHECK_STATUSES,
     HEALTH_HEALTHY,
     HEALTH_UNHEALTHY,
@@ -46,6 +45,7 @@ from drover.scheduler.structs import (
     Job,
     Node,
     TaskState,
+    all_checks_passing,
     job_eval,
 )
 from drover.server.clock import Clock, IdSource
@@ -725,13 +725,8 @@ def _checks_now_passing(existing: Allocation, msg: structs_pb2.Allocation) -> bo
     """The update reports every check of the alloc passing, where the stored alloc had one
     not passing (or no status yet)."""
     statuses = msg.check_statuses
-    return (
-        bool(statuses)
-        and all(s.status == CHECK_PASSING for s in statuses)
-        and not (
-            len(existing.check_statuses) >= len(statuses)
-            and all(s.status == CHECK_PASSING for s in existing.check_statuses)
-        )
+    return all_checks_passing(statuses, max(1, len(statuses))) and not all_checks_passing(
+        existing.check_statuses, len(statuses)
     )
 
 

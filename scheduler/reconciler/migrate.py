@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from drover.scheduler.structs import (
     ALLOC_CLIENT_RUNNING,
-    CHECK_PASSING,
     HEALTH_CHECK_CHECKS,
     HEALTH_HEALTHY,
     HEALTH_UNHEALTHY,
@@ -33,6 +32,7 @@ from drover.scheduler.structs import (
     MigrateStrategy,
     Node,
     TaskGroup,
+    all_checks_passing,
 )
 
 __all__ = [
@@ -60,7 +60,7 @@ def checks_passing_since_ns(alloc: Allocation, expected: int) -> int | None:
     """When the last of the alloc's ``expected`` checks began passing (0 with none
     expected); None while one has no status yet or does not pass."""
     statuses = alloc.check_statuses
-    if len(statuses) < expected or any(s.status != CHECK_PASSING for s in statuses):
+    if not all_checks_passing(statuses, expected):
         return None
     return max((s.timestamp_ns for s in statuses), default=0)
 
