@@ -65,7 +65,10 @@ def answer_probe(message: Mapping[str, Any], current_term: int) -> dict[str, Any
 
 
 class ReadConfirmations:
-    def __init__(self) -> None:
+    def __init__(self, recheck_s: float = 0.05) -> None:
+        # A waiting reader looks again at least this often while no ack comes, so a lost
+        # leadership is seen; the tests raise it to prove that an ack is what wakes them.
+        self._recheck_s = recheck_s
         self._cond = threading.Condition()
         self._requested = 0
         # Follower (raft address) -> the newest (term, seq) it acked.
@@ -123,7 +126,7 @@ class ReadConfirmations:
             return still_leading(), 0.0
         if left <= 0:
             return False, 0.0
-        return None, min(left, 0.05)
+        return None, min(left, self._recheck_s)
 
     async def wait_async(
         self,

@@ -103,14 +103,18 @@ def test_wait_async__woken_by_an_ack_from_the_tick_thread_and_fails_as_wait_does
 
 
 def test_wait_async__many_waiters_one_ack_wakes_them_all() -> None:
-    reads = ReadConfirmations()
+    # No recheck before the waiters' timeout (60 s): only the ack's wake can end their wait
+    # within the test's deadline (10 s).
+    reads = ReadConfirmations(recheck_s=60.0)
 
     async def scenario() -> list[bool]:
         seqs = [reads.request() for _ in range(50)]
-        waits = [asyncio.ensure_future(reads.wait_async(s, TERM, FOLLOWERS, 5.0, lambda: True)) for s in seqs]
+        waits = [
+            asyncio.ensure_future(reads.wait_async(s, TERM, FOLLOWERS, 60.0, lambda: True)) for s in seqs
+        ]
         await asyncio.sleep(0)
         threading.Thread(target=reads.on_ack, args=("c:1", {"term": TERM, "seq": seqs[-1]})).start()
-        return list(await asyncio.gather(*waits))
+        return list(await asyncio.wait_for(asyncio.gather(*waits), 10.0))
 
     assert asyncio.run(scenario()) == [True] * 50
     assert reads._async_waiters == {}
