@@ -1,8 +1,9 @@
-"""Garbage collection on real processes (issue 13): a periodic job forced 50 times, its
+"""Garbage collection on real processes (issue 13). A periodic job forced 50 times, its
 children finished on a real client, `drover system gc` collects the dead children, the
 parent's children counts are exact before and after (Nomad's rule: they count the children
 that exist), and the offline replay of every raft index still finds every summary equal to
-a recount, GC entries included.
+a recount, GC entries included. And with every threshold at a second, the leader's own
+timer collects a dead batch job, a stopped service job and a down node unasked.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from drover.sdk import DroverClient
 from drover.server.raft_tools import log_entries, open_data_dir
 from drover.v1 import structs_pb2
 from tests.cluster.cli import run_cli
-from tests.cluster.conftest import ready_cluster
-from tests.cluster.jobs import child_jobs, service_job
+from tests.cluster.conftest import ready_cluster, wait_ready_nodes, wait_settled
+from tests.cluster.jobs import batch_job, child_jobs, service_job
 from tests.cluster.replay import check_every_index
 
 FORCED = 50
@@ -102,3 +103,58 @@ def test_gc__periodic_forced_50_times__system_gc_collects_the_dead_children__cou
     assert "ENTRY_TYPE_GC" in kinds, sorted(set(map(str, kinds)))
     report = check_every_index(data_dir, ["yearly"])
     assert set(report.children_seen) == {*launched, relaunched}
+
+
+# Every threshold and the interval at one second: the leader's own timer, not `system gc`,
+# has to collect what this test leaves behind. A client misses heartbeats for two seconds
+# before its node is down.
+TIMED_GC_ARGS = (
+    *("-eval-gc-threshold", "1s", "-batch-eval-gc-threshold", "1s", "-job-gc-threshold", "1s"),
+    *("-node-gc-threshold", "1s", "-deployment-gc-threshold", "1s", "-gc-interval", "1s"),
+    *("-min-heartbeat-ttl", "1s", "-heartbeat-grace", "1s"),
+)
+
+
+def test_gc__leader_collects_on_its_own_timer__dead_batch_job_stopped_service_down_node(
+    tmp_path: Path,
+) -> None:
+    with LocalCluster(tmp_path / "cluster", servers=1, clients=2, extra_args=TIMED_GC_ARGS) as cluster:
+        wait_settled(cluster)
+        wait_ready_nodes(cluster, 2)
+        with DroverClient(cluster.grpc_addresses, retry_deadline=60) as client:
+            batch = batch_job("once")
+            batch.groups[0].tasks[0].config_json = '{"run_for": "10ms"}'
+            client.register_job(batch)
+            client.register_job(service_job("web", count=1))
+            wait_for(
+                lambda: any(
+                    a.job_id == "web" and a.client_status == "running" for a in client.list_allocs().allocs
+                ),
+                60,
+                0.2,
+                "the service alloc to run",
+            )
+            client.deregister_job("web")
+
+            def job_ids() -> set[str]:
+                return {j.id for j in client.list_jobs().jobs}
+
+            # The batch job finishes and the service job is stopped: both go, with their
+            # allocs and evals, with no one asking.
+            wait_for(
+                lambda: job_ids() == set(), 60, 0.2, "the dead batch job and the stopped job to be collected"
+            )
+            wait_for(lambda: not client.list_allocs().allocs, 30, 0.2, "their allocs to be collected")
+            wait_for(lambda: not client.list_evals().evals, 30, 0.2, "their evals to be collected")
+
+            # A node whose agent is gone is marked down, then collected; the live one stays.
+            names = {n.name: n.id for n in client.list_nodes().nodes}
+            gone = cluster.client_names[1]
+            cluster.kill_client(1)
+            wait_for(
+                lambda: {n.id for n in client.list_nodes().nodes} == set(names.values()) - {names[gone]},
+                60,
+                0.2,
+                "the down node to be collected",
+            )
+            assert {n.status for n in client.list_nodes().nodes} == {"ready"}
