@@ -205,17 +205,16 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
             await context.abort(exc.code, str(exc))
         try:
             notifier = notifier_for(core)
+            # From 0 the node hears its allocs once even if it has none: its index is never 0
+            # (NO_ALLOCS_INDEX), so the first pass always differs.
             index = request.options.min_index
-            # From 0 the node hears its allocs once even if it has none yet.
-            owed = index == 0
             while not core.store.closed:
                 snap = await notifier.wait_until(
                     ("allocs",), functools.partial(_node_allocs_past, node_id, index), time.monotonic() + 5.0
                 )
                 new_index = _node_alloc_index(snap, node_id)
                 # ``index`` follows what was sent, so an unchanged node waits (never spins).
-                if new_index != index or owed:
-                    owed = False
+                if new_index != index:
                     index = new_index
                     yield self._client_allocs(snap, node_id, new_index)
         finally:
