@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from tests.bench import fleet, foundation, heartbeats, scheduling
+from tests.bench import c1m, fleet, foundation, heartbeats, scheduling
 from tests.bench._procs import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "bench-results"
@@ -76,6 +76,10 @@ def _fleet_config(opts: Options) -> fleet.FleetConfig:
     return dataclasses.replace(cfg, duration_s=opts.duration, failover_at_s=opts.duration / 2)
 
 
+def _c1m_config(opts: Options) -> c1m.C1MConfig:
+    return c1m.C1MConfig.make(quick=opts.quick)
+
+
 def _heartbeats_config(opts: Options) -> heartbeats.HeartbeatsConfig:
     cfg = heartbeats.HeartbeatsConfig.make(quick=opts.quick, wait_quiet_s=opts.wait_quiet_s)
     return cfg if opts.duration is None else dataclasses.replace(cfg, window_s=opts.duration)
@@ -104,6 +108,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     scheduling.NAME: benchmark(_scheduling_config, scheduling.run_scheduling, scheduling.summary_lines),
     heartbeats.NAME: benchmark(_heartbeats_config, heartbeats.run_heartbeats, heartbeats.summary_lines),
     fleet.NAME: benchmark(_fleet_config, fleet.run_fleet, fleet.summary_lines),
+    c1m.NAME: benchmark(_c1m_config, c1m.run_c1m, c1m.summary_lines),
 }
 
 
