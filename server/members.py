@@ -26,10 +26,10 @@ import grpc
 import psutil
 
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.common.tls import open_channel
 from drover.common.version import drover_version
 from drover.scheduler.structs import ServerMember
-from drover.server.acl.resolve import TOKEN_METADATA_KEY
 from drover.v1 import api_pb2, api_pb2_grpc
 
 if TYPE_CHECKING:

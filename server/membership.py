@@ -38,8 +38,8 @@ import structlog
 
 from drover.common.duration import parse_duration
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.secrets import TOKEN_ENV, TOKEN_METADATA_KEY
 from drover.common.tls import TLSMaterial, open_channel
-from drover.server.acl.resolve import TOKEN_METADATA_KEY
 from drover.server.autopilot import AutopilotSettings, dead_server_to_remove
 from drover.server.errors import (
     ConflictError,
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from drover.server.core import ServerCore
 
 __all__ = [
-    "JOIN_TOKEN_ENV",
     "JoinRefusedError",
     "MembershipLoop",
     "autopilot_settings",
@@ -69,7 +68,6 @@ __all__ = [
 
 log = structlog.get_logger("drover.membership")
 
-JOIN_TOKEN_ENV: Final = "DROVER_TOKEN"
 LOOP_INTERVAL_S: Final = 0.5
 # How long the leader waits for a membership change to commit before answering
 # DEADLINE_EXCEEDED (the change may still apply: a joiner's retry then finds itself in).
@@ -137,9 +135,7 @@ def initial_peers(
         return [m for m in saved.members if m != raft_address]
     if not cfg.join:
         return list(cfg.peers)
-    members = join_cluster(
-        cfg.join, cfg.node_name, raft_address, tls, os.environ.get(JOIN_TOKEN_ENV, ""), stop
-    )
+    members = join_cluster(cfg.join, cfg.node_name, raft_address, tls, os.environ.get(TOKEN_ENV, ""), stop)
     os.makedirs(raft_dir, mode=0o700, exist_ok=True)
     save_peer_set(raft_dir, PeerSet(members=tuple(sorted(members)), configured_size=len(members)))
     return [m for m in members if m != raft_address]

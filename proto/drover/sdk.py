@@ -49,6 +49,7 @@ import grpc
 from google.protobuf.message import Message
 
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS
+from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.common.tls import TLSFiles, TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
 
@@ -63,8 +64,6 @@ __all__ = [
     "parse_job_file",
 ]
 
-# The gRPC metadata key of the ACL token (server/acl/resolve.py reads the same key).
-TOKEN_METADATA_KEY: Final = "x-drover-token"
 # A blocking query without wait_ns waits this long on the server (api.proto: QueryOptions).
 DEFAULT_BLOCKING_WAIT_S: Final = 300.0
 MAX_BLOCKING_WAIT_S: Final = 600.0

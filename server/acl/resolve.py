@@ -29,10 +29,8 @@ from drover.server.acl.records import ANONYMOUS_POLICY, ACLTokenRecord
 from drover.server.errors import PermissionDeniedError
 from drover.server.state_store import Snapshot
 
-__all__ = ["TOKEN_METADATA_KEY", "Identity", "acting_as", "caller", "resolve"]
+__all__ = ["Identity", "acting_as", "caller", "resolve"]
 
-# The gRPC metadata key a call's ACL token travels in (the SDK, the CLI and forwarding).
-TOKEN_METADATA_KEY: Final = "x-drover-token"
 # Secrets are UUIDs (36 characters); anything much longer is not one of ours.
 MAX_SECRET_LENGTH: Final = 128
 _CACHE_SIZE: Final = 512

@@ -26,9 +26,10 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.scheduler import validate
 from drover.server.acl import rights
-from drover.server.acl.resolve import TOKEN_METADATA_KEY, acting_as, resolve
+from drover.server.acl.resolve import acting_as, resolve
 from drover.server.api._limits import (
     CALLER_CHECK_S,
     CALLER_METADATA_KEY,

@@ -31,10 +31,11 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.common.signals import SignalNameError, parse_signal
 from drover.scheduler.structs import Allocation
 from drover.server.acl import rights
-from drover.server.acl.resolve import TOKEN_METADATA_KEY, Identity, acting_as, caller, resolve
+from drover.server.acl.resolve import Identity, acting_as, caller, resolve
 from drover.server.api._base import call_token, rpc
 from drover.server.api._limits import CALLER_METADATA_KEY, FORWARDED_KEY, current_caller
 from drover.server.errors import DroverError, NotFoundError, PermissionDeniedError, ValidationError

@@ -12,9 +12,9 @@ from typing import Any
 
 import grpc
 
+from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.common.version import drover_version
 from drover.scheduler.structs import ServerMember
-from drover.server.acl.resolve import TOKEN_METADATA_KEY
 from drover.server.members import agent_info, server_members
 from drover.v1 import api_pb2, api_pb2_grpc
 from tests.fixtures.fake_grpc import serving

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from drover.server.acl.resolve import TOKEN_METADATA_KEY
+from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.server.api.health import HealthReporter, service_names, serving
 from drover.server.autopilot import AutopilotSettings, dead_server_to_remove, quorum
 from drover.server.errors import ValidationError

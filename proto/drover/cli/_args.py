@@ -14,6 +14,7 @@ from typing import Any, Final, TypeAlias
 
 from drover.cli._errors import CLIError, Handler
 from drover.cli._format import short_id
+from drover.common.secrets import TOKEN_ENV
 from drover.common.tls import CA_ENV, CERT_ENV, KEY_ENV, TLSFiles, files_from_env
 from drover.sdk import DEFAULT_CONNECT_TIMEOUT_S
 
@@ -21,7 +22,6 @@ __all__ = [
     "ADDRESS_ENV",
     "DEFAULT_ADDRESS",
     "DEFAULT_MONITOR_TIMEOUT_S",
-    "TOKEN_ENV",
     "Subcommands",
     "acl_token",
     "add_command",
@@ -39,7 +39,6 @@ __all__ = [
 
 DEFAULT_ADDRESS: Final = "127.0.0.1:4646"
 ADDRESS_ENV: Final = "DROVER_ADDR"
-TOKEN_ENV: Final = "DROVER_TOKEN"
 DEFAULT_MONITOR_TIMEOUT_S: Final = 60.0
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

@@ -11,8 +11,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from typing import Final
 
-__all__ = ["hash_secret", "new_secret", "secret_matches"]
+__all__ = ["TOKEN_ENV", "TOKEN_METADATA_KEY", "hash_secret", "new_secret", "secret_matches"]
+
+# How an ACL token travels: in this gRPC metadata key on every call, and from this
+# environment variable for the CLI and a joining server (never on a command line).
+TOKEN_METADATA_KEY: Final = "x-drover-token"
+TOKEN_ENV: Final = "DROVER_TOKEN"
 
 _PREFIX = "sha256:"
 
