@@ -69,6 +69,7 @@ import grpc
 
 from drover.common import certs
 from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_options
+from drover.common.secrets import TOKEN_ENV
 from drover.common.tls import CA_ENV, CERT_ENV, KEY_ENV, TLSFiles, TLSMaterial, open_channel
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, api_pb2_grpc
@@ -606,6 +607,8 @@ class _Member:
     spec: ServerSpec | None = None
     # The agent's -http-port (metrics, health).
     http_port: int = 0
+    # Set over the cluster's environment for this member alone (a joiner's token).
+    env: Mapping[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     # Set when we signal it: a member that exits without having been signalled crashed,
     # and waits fail at once with its log instead of running out their timeout.
@@ -876,7 +879,10 @@ class LocalCluster:
         data_dir = self.base_dir / name
         join = ["-join", ",".join(self.grpc_addresses), *self._extra_args, *extra_args]
         argv = server_argv(spec, data_dir, (), join, self._agent_module, raft_key_file=self._raft_key_file)
-        member = _Member(name, argv, data_dir, self.base_dir / f"{name}.log", spec, http_port)
+        # Joining an ACL cluster takes a management token (Operator.RaftJoin), in the
+        # environment as an operator would give it, never on the command line.
+        env = {TOKEN_ENV: self.management_token} if self.management_token else {}
+        member = _Member(name, argv, data_dir, self.base_dir / f"{name}.log", spec, http_port, env)
         self._servers.append(member)
         self._spawn(member)
         return len(self._servers) - 1
@@ -1049,7 +1055,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO_ROOT,
-                env=self._env,
+                env={**self._env, **member.env},
                 start_new_session=True,
             )
         member.signalled = False

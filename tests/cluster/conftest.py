@@ -28,7 +28,9 @@ def wait_settled(cluster: LocalCluster, timeout: float = 60) -> None:
 
     def announced() -> bool:
         tls = cluster.tls.cli_files if cluster.tls is not None else None
-        with DroverClient(cluster.grpc_addresses, retry_deadline=5, tls=tls) as client:
+        with DroverClient(
+            cluster.grpc_addresses, retry_deadline=5, tls=tls, token=cluster.management_token
+        ) as client:
             peers = client.raft_peers().peers
         return len(peers) == len(cluster.server_names) and all(p.grpc_address for p in peers)
 

@@ -14,7 +14,6 @@ each leaves the cluster with a leader and a quorum, except the last).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -23,11 +22,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deploy.cluster import LocalCluster, wait_for
-from drover.sdk import DroverClient, DroverError
+from drover.sdk import DroverClient
 from drover.v1 import api_pb2, api_pb2_grpc
 from tests.cluster.cli import one_error_line, run_cli
 from tests.cluster.conftest import wait_settled
-from tests.cluster.jobs import service_job
+from tests.cluster.writer import Writer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,50 +36,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("membership") / "cluster", servers=3) as c:
         wait_settled(c)
         yield c
-
-
-class Writer:
-    """Registers jobs one after another on its own thread; every write must be acknowledged
-    (the SDK rides through elections within its retry deadline)."""
-
-    def __init__(self, addresses: list[str]) -> None:
-        self.addresses = addresses
-        self.acked: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="membership-writer", daemon=True)
-
-    def __enter__(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def _run(self) -> None:
-        with DroverClient(self.addresses, retry_deadline=30) as client:
-            n = 0
-            while not self._stop.is_set():
-                job_id = f"member-write-{n:04d}"
-                try:
-                    client.register_job(service_job(job_id, count=0))
-                except DroverError as exc:
-                    self.errors.append(f"{job_id}: {exc}")
-                    return
-                self.acked.append(job_id)
-                n += 1
-
-    def wait_more(self, count: int, timeout: float = 60) -> None:
-        """Until ``count`` more writes than now are acknowledged."""
-        target = len(self.acked) + count
-        wait_for(
-            lambda: len(self.acked) >= target or bool(self.errors),
-            timeout,
-            0.05,
-            lambda: f"{count} more acknowledged writes",
-        )
-        assert not self.errors, self.errors
 
 
 def _caught_up(cluster: LocalCluster, i: int, timeout: float = 60) -> None:
