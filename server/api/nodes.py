@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Final
 
 import grpc
@@ -59,6 +59,20 @@ def _node_allocs_past(node_id: str, index: int, snap: Snapshot) -> bool:
     """Moved either way: after a snapshot restore the node's index goes backwards, and the
     client must hear of it at once (it resends every status: client_agent/allocdiff.py)."""
     return _node_alloc_index(snap, node_id) != index
+
+
+def _allocs_news(node_id: str, told: int, restored_index: Callable[[], int], snap: Snapshot) -> bool:
+    """Whether a GetClientAllocs asked at ``told`` has news. ``told`` is the alloc *table*
+    index the node was last answered with, which is past its own index whenever another
+    node's alloc changed since (always, for an idle node's NO_ALLOCS_INDEX): compared with
+    ``!=`` to the node's own index, every such ask was answered at once, so after the first
+    placement nearly every node's watch polled (the fleet bench's idle sims as fast as they
+    were answered, the agent once per sync interval). News is a change of one of its allocs
+    after ``told``; a state behind ``told`` (what it would be told now is lower: rewound,
+    the client must hear it at once); or a snapshot restore after ``told`` (its allocs may
+    be older than what it runs: client_agent/allocdiff.py)."""
+    own = _node_alloc_index(snap, node_id)
+    return own > told or max(own, snap.table_index("allocs")) < told or restored_index() > told
 
 
 class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
@@ -141,29 +155,24 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
         return response
 
     def _wait_node_allocs(self, node_id: str, min_index: int, timeout: float) -> tuple[Snapshot, int]:
+        fsm = self.core.fsm
+        news = functools.partial(_allocs_news, node_id, min_index, lambda: fsm.restored_index)
         parking = current_parking()
         if parking is not None:
             # Under the aio bridge: park on the loop, as the node (server/api/_park.py).
             until = parking.deadline_after(timeout)
             snap = self.core.store.snapshot()
             index = _node_alloc_index(snap, node_id)
-            if index != min_index or time.monotonic() >= until or self.core.store.closed:
+            if news(snap) or time.monotonic() >= until or self.core.store.closed:
                 return snap, index
-            raise ParkRequest(
-                ("allocs",), lambda s: _node_allocs_past(node_id, min_index, s), until, node_caller(node_id)
-            )
+            raise ParkRequest(("allocs",), news, until, node_caller(node_id))
         deadline = time.monotonic() + timeout
         seen = min_index
         while True:
             left = max(0.0, min(deadline - time.monotonic(), CALLER_CHECK_S))
             snap = self.core.store.wait_for(("allocs",), seen, left)
             index = _node_alloc_index(snap, node_id)
-            if (
-                index != min_index
-                or time.monotonic() >= deadline
-                or self.core.store.closed
-                or not caller_waiting()
-            ):
+            if news(snap) or time.monotonic() >= deadline or self.core.store.closed or not caller_waiting():
                 return snap, index
             # Something else changed: wait for the next change of the alloc table.
             seen = max(seen, snap.table_index("allocs"))

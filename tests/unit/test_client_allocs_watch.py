@@ -25,14 +25,15 @@ def _servicer(log: FsmLog) -> NodesServicer:
     raft = SimpleNamespace(leader_address=lambda: "127.0.0.1:4647")
     clock, ids = SimpleNamespace(now_ns=lambda: mock.NOW), mock.Counter("id")
     endpoints = Endpoints(raft, log.store, clock, ids)  # type: ignore[arg-type]
-    core = SimpleNamespace(store=log.store, raft=raft, name="s1", endpoints=endpoints)
+    fsm = SimpleNamespace(restored_index=0)
+    core = SimpleNamespace(store=log.store, raft=raft, name="s1", endpoints=endpoints, fsm=fsm)
     return NodesServicer(core)  # type: ignore[arg-type]
 
 
-def _ask(servicer: NodesServicer, min_index: int, parking: Parking | None = None) -> Any:
+def _ask(servicer: NodesServicer, min_index: int, parking: Parking | None = None, node_id: str = "n1") -> Any:
     request = api_pb2.ClientAllocsRequest(
-        node_id="n1",
-        secret_id="n1-secret",
+        node_id=node_id,
+        secret_id=f"{node_id}-secret",
         options=api_pb2.QueryOptions(min_index=min_index, wait_ns=30 * 10**9),
     )
     handler = type(servicer).GetClientAllocs.__wrapped__  # the servicer method, without rpc's wrapper
@@ -86,7 +87,7 @@ def test_alloc_stream__idle_node_from_0__hears_its_empty_allocs_at_once__then_th
     log.apply(mock.register_node_entry(node))
     log.apply(mock.register_job_entry(mock.job(id="web")))
     plain = _servicer(log).core
-    core = _Core(store=log.store, raft=plain.raft, name="s1", endpoints=plain.endpoints)
+    core = _Core(store=log.store, raft=plain.raft, name="s1", endpoints=plain.endpoints, fsm=plain.fsm)
     servicer = NodesServicer(core)  # type: ignore[arg-type]
     request = api_pb2.ClientAllocsRequest(node_id="n1", secret_id="n1-secret")
 
@@ -104,3 +105,48 @@ def test_alloc_stream__idle_node_from_0__hears_its_empty_allocs_at_once__then_th
     first, second = asyncio.run(watch())
     assert (list(first.allocs), first.meta.index) == ([], NO_ALLOCS_INDEX)
     assert [a.id for a in second.allocs] == ["a1"] and second.meta.index == log.index
+
+
+def _two_nodes_one_placed() -> tuple[FsmLog, NodesServicer, Any]:
+    """n1 idle, n2 given an alloc after it: the alloc table's index is past n1's own."""
+    log = FsmLog()
+    nodes = [mock.node(id=n, secret_id="", secret_hash=hash_secret(f"{n}-secret")) for n in ("n1", "n2")]
+    for node in nodes:
+        log.apply(mock.register_node_entry(node))
+    log.apply(mock.register_job_entry(mock.job(id="web")))
+    job = log.snap.job("default", "web")
+    assert job is not None
+    log.apply(mock.plan_entry([mock.alloc(job, nodes[1], id="b1")]))
+    return log, _servicer(log), (job, nodes)
+
+
+def test_idle_node__told_the_table_index__parks_through_other_nodes_placements__wakes_on_its_own() -> None:
+    log, servicer, (job, (n1, n2)) = _two_nodes_one_placed()
+    first = _ask(servicer, 0)
+    assert first.meta.index == log.index > NO_ALLOCS_INDEX  # the table's index, not n1's own
+
+    # Asked again at what it was told: nothing of n1's changed, so it parks (it used to be
+    # answered at once, its own index 1 differing from the table's: every idle node polled).
+    parking = Parking()
+    with pytest.raises(ParkRequest) as parked:
+        _ask(servicer, first.meta.index, parking)
+    log.apply(mock.plan_entry([mock.alloc(job, n2, id="b2")]))
+    assert not parked.value.ready(log.snap)  # another node's placement is not n1's news
+    log.apply(mock.plan_entry([mock.alloc(job, n1, id="a1")]))
+    assert parked.value.ready(log.snap)
+    answer = _ask(servicer, first.meta.index, parking)
+    assert [a.id for a in answer.allocs] == ["a1"] and answer.meta.index == log.index
+
+
+def test_ask_past_the_state__rewound__or_after_a_restore__is_answered_at_once() -> None:
+    _, servicer, _ = _two_nodes_one_placed()
+    told = _ask(servicer, 0).meta.index
+    # A state behind what the node was told (rebuilt servers): the client must hear it.
+    behind = _ask(servicer, told + 100, Parking())
+    assert behind.meta.index == told
+    # A snapshot restore after ``told``: the node's allocs may be older than what it runs.
+    with pytest.raises(ParkRequest):
+        _ask(servicer, told, Parking())
+    servicer.core.fsm.restored_index = told + 1
+    restored = _ask(servicer, told, Parking())
+    assert restored.meta.index == told
