@@ -1,6 +1,6 @@
 """The leader's memory per allocation, in one process: how much, and where the bytes go.
 
-``python -m tests.bench.alloc_memory [--allocs 20000] [--nodes 1000] [--system] [--top 15]``
+``python -m tests.bench.alloc_memory [--allocs 20000] [--nodes 1000] [--system] [--top 15] [--save]``
 
 The scheduling benchmark (tests/bench/scheduling.py) measures the leader's RSS end to end
 on a 3-server cluster: noisy, slow, and silent about where the bytes are. This reproduces
@@ -40,6 +40,7 @@ import dataclasses
 import gc
 import json
 import os
+import platform
 import random
 import subprocess
 import sys
@@ -49,6 +50,8 @@ import tracemalloc
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 import psutil
@@ -392,6 +395,25 @@ def summary_lines(doc: dict[str, Any]) -> Iterator[str]:
         yield f"    {site['bytes_per_alloc']:>8}  {site['site']}"
 
 
+def save(doc: dict[str, Any], started: datetime, out_dir: Path = REPO_ROOT / "bench-results") -> Path:
+    """Write ``doc`` as tests/bench/run.py writes a benchmark's document (name, timestamp,
+    machine first), so the figures quoted in commits can be found again."""
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    machine = {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+    full = {"name": NAME, "timestamp": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine, **doc}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{NAME}-{stamp}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(full, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--allocs", type=int, default=20_000)
@@ -400,13 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-type", default=JOB_TYPE_SERVICE, help=argparse.SUPPRESS)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", action="store_true", help="print the whole document as JSON")
+    parser.add_argument(
+        "--save", action="store_true", help="also write it to bench-results/alloc_memory-<UTC timestamp>.json"
+    )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure_in_process(args.child, args.allocs, args.nodes, args.job_type, args.top)))
         return 0
     job_type = JOB_TYPE_SYSTEM if args.system else args.job_type
+    started = datetime.now(UTC)
     doc = measure_alloc_memory(args.allocs, args.nodes, job_type, args.top)
+    if args.save:
+        print(f"saved to {save(doc, started)}", file=sys.stderr)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
