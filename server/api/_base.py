@@ -17,10 +17,12 @@ without an entry fails at import, not open at run time.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import grpc
 import structlog
@@ -30,6 +32,7 @@ from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.scheduler import validate
 from drover.server.acl import rights
 from drover.server.acl.resolve import acting_as, resolve
+from drover.server.api._aio import Aborted, SyncContext
 from drover.server.api._limits import (
     CALLER_CHECK_S,
     CALLER_METADATA_KEY,
@@ -165,6 +168,8 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
         name = method.__name__
         rpc_name = f"{service}.{name}"
         need = rights.need_for(service, name)
+        if inspect.isasyncgenfunction(method):
+            return _async_stream(method, rpc_name, need, kind)  # type: ignore[return-value]
 
         @functools.wraps(method)
         def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
@@ -210,6 +215,51 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return deco
+
+
+def _async_stream(
+    method: Callable[..., AsyncIterator[Any]], rpc_name: str, need: rights.Need, kind: str
+) -> Callable[..., AsyncIterator[Any]]:
+    """``rpc`` for a stream written as an async generator, which runs on the API loop and
+    holds no thread while it waits (server/api/_aio.py): the caller's rate limit and the
+    ACL check run first, as for any call; then a ``DroverError`` the stream raises ends the
+    call with its status. Served by the server called, never forwarded."""
+    if kind != "local":
+        raise TypeError(f"{rpc_name}: an async stream is served locally, not as a {kind!r} call")
+    if need.results:
+        raise TypeError(f"{rpc_name}: an async stream filters what it sends itself (no results to check)")
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        core: ServerCore = self.core
+        sync = cast(grpc.ServicerContext, SyncContext(context, asyncio.get_running_loop()))
+        try:
+            stream = _map_errors(
+                sync,
+                lambda: caller_limits(core).admit(
+                    core,
+                    rpc_name,
+                    request,
+                    sync,
+                    lambda: _authorized(
+                        core, rpc_name, need, request, sync, lambda: method(self, request, context)
+                    ),
+                ),
+            )
+        except Aborted as aborted:
+            await context.abort(aborted.code, aborted.details)
+        try:
+            async for response in stream:
+                yield response
+        except validate.ValidationError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DroverError as exc:
+            await context.abort(exc.code, str(exc))
+
+    mark_rpc_kind(wrapper, kind)
+    return wrapper
 
 
 def query(

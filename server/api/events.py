@@ -14,27 +14,28 @@ wants has been sent, so a resume from ``index + 1`` is exact. When nothing is se
 ``HEARTBEAT_S`` an empty response (a heartbeat) says the stream is alive; the first message
 is one too, sent as the stream opens.
 
-An open stream holds a gRPC thread, so it counts against its caller's parked queries
-(server/api/_limits.py) for as long as it is open, like ``Nodes.WatchClientAllocs``.
+A stream is a coroutine on the API loop (server/api/_aio.py): an open one holds no thread,
+only one of its caller's parking places (server/api/_limits.py) for as long as it is open,
+like ``Nodes.WatchClientAllocs``, and a published index wakes it
+(``EventBuffer.read_async``). A caller that goes away cancels it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import threading
-import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import grpc
 
 from drover.scheduler.structs import Allocation, Deployment, Evaluation, Job, Node
 from drover.server.acl.acl import ACL, MANAGEMENT
 from drover.server.acl.resolve import resolve
+from drover.server.api._aio import SyncContext
 from drover.server.api._base import call_token, rpc
-from drover.server.api._limits import CALLER_CHECK_S, caller_limits
+from drover.server.api._limits import caller_limits
 from drover.server.codec import to_proto
-from drover.server.errors import DroverError
 from drover.server.events import Batch, Event, Payload, Subscription, readable, subscription_from
 from drover.v1 import api_pb2, api_pb2_grpc
 
@@ -109,44 +110,40 @@ class EventsServicer(api_pb2_grpc.EventsServicer):
         self._wire = WireCache(core.events.max_events)
 
     @rpc(S, "local")
-    def Stream(
-        self, request: api_pb2.EventStreamRequest, context: grpc.ServicerContext
-    ) -> Iterator[api_pb2.EventStreamResponse]:
-        # Checked now, before the stream opens, so a bad filter or a forgotten index is
-        # the call's status (INVALID_ARGUMENT, OUT_OF_RANGE) through the rpc wrapper.
-        subscription = subscription_from(((t.topic, t.key) for t in request.topics), request.namespace)
-        start = self.core.events.start_index(request.index)
-        return self._stream(subscription, start, context)
-
-    def _stream(
-        self, subscription: Subscription, start: int, context: grpc.ServicerContext
-    ) -> Iterator[api_pb2.EventStreamResponse]:
+    async def Stream(
+        self, request: api_pb2.EventStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.EventStreamResponse]:
         core = self.core
+        sync = cast(grpc.ServicerContext, SyncContext(context, asyncio.get_running_loop()))
+        # Checked before the first message, so a bad filter or a forgotten index is the
+        # call's status (INVALID_ARGUMENT, OUT_OF_RANGE), raised through the rpc wrapper.
+        subscription = subscription_from(((t.topic, t.key) for t in request.topics), request.namespace)
+        start = core.events.start_index(request.index)
         limits = caller_limits(core)
-        with contextlib.ExitStack() as held:
-            try:
-                held.enter_context(limits.parked(limits.caller(core, context)))
-                acl, acl_index = self._acl(context)
-            except DroverError as exc:
-                context.abort(exc.code, str(exc))
+        who = limits.caller(core, sync)
+        limits.acquire(who)
+        try:
+            acl, acl_index = self._acl(sync)
             # An empty first message: the stream is open, and its position (the index
             # before the first it may send) is known to the caller before any event.
             yield api_pb2.EventStreamResponse(index=start - 1)
+            loop = asyncio.get_running_loop()
             next_index = start
-            last_sent = time.monotonic()
-            while context.is_active() and not core.store.closed and not core.events.closed:
-                wait = max(0.0, min(CALLER_CHECK_S, last_sent + self.heartbeat_s - time.monotonic()))
-                try:
-                    batches, covered = core.events.read(next_index, wait, max_events=MAX_EVENTS_PER_RESPONSE)
-                    if core.cfg.acl_enabled and core.store.snapshot().table_index(*_ACL_TABLES) != acl_index:
-                        acl, acl_index = self._acl(context)
-                except DroverError as exc:
-                    context.abort(exc.code, str(exc))
+            last_sent = loop.time()
+            while not core.store.closed and not core.events.closed:
+                wait = max(0.0, last_sent + self.heartbeat_s - loop.time())
+                batches, covered = await core.events.read_async(
+                    next_index, wait, max_events=MAX_EVENTS_PER_RESPONSE
+                )
+                if core.cfg.acl_enabled and core.store.snapshot().table_index(*_ACL_TABLES) != acl_index:
+                    acl, acl_index = self._acl(sync)
                 next_index = covered + 1
                 response = _response(batches, covered, subscription, acl, self._wire)
-                if response.events or time.monotonic() - last_sent >= self.heartbeat_s:
+                if response.events or loop.time() - last_sent >= self.heartbeat_s:
                     yield response
-                    last_sent = time.monotonic()
+                    last_sent = loop.time()
+        finally:
+            limits.release(who)
 
     def _acl(self, context: grpc.ServicerContext) -> tuple[ACL, int]:
         """The token's ACL now, and the index of the ACL tables it was read at."""

@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 The raft apply thread is the one writer: after each entry it calls ``entry_applied``
 (derive.py turns the entry's writes into events) and the events of that index go in as one
-batch. Subscribers (the ``Events.Stream`` handlers, one thread each) read whole batches
-from an index on, waiting on one condition variable, so a stream never splits an index:
+batch. Subscribers (the ``Events.Stream`` handlers, coroutines on the API loop) read whole
+batches from an index on (``read_async``; ``read`` waits on the condition variable in a
+thread, for in-process readers), so a stream never splits an index:
 having seen index N means having seen every event of N, and a resume from N+1 is exact.
 
 Bounds. The buffer holds at most ``max_events`` events (the ``event_buffer_size`` server
@@ -30,6 +31,7 @@ silent gap; the FSM's apply is not affected.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -69,6 +71,9 @@ class EventBuffer:
         # The newest index published or reset at: no event at or below it will be added.
         self._newest = 0
         self._closed = False
+        # Coroutines waiting in ``read_async``, by the loop they wait on: whatever wakes the
+        # condition's waiters sets their events too (on their loop, from the raft thread).
+        self._async_waiters: dict[asyncio.AbstractEventLoop, set[asyncio.Event]] = {}
 
     # -- the FSM's side (server/fsm.py), on the raft apply thread ----------------------
 
@@ -128,6 +133,7 @@ class EventBuffer:
                 self._count -= len(dropped)
                 self._floor = dropped_index
             self._changed.notify_all()
+            self._wake_async_locked()
 
     def reset(self, index: int) -> None:
         with self._changed:
@@ -136,6 +142,7 @@ class EventBuffer:
             self._floor = max(self._floor, index)
             self._newest = max(self._newest, index)
             self._changed.notify_all()
+            self._wake_async_locked()
         log.info("events.buffer_reset", floor=index)
 
     def close(self) -> None:
@@ -143,6 +150,14 @@ class EventBuffer:
         with self._changed:
             self._closed = True
             self._changed.notify_all()
+            self._wake_async_locked()
+
+    def _wake_async_locked(self) -> None:
+        for loop, waiting in self._async_waiters.items():
+            try:
+                loop.call_soon_threadsafe(_set_all, tuple(waiting))
+            except RuntimeError:
+                pass  # that loop is closed: nobody waits on it any more
 
     # -- the readers' side ---------------------------------------------------------------
 
@@ -186,6 +201,36 @@ class EventBuffer:
                     return [], max(from_index - 1, self._newest)
                 self._changed.wait(remaining)
 
+    async def read_async(
+        self, from_index: int, timeout: float, *, max_events: int = 1024
+    ) -> tuple[list[Batch], int]:
+        """``read``, as a coroutine: the same answer, with no thread held while it waits, so
+        ten thousand open streams cost a server an event each, not a thread each."""
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        deadline = loop.time() + timeout
+        with self._changed:
+            self._async_waiters.setdefault(loop, set()).add(woken)
+        try:
+            while True:
+                # Cleared before the look: a publish landing after it sets the event again.
+                woken.clear()
+                batches, covered = self.read(from_index, 0.0, max_events=max_events)
+                left = deadline - loop.time()
+                if batches or left <= 0 or self.closed:
+                    return batches, covered
+                try:
+                    await asyncio.wait_for(woken.wait(), left)
+                except TimeoutError:
+                    pass
+        finally:
+            with self._changed:
+                waiting = self._async_waiters.get(loop)
+                if waiting is not None:
+                    waiting.discard(woken)
+                    if not waiting:
+                        del self._async_waiters[loop]
+
     def _check(self, from_index: int) -> None:
         if from_index <= self._floor:
             raise EventsOutOfRangeError(
@@ -210,3 +255,8 @@ class EventBuffer:
             out.append(batch)
             count += len(batch[1])
         return out
+
+
+def _set_all(events: Sequence[asyncio.Event]) -> None:
+    for event in events:
+        event.set()

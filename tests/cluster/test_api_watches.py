@@ -5,6 +5,9 @@ One real server process; a thousand registered nodes each open their alloc watch
 read must still answer within a 1 s deadline, and the server must still run on a bounded
 number of threads. On the thread-per-call server this replaced, the pool ran out first:
 the watches past it never got their first message, and the read queued behind them.
+
+Event streams (``Events.Stream``) are coroutines too: sixty open ones add no thread each,
+and one write wakes every one of them with its event.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.v1 import api_pb2, api_pb2_grpc
 from tests.cluster.conftest import wait_settled
+from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node, simulated_secret
 
 WATCHES: Final = 1_000
@@ -142,3 +146,75 @@ def test_api__a_thousand_watches_open__a_read_answers_within_a_second(one_server
         assert fleet.ended == [], fleet.ended[:5]
     finally:
         fleet.stop()
+
+
+# Below the per-caller parking limit (64): every stream here comes from this one host.
+EVENT_STREAMS: Final = 60
+
+
+async def _hold_event_streams(
+    address: str, opened: list[int], events: list[int], stop: asyncio.Event
+) -> None:
+    """``EVENT_STREAMS`` open ``Events.Stream`` calls over separate connections; each counts
+    its first (opening) message in ``opened`` and its first Job event in ``events``."""
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(CHANNELS)
+    ]
+
+    async def one(i: int) -> None:
+        stub = api_pb2_grpc.EventsStub(channels[i % CHANNELS])
+        request = api_pb2.EventStreamRequest(topics=[api_pb2.EventTopicFilter(topic="Job")])
+        seen_job = False
+        async for response in stub.Stream(request, timeout=600):
+            if not response.events and not seen_job and i not in opened:
+                opened.append(i)
+            if response.events and not seen_job:
+                seen_job = True
+                events.append(i)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(EVENT_STREAMS)]
+    try:
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in channels:
+            await channel.close()
+
+
+def test_api__event_streams_open__hold_no_thread_each__a_write_wakes_every_one(
+    one_server: LocalCluster,
+) -> None:
+    address = one_server.grpc_addresses[0]
+    pid = one_server.pid(0)
+    assert pid is not None
+    before = _threads(pid)
+    opened: list[int] = []
+    events: list[int] = []
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    holder = threading.Thread(
+        target=loop.run_until_complete,
+        args=(_hold_event_streams(address, opened, events, stop),),
+        daemon=True,
+    )
+    holder.start()
+    try:
+        wait_for(
+            lambda: len(opened) == EVENT_STREAMS, 60, message=lambda: f"event streams open ({len(opened)})"
+        )
+        # A thread per stream would be EVENT_STREAMS more; a few come and go on their own.
+        assert _threads(pid) - before < EVENT_STREAMS // 2, (before, _threads(pid))
+        with grpc.insecure_channel(address) as channel:
+            job = api_pb2.JobRegisterRequest(job=service_job("evented", count=0))
+            api_pb2_grpc.JobsStub(channel).Register(job, timeout=30)
+        wait_for(
+            lambda: len(events) == EVENT_STREAMS,
+            30,
+            message=lambda: f"streams woken by the write ({len(events)})",
+        )
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        holder.join(timeout=30)

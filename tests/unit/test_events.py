@@ -7,6 +7,7 @@ an ``EventBuffer`` attached, as on a server; assertions read the buffer's batche
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from drover.server.events import (
     DEFAULT_MAX_EVENTS,
     ENTRY_EVENT_TYPES,
     EVENTLESS_ENTRIES,
+    Batch,
     Event,
     EventBuffer,
     EventsOutOfRangeError,
@@ -312,6 +314,35 @@ def test_buffer__read__never_splits_an_index_and_resumes_exactly_after_covered()
     assert len(seen) == 30
     assert len(set(seen)) == 30
     assert [i for i, _ in seen] == sorted(i for i, _ in seen)
+
+
+def test_buffer__read_async__a_publish_from_another_thread_wakes_every_waiter() -> None:
+    buffer = EventBuffer()
+
+    async def scenario() -> list[tuple[list[int], int]]:
+        # A 60 s wait each: only the publish's wake can end them within the 10 s deadline.
+        waits = [asyncio.ensure_future(buffer.read_async(1, 60.0)) for _ in range(20)]
+        await asyncio.sleep(0)
+        threading.Thread(target=buffer.publish, args=(1, _batch(1, 2))).start()
+        answers = await asyncio.wait_for(asyncio.gather(*waits), 10.0)
+        return [([index for index, _ in batches], covered) for batches, covered in answers]
+
+    assert asyncio.run(scenario()) == [([1], 1)] * 20
+    assert buffer._async_waiters == {}
+
+
+def test_buffer__read_async__timeout_and_close__return_no_batch_at_the_newest() -> None:
+    buffer = EventBuffer()
+    buffer.publish(3, _batch(3))
+
+    async def scenario() -> tuple[tuple[list[Batch], int], tuple[list[Batch], int]]:
+        timed_out = await buffer.read_async(4, 0.05)
+        closing = asyncio.ensure_future(buffer.read_async(4, 60.0))
+        await asyncio.sleep(0)
+        threading.Thread(target=buffer.close).start()
+        return timed_out, await asyncio.wait_for(closing, 10.0)
+
+    assert asyncio.run(scenario()) == (([], 3), ([], 3))
 
 
 def test_buffer__index_zero__starts_after_the_newest() -> None:
