@@ -368,8 +368,11 @@ class Endpoints(Writer):
             evals = self.node_evals(snap, node.id, now)
         for ev in evals:
             to_proto(ev, entry.evals.add())
+        self._heard_from(node.id)
         result = self._propose(ET.ENTRY_TYPE_NODE_REGISTER, entry)
-        return result, [e.id for e in evals], self._arm_heartbeat(node.id, node.status, now)
+        # Armed from the commit, when the client hears its TTL (not from ``now``, before the
+        # write, which under load came seconds earlier).
+        return result, [e.id for e in evals], self._arm_heartbeat(node.id, node.status, self._clock.now_ns())
 
     def authenticate_node(self, snap: Snapshot, node_id: str, secret_id: str) -> Node:
         """The node ``secret_id`` proves to be; PermissionDeniedError for anything else
@@ -414,6 +417,11 @@ class Endpoints(Writer):
             return 0
         return self._heartbeats.reset(node_id, now)
 
+    def _heard_from(self, node_id: str) -> None:
+        """The node called (server/heartbeat.py HeartbeatTimers.heard_from)."""
+        if self._heartbeats is not None:
+            self._heartbeats.heard_from(node_id, self._clock.now_ns())
+
     def update_node_status(
         self, node_id: str, status: str, *, secret_id: str
     ) -> tuple[ApplyResult | None, list[str], int]:
@@ -425,6 +433,7 @@ class Endpoints(Writer):
         """
         validate.validate_node_status(status, "status")
         self.authenticate_node(self._store.snapshot(), node_id, secret_id)
+        self._heard_from(node_id)
         return self._set_node_status(node_id, status)
 
     def _set_node_status(
@@ -445,7 +454,7 @@ class Endpoints(Writer):
             for ev in evals:
                 to_proto(ev, entry.evals.add())
             result = self._propose(ET.ENTRY_TYPE_NODE_UPDATE_STATUS, entry)
-        return result, [e.id for e in evals], self._arm_heartbeat(node_id, new_status, now)
+        return result, [e.id for e in evals], self._arm_heartbeat(node_id, new_status, self._clock.now_ns())
 
     def heartbeat_missed(self, node_id: str) -> str:
         """The leader's verdict on a node whose heartbeat timer ran out: "disconnected" while

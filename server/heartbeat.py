@@ -60,6 +60,20 @@ class HeartbeatTimers:
         HEARTBEAT_TTL_SECONDS.observe(ttl / SECOND)
         return ttl
 
+    def heard_from(self, node_id: str, now_ns: int) -> None:
+        """A call from a tracked node that proves it alive but answers (and re-arms its timer)
+        only once its raft write commits: a Register, a status change. Its timer is pushed
+        to at least one base TTL plus the grace from now, so it can not run out while that
+        call waits for its commit. Under a 4,000-client registration burst a Register took
+        up to 10 s to commit, and nodes were marked down with their Register in flight.
+        An untracked node (a first registration) gets no timer here: should the write fail,
+        the reaper would judge a node that does not exist."""
+        with self._lock:
+            if not self._enabled or node_id not in self._deadlines:
+                return
+            hold = now_ns + self._base_ttl_ns(len(self._deadlines)) + self.config.grace_ns
+            self._deadlines[node_id] = max(self._deadlines[node_id], hold)
+
     def initialize(self, node_ids: list[str], now_ns: int) -> None:
         """On leadership: every live node gets the failover TTL."""
         with self._lock:
