@@ -6,20 +6,58 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import psutil
 import pytest
 
 from deploy.cluster import (
+    TASK_REAP_TIMEOUT,
     LocalCluster,
-    kill_processes_working_under,
     pick_free_ports,
     query_state_digest,
     wait_for,
 )
 from drover.sdk import DroverClient
+
+
+def _working_under(proc: psutil.Process, roots: list[Path]) -> bool:
+    with suppress(psutil.Error, OSError):
+        cwd = Path(proc.cwd())
+        return any(cwd == root or root in cwd.parents for root in roots)
+    return False
+
+
+def _dead(proc: psutil.Process) -> bool:
+    """Gone, its pid reused, or a zombie: in every case nothing of it runs any more."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_tasks_under(roots: Iterable[Path], timeout: float = TASK_REAP_TIMEOUT) -> None:
+    """SIGKILL every process whose working directory is one of ``roots`` (resolved) or
+    below one, the raw_exec tasks a stopped agent leaves behind, and wait until each is dead.
+
+    Dead, not reaped: ``deploy.cluster.kill_processes_working_under`` waits for the reaping
+    too (psutil.wait_procs), but an orphaned task is init's to reap, and this machine's init
+    reaps ~1.7 s after the kill; a zombie runs nothing and holds no port or file, so that
+    wait only cost every rig's teardown those seconds. A task that outlives SIGKILL by
+    ``timeout`` fails the caller."""
+    resolved = list(roots)
+    victims = [proc for proc in psutil.process_iter() if _working_under(proc, resolved)]
+    for proc in victims:
+        with suppress(psutil.Error):
+            proc.kill()
+    wait_for(
+        lambda: all(_dead(proc) for proc in victims),
+        timeout,
+        0.01,
+        lambda: f"SIGKILLed tasks to die: {[p.pid for p in victims if not _dead(p)]}",
+    )
 
 
 def wait_settled(cluster: LocalCluster, timeout: float = 60) -> None:
@@ -98,9 +136,9 @@ class DevAgent:
     ``directory/dev`` and its output in ``directory/dev.log``.
 
     ``stop()`` ends it by its pid (SIGTERM, then SIGKILL to its session if it hangs) and
-    then SIGKILLs every process still working under its data dir: a dev agent's SIGTERM
-    leaves its raw_exec tasks running by design (a restarted client re-attaches to them),
-    and a test must not leave them behind.
+    then SIGKILLs every process still working under its data dir (``kill_tasks_under``):
+    a dev agent's SIGTERM leaves its raw_exec tasks running by design (a restarted client
+    re-attaches to them), and a test must not leave them behind.
     """
 
     def __init__(
@@ -174,7 +212,7 @@ class DevAgent:
                     self.proc.wait(timeout=10)
                     raise
         finally:
-            kill_processes_working_under([self.data_dir.resolve()])
+            kill_tasks_under([self.data_dir.resolve()])
         self.returncode = self.proc.returncode
         return self.returncode
 

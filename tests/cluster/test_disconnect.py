@@ -33,10 +33,10 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from deploy.cluster import LocalCluster, client_argv, kill_processes_working_under, wait_for
+from deploy.cluster import LocalCluster, client_argv, wait_for
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
-from tests.cluster.conftest import wait_settled
+from tests.cluster.conftest import kill_tasks_under, wait_settled
 from tests.cluster.jobs import RAW_EXEC_TASK, raw_exec_sleep_job
 from tests.cluster.proxy import BLACKHOLE, REFUSE, TcpProxy, proxies_for
 
@@ -194,7 +194,7 @@ class Rig:
 
     def _kill_tasks(self) -> None:
         """Every process whose working directory is inside this rig: the raw_exec tasks."""
-        kill_processes_working_under([self.base])
+        kill_tasks_under([self.base])
 
     def _close_proxies(self) -> None:
         for agent in self.clients.values():
