@@ -13,12 +13,13 @@ cheap on the loop instead:
   (server/api/_notify.py) while holding the caller's parking place (server/api/_limits.py),
   then runs it again. A blocking read a follower forwards is made on an aio channel.
   So a parked query holds no thread, only its bound under the parking limits;
-* handlers written ``async`` (``Nodes.WatchClientAllocs``, ``Events.Stream``, the latter
-  through ``rpc``'s async-stream wrapper in server/api/_base.py) run on the loop as they
-  are;
-* sync streaming handlers (followed logs, the node tunnel, health watches) each get a
-  thread of their own for as long as they stream, never one of the pool's: a stream that
-  waits can not starve the unary calls.
+* handlers written ``async`` (``Nodes.WatchClientAllocs``, the node tunnel
+  ``Nodes.Connect``, ``Events.Stream``, the latter through ``rpc``'s async-stream wrapper
+  in server/api/_base.py) run on the loop as they are: what every node holds open costs
+  no thread;
+* sync streaming handlers (followed logs, health watches) each get a thread of their own
+  for as long as they stream, never one of the pool's: a stream that waits can not starve
+  the unary calls.
 
 A sync handler sees ``SyncContext``, grpc's sync ``ServicerContext`` surface over the aio
 call: ``abort`` raises ``Aborted``, which the bridge turns into the aio abort on the loop;

@@ -20,10 +20,10 @@ once it is found, before anything is sent to the node.
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -355,34 +355,36 @@ class NodeTunnelMixin:
 
     core: ServerCore
 
-    def Connect(
-        self, request_iterator: Iterator[api_pb2.ClientTunnelUp], context: grpc.ServicerContext
-    ) -> Iterator[api_pb2.ClientTunnelDown]:
-        """A node-secret RPC: no token; the hello's secret must be the node's."""
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[api_pb2.ClientTunnelUp],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[api_pb2.ClientTunnelDown]:
+        """A node-secret RPC: no token; the hello's secret must be the node's.
+
+        A coroutine on the API loop, as is the task reading the node's answers: every client
+        holds its tunnel open for as long as it runs, so a thread per tunnel would be a
+        thread per node of the fleet."""
         core = self.core
+        answers = request_iterator.__aiter__()
         try:
-            hello = next(request_iterator)
-        except (StopIteration, grpc.RpcError):
+            hello = await answers.__anext__()
+        except (StopAsyncIteration, grpc.RpcError):
             return
         try:
             core.endpoints.authenticate_node(core.store.snapshot(), hello.node_id, hello.secret_id)
         except DroverError as exc:
-            context.abort(exc.code, str(exc))
+            await context.abort(exc.code, str(exc))
         registry = tunnels_for(core)
         session = NodeSession(hello.node_id)
         registry.attach(session)
-        context.add_callback(lambda: registry.detach(session))
-        reader = threading.Thread(
-            target=_read_answers,
-            args=(request_iterator, session, lambda: registry.detach(session)),
-            name=f"tunnel-{hello.node_id[:8]}",
-            daemon=True,
-        )
-        reader.start()
+        reader = asyncio.create_task(_read_answers(answers, session, lambda: registry.detach(session)))
         log.info("tunnel.connected", node_id=hello.node_id, server=core.name)
         try:
-            yield from session.outgoing()
+            async for down in session.outgoing_async():
+                yield down
         finally:
+            reader.cancel()
             registry.detach(session)
             log.info("tunnel.closed", node_id=hello.node_id, server=core.name)
 
@@ -402,14 +404,16 @@ class NodeTunnelMixin:
         return _ask_node(self.core, context, request.node_id, "Nodes.MetaApply", request)  # type: ignore[no-any-return]
 
 
-def _read_answers(
-    answers: Iterator[api_pb2.ClientTunnelUp], session: NodeSession, on_end: Callable[[], None]
+async def _read_answers(
+    answers: AsyncIterator[api_pb2.ClientTunnelUp], session: NodeSession, on_end: Callable[[], None]
 ) -> None:
-    """Route the client's answers until its half of the stream ends or breaks."""
+    """Route the client's answers until its half of the stream ends or breaks. An answer
+    for a caller that reads slowly waits in a thread, never on the loop; the next one is
+    read only after it, so the client is held back, not the server's memory grown."""
     try:
-        for up in answers:
-            if up.request_id:
-                session.deliver(up)
+        async for up in answers:
+            if up.request_id and not session.try_deliver(up):
+                await asyncio.to_thread(session.deliver, up)
     except grpc.RpcError:
         pass  # the stream broke: the session ends below, and its callers with it
     except Exception:

@@ -20,11 +20,12 @@ accepted: a call for a node held elsewhere is relayed by server/api/tunnel.py.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Final
 
 import grpc
@@ -122,6 +123,9 @@ class NodeSession:
         self._pending: dict[int, PendingRequest] = {}
         self._outgoing: queue.Queue[api_pb2.ClientTunnelDown | None] = queue.Queue()
         self._closed = threading.Event()
+        # The stream's coroutine waiting in ``outgoing_async`` (its loop and event), woken
+        # from the callers' threads whenever something is queued to go down.
+        self._waker: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     @property
     def closed(self) -> bool:
@@ -143,8 +147,19 @@ class NodeSession:
         sent = api_pb2.ClientTunnelDown()
         sent.CopyFrom(down)
         sent.request_id = request.request_id
-        self._outgoing.put(sent)
+        self._send(sent)
         return request
+
+    def _send(self, down: api_pb2.ClientTunnelDown | None) -> None:
+        self._outgoing.put(down)
+        with self._lock:
+            waker = self._waker
+        if waker is not None:
+            loop, ready = waker
+            try:
+                loop.call_soon_threadsafe(ready.set)
+            except RuntimeError:
+                pass  # the loop is closed: the stream is gone with it
 
     def in_flight(self) -> int:
         with self._lock:
@@ -154,7 +169,21 @@ class NodeSession:
         with self._lock:
             self._pending.pop(request.request_id, None)
         if cancel and not self._closed.is_set():
-            self._outgoing.put(api_pb2.ClientTunnelDown(request_id=request.request_id, cancel=True))
+            self._send(api_pb2.ClientTunnelDown(request_id=request.request_id, cancel=True))
+
+    def try_deliver(self, up: api_pb2.ClientTunnelUp) -> bool:
+        """``deliver`` without waiting: False when the request's queue is full (its caller
+        reads slowly), and then nothing was done; the stream's coroutine must not block
+        the API loop, so it hands that answer to ``deliver`` in a thread."""
+        with self._lock:
+            request = self._pending.get(up.request_id)
+        if request is None:
+            return True
+        try:
+            request.answers.put_nowait(up)
+        except queue.Full:
+            return False
+        return True
 
     def deliver(self, up: api_pb2.ClientTunnelUp) -> None:
         """Route one answer from the client to its request; an answer to a request nobody
@@ -180,6 +209,28 @@ class NodeSession:
                 return
             yield down
 
+    async def outgoing_async(self) -> AsyncIterator[api_pb2.ClientTunnelDown]:
+        """``outgoing``, as the stream's coroutine reads it: the same messages, with no
+        thread held while nothing is queued."""
+        ready = asyncio.Event()
+        with self._lock:
+            self._waker = (asyncio.get_running_loop(), ready)
+        try:
+            while not self._closed.is_set():
+                # Cleared before the look: a message queued after it sets the event again.
+                ready.clear()
+                try:
+                    down = self._outgoing.get_nowait()
+                except queue.Empty:
+                    await ready.wait()
+                    continue
+                if down is None:
+                    return
+                yield down
+        finally:
+            with self._lock:
+                self._waker = None
+
     def close(self) -> None:
         """The tunnel broke or was replaced: every waiting request ends UNAVAILABLE."""
         with self._lock:
@@ -187,7 +238,7 @@ class NodeSession:
                 return
             self._closed.set()
             pending = list(self._pending.values())
-        self._outgoing.put(None)
+        self._send(None)
         for request in pending:
             try:
                 request.answers.put_nowait(_CLOSED)

@@ -1,9 +1,10 @@
 """The API holds a fleet's watches without a thread each (server/api/_aio.py).
 
 One real server process; a thousand registered nodes each open their alloc watch
-(``Nodes.WatchClientAllocs``) and keep it open. While every one of them is open, a unary
-read must still answer within a 1 s deadline, and the server must still run on a bounded
-number of threads. On the thread-per-call server this replaced, the pool ran out first:
+(``Nodes.WatchClientAllocs``) and their tunnel (``Nodes.Connect``), as every client agent
+does, and keep them open. While every one of them is open, a unary read must still answer
+within a 1 s deadline, a node's meta read must go down its tunnel and back, and the server
+must still run on a bounded number of threads. On the thread-per-call server this replaced, the pool ran out first:
 the watches past it never got their first message, and the read queued behind them.
 
 Event streams (``Events.Stream``) are coroutines too: sixty open ones add no thread each,
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -32,7 +33,7 @@ CHANNELS: Final = 8
 READ_DEADLINE_S: Final = 1.0
 # The server's threads with every watch open: raft, leader services, the API's read pool
 # (32) and the write threads its registrations needed (at most 50 at once here), grpc's
-# own; a thread per watch would be a thousand more.
+# own; a thread per watch would be a thousand more, and two per tunnel two thousand.
 MAX_SERVER_THREADS: Final = 200
 
 
@@ -45,6 +46,7 @@ class _Fleet:
         self.address = address
         self.registered = 0
         self.opened = 0
+        self.meta_answered = 0
         self.ended: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
@@ -81,6 +83,9 @@ class _Fleet:
             tasks = [
                 asyncio.create_task(self._watch(stubs[i % CHANNELS], f"watch-{i:04d}"))
                 for i in range(WATCHES)
+            ] + [
+                asyncio.create_task(self._tunnel(stubs[i % CHANNELS], f"watch-{i:04d}"))
+                for i in range(WATCHES)
             ]
             await self._stop.wait()
             for task in tasks:
@@ -101,6 +106,29 @@ class _Fleet:
             self.ended.append(f"{node_id}: ended")
         except grpc.aio.AioRpcError as exc:
             self.ended.append(f"{node_id}: {exc.code().name} {exc.details()}")
+
+    async def _tunnel(self, stub: api_pb2_grpc.NodesStub, node_id: str) -> None:
+        """The node's tunnel, held open; a meta read asked down it is answered as a client
+        agent would (the node's meta is its id)."""
+        answers: asyncio.Queue[api_pb2.ClientTunnelUp] = asyncio.Queue()
+
+        async def up() -> AsyncIterator[api_pb2.ClientTunnelUp]:
+            yield api_pb2.ClientTunnelUp(node_id=node_id, secret_id=simulated_secret(node_id))
+            while True:
+                yield await answers.get()
+
+        try:
+            async for down in stub.Connect(up(), timeout=600):
+                if down.WhichOneof("op") == "meta_read":
+                    meta = api_pb2.NodeMetaResponse(meta={"node": node_id})
+                    answers.put_nowait(
+                        api_pb2.ClientTunnelUp(request_id=down.request_id, done=True, meta=meta)
+                    )
+                    self.meta_answered += 1
+            self.ended.append(f"{node_id}: tunnel ended")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                self.ended.append(f"{node_id}: tunnel {exc.code().name} {exc.details()}")
 
 
 def _threads(pid: int) -> int:
@@ -133,6 +161,11 @@ def test_api__a_thousand_watches_open__a_read_answers_within_a_second(one_server
             message=lambda: f"{WATCHES} watches open ({fleet.opened} got their first message)",
         )
         assert fleet.ended == []
+        wait_for(
+            lambda: one_server.log(0).count("tunnel.connected") >= WATCHES,
+            120,
+            message=lambda: f"{WATCHES} tunnels attached ({one_server.log(0).count('tunnel.connected')})",
+        )
         with grpc.insecure_channel(address) as channel:
             jobs = api_pb2_grpc.JobsStub(channel)
             nodes = api_pb2_grpc.NodesStub(channel)
@@ -140,6 +173,10 @@ def test_api__a_thousand_watches_open__a_read_answers_within_a_second(one_server
                 jobs.List(api_pb2.JobListRequest(), timeout=READ_DEADLINE_S)
                 listed = nodes.List(api_pb2.NodeListRequest(prefix="watch-"), timeout=READ_DEADLINE_S)
                 assert len(listed.nodes) == WATCHES
+            for i in (0, WATCHES // 2, WATCHES - 1):
+                node_id = f"watch-{i:04d}"
+                read = nodes.MetaRead(api_pb2.NodeMetaReadRequest(node_id=node_id), timeout=30)
+                assert dict(read.meta) == {"node": node_id}
         pid = one_server.pid(0)
         assert pid is not None
         assert _threads(pid) < MAX_SERVER_THREADS

@@ -3,6 +3,7 @@ the server's per-node request routing (server/tunnel/, client_agent/tunnel.py)."
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 from dataclasses import replace
@@ -218,6 +219,44 @@ def test_session__answers__reach_the_request_that_asked() -> None:
     cancel = next(out)
     assert cancel.WhichOneof("op") == "cancel" and cancel.request_id == second.request_id
     assert session.in_flight() == 0
+
+
+def test_session__outgoing_async__woken_from_a_callers_thread__ends_on_close() -> None:
+    session = NodeSession("n1")
+    opened: list[int] = []
+
+    def caller() -> None:
+        opened.append(session.open(_logs_down()).request_id)
+
+    async def stream() -> list[int]:
+        sent: list[int] = []
+        async for down in session.outgoing_async():
+            sent.append(down.request_id)
+            if len(sent) == 1:
+                threading.Thread(target=session.close).start()
+        return sent
+
+    async def scenario() -> list[int]:
+        reading = asyncio.ensure_future(stream())
+        await asyncio.sleep(0)
+        threading.Thread(target=caller).start()
+        return await asyncio.wait_for(reading, 10.0)
+
+    assert asyncio.run(scenario()) == opened
+    assert session._waker is None
+
+
+def test_session__try_deliver__full_queue__refused_without_waiting() -> None:
+    session = NodeSession("n1")
+    with session.open(_logs_down()) as pending:
+        chunk = api_pb2.ClientTunnelUp(request_id=pending.request_id, data=b"x")
+        while pending.answers.qsize() < pending.answers.maxsize:
+            assert session.try_deliver(chunk)
+        assert not session.try_deliver(chunk)
+        assert pending.next_answer(1) is not None
+        assert session.try_deliver(chunk)
+    # Nobody waits for an unknown request: taken (dropped), never "full".
+    assert session.try_deliver(api_pb2.ClientTunnelUp(request_id=999, data=b"x"))
 
 
 def test_session__client_error__raised_with_its_code() -> None:
