@@ -31,6 +31,8 @@ from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
+from drover.server import core as server_core
+from drover.server import membership
 from drover.server.api import _decode
 from drover.server.config import ServerConfig
 from drover.server.core import ServerCore
@@ -131,9 +133,25 @@ def _raw(data: bytes) -> bytes:
     return data
 
 
+# The in-process server's two waits that only cost the fuzzer time (it is about input, not
+# patience), shortened for it alone. A restored snapshot drops the server's own member row,
+# and ``Server.settle`` waited for the announce loop's next turn (every 0.5 s) to write it
+# back; a RaftTransferLeadership on this one-server cluster tries for 10 s to find a
+# follower, so each one ran into the call's 2 s deadline. Both still run the same code:
+# the loop rewrites the row, the transfer gives up (ABORTED, checked like any answer).
+FUZZ_ANNOUNCE_INTERVAL_S: Final = 0.02
+FUZZ_TRANSFER_TIMEOUT_S: Final = 0.1
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    data_dir: Path = tmp_path_factory.mktemp("fuzz-rpc")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server_core, "ANNOUNCE_INTERVAL", FUZZ_ANNOUNCE_INTERVAL_S)
+        patch.setattr(membership, "TRANSFER_TIMEOUT_S", FUZZ_TRANSFER_TIMEOUT_S)
+        yield from _started_server(tmp_path_factory.mktemp("fuzz-rpc"))
+
+
+def _started_server(data_dir: Path) -> Iterator[Server]:
     cfg = ServerConfig(node_name="fuzz", data_dir=str(data_dir), grpc_port=0, raft_port=_free_port())
     core = ServerCore(cfg)
     core.leader = _NoLeaderServices()  # type: ignore[assignment]
