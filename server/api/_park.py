@@ -49,6 +49,9 @@ class Parking:
     runs: int = field(default=0)
     # Set once the loop has confirmed this server's leadership for the call (ConfirmRequest).
     confirmed: bool = False
+    # What the query saw on its first run, for a readiness that is "changed since" (a
+    # node's own alloc index: server/api/nodes.py): a later run must not see it afresh.
+    baseline: int | None = None
 
     def deadline_after(self, timeout: float) -> float:
         if self.deadline is None:

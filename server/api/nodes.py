@@ -61,7 +61,9 @@ def _node_allocs_past(node_id: str, index: int, snap: Snapshot) -> bool:
     return _node_alloc_index(snap, node_id) != index
 
 
-def _allocs_news(node_id: str, told: int, restored_index: Callable[[], int], snap: Snapshot) -> bool:
+def _allocs_news(
+    node_id: str, told: int, own_then: int, restored_index: Callable[[], int], snap: Snapshot
+) -> bool:
     """Whether a GetClientAllocs asked at ``told`` has news. ``told`` is the alloc *table*
     index the node was last answered with, which is past its own index whenever another
     node's alloc changed since (always, for an idle node's NO_ALLOCS_INDEX): compared with
@@ -69,10 +71,18 @@ def _allocs_news(node_id: str, told: int, restored_index: Callable[[], int], sna
     placement nearly every node's watch polled (the fleet bench's idle sims as fast as they
     were answered, the agent once per sync interval). News is a change of one of its allocs
     after ``told``; a state behind ``told`` (what it would be told now is lower: rewound,
-    the client must hear it at once); or a snapshot restore after ``told`` (its allocs may
-    be older than what it runs: client_agent/allocdiff.py)."""
+    the client must hear it at once); or a snapshot restore, seen as its own index moving
+    either way from ``own_then`` (what it was when the ask came) or as a restore after
+    ``told`` (the FSM notes a restore's index only after its commit has woken the waiters,
+    so that alone is late): its allocs may be older than what it runs and it must hear it
+    at once (client_agent/allocdiff.py)."""
     own = _node_alloc_index(snap, node_id)
-    return own > told or max(own, snap.table_index("allocs")) < told or restored_index() > told
+    return (
+        own > told
+        or own != own_then
+        or max(own, snap.table_index("allocs")) < told
+        or restored_index() > told
+    )
 
 
 class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
@@ -156,13 +166,17 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
 
     def _wait_node_allocs(self, node_id: str, min_index: int, timeout: float) -> tuple[Snapshot, int]:
         fsm = self.core.fsm
-        news = functools.partial(_allocs_news, node_id, min_index, lambda: fsm.restored_index)
+        snap = self.core.store.snapshot()
+        index = _node_alloc_index(snap, node_id)
         parking = current_parking()
+        own_then = index
+        if parking is not None:
+            # The node's index when the ask came, kept across the handler's runs.
+            parking.baseline = own_then = index if parking.baseline is None else parking.baseline
+        news = functools.partial(_allocs_news, node_id, min_index, own_then, lambda: fsm.restored_index)
         if parking is not None:
             # Under the aio bridge: park on the loop, as the node (server/api/_park.py).
             until = parking.deadline_after(timeout)
-            snap = self.core.store.snapshot()
-            index = _node_alloc_index(snap, node_id)
             if news(snap) or time.monotonic() >= until or self.core.store.closed:
                 return snap, index
             raise ParkRequest(("allocs",), news, until, node_caller(node_id))

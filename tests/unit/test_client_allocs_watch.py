@@ -14,7 +14,7 @@ import pytest
 from drover.common.secrets import hash_secret
 from drover.server.api._notify import IndexNotifier, attach_notifier
 from drover.server.api._park import Parking, ParkRequest, parking_scope
-from drover.server.api.nodes import NO_ALLOCS_INDEX, NodesServicer
+from drover.server.api.nodes import NO_ALLOCS_INDEX, NodesServicer, _allocs_news
 from drover.server.endpoints import Endpoints
 from drover.v1 import api_pb2
 from tests.fixtures import mock
@@ -150,3 +150,12 @@ def test_ask_past_the_state__rewound__or_after_a_restore__is_answered_at_once() 
     servicer.core.fsm.restored_index = told + 1
     restored = _ask(servicer, told, Parking())
     assert restored.meta.index == told
+
+
+def test_restore_before_the_fsm_notes_it__the_node_index_moving_back_is_news() -> None:
+    """A restore's commit wakes the parked ask before FSM.restored_index is set: the node's
+    own index going back from what it was when the ask came must answer it by itself."""
+    log, _, _ = _two_nodes_one_placed()
+    own = log.index  # n2's alloc b1 is the newest write
+    assert not _allocs_news("n2", own, own, lambda: 0, log.snap)
+    assert _allocs_news("n2", own, own + 5, lambda: 0, log.snap)  # it was newer when the ask came
