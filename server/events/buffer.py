@@ -42,6 +42,7 @@ import structlog
 
 from drover.server.events._model import Event, EventsOutOfRangeError
 from drover.server.events.derive import derive_events
+from drover.server.loop_wakers import LoopWakers, woken_within
 from drover.server.state_store import Tables
 
 __all__ = ["DEFAULT_MAX_EVENTS", "Batch", "EventBuffer"]
@@ -73,7 +74,7 @@ class EventBuffer:
         self._closed = False
         # Coroutines waiting in ``read_async``, by the loop they wait on: whatever wakes the
         # condition's waiters sets their events too (on their loop, from the raft thread).
-        self._async_waiters: dict[asyncio.AbstractEventLoop, set[asyncio.Event]] = {}
+        self._async_waiters = LoopWakers()
 
     # -- the FSM's side (server/fsm.py), on the raft apply thread ----------------------
 
@@ -133,7 +134,7 @@ class EventBuffer:
                 self._count -= len(dropped)
                 self._floor = dropped_index
             self._changed.notify_all()
-            self._wake_async_locked()
+            self._async_waiters.wake_all()
 
     def reset(self, index: int) -> None:
         with self._changed:
@@ -142,7 +143,7 @@ class EventBuffer:
             self._floor = max(self._floor, index)
             self._newest = max(self._newest, index)
             self._changed.notify_all()
-            self._wake_async_locked()
+            self._async_waiters.wake_all()
         log.info("events.buffer_reset", floor=index)
 
     def close(self) -> None:
@@ -150,14 +151,7 @@ class EventBuffer:
         with self._changed:
             self._closed = True
             self._changed.notify_all()
-            self._wake_async_locked()
-
-    def _wake_async_locked(self) -> None:
-        for loop, waiting in self._async_waiters.items():
-            try:
-                loop.call_soon_threadsafe(_set_all, tuple(waiting))
-            except RuntimeError:
-                pass  # that loop is closed: nobody waits on it any more
+            self._async_waiters.wake_all()
 
     # -- the readers' side ---------------------------------------------------------------
 
@@ -207,11 +201,8 @@ class EventBuffer:
         """``read``, as a coroutine: the same answer, with no thread held while it waits, so
         ten thousand open streams cost a server an event each, not a thread each."""
         loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
         deadline = loop.time() + timeout
-        with self._changed:
-            self._async_waiters.setdefault(loop, set()).add(woken)
-        try:
+        with self._async_waiters.waiting(self._changed) as woken:
             while True:
                 # Cleared before the look: a publish landing after it sets the event again.
                 woken.clear()
@@ -219,17 +210,7 @@ class EventBuffer:
                 left = deadline - loop.time()
                 if batches or left <= 0 or self.closed:
                     return batches, covered
-                try:
-                    await asyncio.wait_for(woken.wait(), left)
-                except TimeoutError:
-                    pass
-        finally:
-            with self._changed:
-                waiting = self._async_waiters.get(loop)
-                if waiting is not None:
-                    waiting.discard(woken)
-                    if not waiting:
-                        del self._async_waiters[loop]
+                await woken_within(woken, left)
 
     def _check(self, from_index: int) -> None:
         if from_index <= self._floor:
@@ -255,8 +236,3 @@ class EventBuffer:
             out.append(batch)
             count += len(batch[1])
         return out
-
-
-def _set_all(events: Sequence[asyncio.Event]) -> None:
-    for event in events:
-        event.set()

@@ -45,6 +45,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from drover.server.loop_wakers import LoopWakers, woken_within
+
 __all__ = ["ACK", "PROBE", "ReadConfirmations", "answer_probe", "quorum"]
 
 PROBE: Final = "drover_read_probe"
@@ -74,7 +76,7 @@ class ReadConfirmations:
         # Follower (raft address) -> the newest (term, seq) it acked.
         self._acked: dict[str, tuple[int, int]] = {}
         # The coroutines waiting, by the loop they wait on: each ack sets their events.
-        self._async_waiters: dict[asyncio.AbstractEventLoop, set[asyncio.Event]] = {}
+        self._async_waiters = LoopWakers()
 
     # -- readers -----------------------------------------------------------------------
     def request(self) -> int:
@@ -138,11 +140,8 @@ class ReadConfirmations:
     ) -> bool:
         """``wait``, as a coroutine: the same answer, with no thread held meanwhile."""
         loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
         deadline = loop.time() + timeout
-        with self._cond:
-            self._async_waiters.setdefault(loop, set()).add(woken)
-        try:
+        with self._async_waiters.waiting(self._cond) as woken:
             while True:
                 # Cleared before the check: an ack landing after it sets the event again.
                 woken.clear()
@@ -152,22 +151,7 @@ class ReadConfirmations:
                     )
                 if verdict is not None:
                     return verdict
-                try:
-                    await asyncio.wait_for(woken.wait(), pause)
-                except TimeoutError:
-                    pass
-        finally:
-            with self._cond:
-                waiting = self._async_waiters.get(loop)
-                if waiting is not None:
-                    waiting.discard(woken)
-                    if not waiting:
-                        del self._async_waiters[loop]
-
-    @staticmethod
-    def _wake(events: Sequence[asyncio.Event]) -> None:
-        for event in events:
-            event.set()
+                await woken_within(woken, pause)
 
     # -- the tick thread ---------------------------------------------------------------
     def probe_for(self, follower: str, term: int) -> dict[str, Any] | None:
@@ -188,9 +172,4 @@ class ReadConfirmations:
                 return
             self._acked[follower] = (term, seq)
             self._cond.notify_all()
-            waiting = [(loop, tuple(events)) for loop, events in self._async_waiters.items()]
-        for loop, events in waiting:
-            try:
-                loop.call_soon_threadsafe(self._wake, events)
-            except RuntimeError:  # the loop closed (the server is stopping): nothing waits
-                pass
+            self._async_waiters.wake_all()

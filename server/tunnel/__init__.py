@@ -20,7 +20,6 @@ accepted: a call for a node held elsewhere is relayed by server/api/tunnel.py.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import queue
 import threading
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Final
 import grpc
 
 from drover.server.errors import DroverError
+from drover.server.loop_wakers import LoopWakers
 from drover.v1 import api_pb2
 
 if TYPE_CHECKING:
@@ -123,9 +123,9 @@ class NodeSession:
         self._pending: dict[int, PendingRequest] = {}
         self._outgoing: queue.Queue[api_pb2.ClientTunnelDown | None] = queue.Queue()
         self._closed = threading.Event()
-        # The stream's coroutine waiting in ``outgoing_async`` (its loop and event), woken
-        # from the callers' threads whenever something is queued to go down.
-        self._waker: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        # The stream's coroutine waiting in ``outgoing_async``, woken from the callers'
+        # threads whenever something is queued to go down.
+        self._wakers = LoopWakers()
 
     @property
     def closed(self) -> bool:
@@ -153,13 +153,7 @@ class NodeSession:
     def _send(self, down: api_pb2.ClientTunnelDown | None) -> None:
         self._outgoing.put(down)
         with self._lock:
-            waker = self._waker
-        if waker is not None:
-            loop, ready = waker
-            try:
-                loop.call_soon_threadsafe(ready.set)
-            except RuntimeError:
-                pass  # the loop is closed: the stream is gone with it
+            self._wakers.wake_all()
 
     def in_flight(self) -> int:
         with self._lock:
@@ -212,10 +206,7 @@ class NodeSession:
     async def outgoing_async(self) -> AsyncIterator[api_pb2.ClientTunnelDown]:
         """``outgoing``, as the stream's coroutine reads it: the same messages, with no
         thread held while nothing is queued."""
-        ready = asyncio.Event()
-        with self._lock:
-            self._waker = (asyncio.get_running_loop(), ready)
-        try:
+        with self._wakers.waiting(self._lock) as ready:
             while not self._closed.is_set():
                 # Cleared before the look: a message queued after it sets the event again.
                 ready.clear()
@@ -227,9 +218,6 @@ class NodeSession:
                 if down is None:
                     return
                 yield down
-        finally:
-            with self._lock:
-                self._waker = None
 
     def close(self) -> None:
         """The tunnel broke or was replaced: every waiting request ends UNAVAILABLE."""

@@ -328,7 +328,7 @@ def test_buffer__read_async__a_publish_from_another_thread_wakes_every_waiter() 
         return [([index for index, _ in batches], covered) for batches, covered in answers]
 
     assert asyncio.run(scenario()) == [([1], 1)] * 20
-    assert buffer._async_waiters == {}
+    assert len(buffer._async_waiters) == 0
 
 
 def test_buffer__read_async__timeout_and_close__return_no_batch_at_the_newest() -> None:

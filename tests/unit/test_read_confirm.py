@@ -99,7 +99,7 @@ def test_wait_async__woken_by_an_ack_from_the_tick_thread_and_fails_as_wait_does
 
     acked, unacked, deposed = asyncio.run(scenario())
     assert acked and not unacked and not deposed
-    assert reads._async_waiters == {}
+    assert len(reads._async_waiters) == 0
 
 
 def test_wait_async__many_waiters_one_ack_wakes_them_all() -> None:
@@ -117,4 +117,4 @@ def test_wait_async__many_waiters_one_ack_wakes_them_all() -> None:
         return list(await asyncio.wait_for(asyncio.gather(*waits), 10.0))
 
     assert asyncio.run(scenario()) == [True] * 50
-    assert reads._async_waiters == {}
+    assert len(reads._async_waiters) == 0

@@ -243,7 +243,7 @@ def test_session__outgoing_async__woken_from_a_callers_thread__ends_on_close() -
         return await asyncio.wait_for(reading, 10.0)
 
     assert asyncio.run(scenario()) == opened
-    assert session._waker is None
+    assert len(session._wakers) == 0
 
 
 def test_session__try_deliver__full_queue__refused_without_waiting() -> None:
