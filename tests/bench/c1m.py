@@ -474,8 +474,8 @@ def _place(
             registered = time.monotonic()
             with contextlib.suppress(_procs.BenchError):  # a partial run is recorded, not raised
                 _procs.wait_until(
-                    lambda: placements.all_placed(expected), cfg.placement_timeout_s(), f"{expected} allocs in state",
-                    interval=0.2,
+                    lambda: placements.all_placed(expected) or _servers_down(cluster), cfg.placement_timeout_s(),
+                    f"{expected} allocs in state", interval=0.2,
                 )  # fmt: skip
         placed_at = time.monotonic()
         time.sleep(cfg.settle_s)
@@ -488,6 +488,7 @@ def _place(
     }
     out["placement"] = placement_figures(placements.samples, started, expected)
     out["placement"]["summary_read_errors"] = placements.errors
+    out["placement"]["servers_down"] = _servers_down(cluster)
     before = rss.between(started - 1.0, started)
     during = rss.between(started, placed_at)
     after = rss.between(settled_at - 1.0, settled_at)
@@ -621,15 +622,20 @@ def _failover(servers: Servers, config: structs_pb2.SchedulerConfig) -> dict[str
     }
 
 
+def _servers_down(cluster: LocalCluster) -> list[str]:
+    """Servers whose process has exited (none is stopped on purpose during placement)."""
+    return [name for i, name in enumerate(cluster.server_names) if not cluster.is_alive(i)]
+
+
 def _not_ready(api: DroverClient) -> int:
     """Simulated nodes a server judged down (none is ever paused: each is a false down)."""
     return sum(1 for n in api.list_nodes(prefix="hb-").nodes if n.status != "ready")
 
 
 def _measure(
-    cfg: C1MConfig, base: Path, cluster: LocalCluster, children: list[_procs.Child]
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    cfg: C1MConfig, base: Path, cluster: LocalCluster, children: list[_procs.Child], out: dict[str, Any]
+) -> None:
+    """Fill ``out`` phase by phase: what was measured before a failure is kept."""
     with DroverClient(
         cluster.grpc_addresses, timeout=RPC_TIMEOUT_S * 3, retry_deadline=CLUSTER_WAIT_S
     ) as api:
@@ -646,6 +652,8 @@ def _measure(
             out["nodes_registered_s"] = round(time.monotonic() - started, 2)
             leader = _leader_index(servers)
             _place(cfg, cluster, api, leader, out)
+            if down := out["placement"]["servers_down"]:
+                raise _procs.BenchError(f"server(s) {', '.join(down)} exited during placement")
             out["nodes_not_ready_after_placement"] = _not_ready(api)
             out["snapshot"] = _snapshot(api, base, cluster)
             out["follower_catch_up"] = _follower_catch_up(servers)
@@ -658,8 +666,8 @@ def _measure(
             out["nodes_not_ready_at_end"] = _not_ready(api)
         finally:
             servers.close()
-            out["fleet"] = fleet_sims.stop() if fleet_sims.sims else {}
-    return out
+            with contextlib.suppress(_procs.BenchError):
+                out["fleet"] = fleet_sims.stop() if fleet_sims.sims else {}
 
 
 def run_c1m(cfg: C1MConfig) -> dict[str, Any]:
@@ -670,10 +678,11 @@ def run_c1m(cfg: C1MConfig) -> dict[str, Any]:
     try:
         with bench_cluster("drover-bench-c1m-", cfg.budget_s(), SERVER_ARGS) as (base, cluster, children):
             try:
-                results = _measure(cfg, base, cluster, children)
+                _measure(cfg, base, cluster, children, results)
             except Exception as exc:
-                results, line = failure_record(exc)
-                results["logs_tail"] = cluster.logs_tail(10)[-4000:]
+                failure, line = failure_record(exc)
+                results.update(failure, servers_down=_servers_down(cluster))
+                results["logs_tail"] = cluster.logs_tail(40)[-12000:]
                 errors.append(line)
     except _procs.BenchError as exc:
         errors.append(str(exc).splitlines()[0][:300])
@@ -709,7 +718,9 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         f"{cfg.get('system_jobs')} system jobs = {cfg.get('expected_allocs')} allocs"
     ]
     if res.get("error"):
-        lines.append(f"  ERROR {str(res['error']).splitlines()[0][:300]}")
+        lines.append(
+            f"  ERROR {str(res['error']).splitlines()[0][:300]}; servers down: {res.get('servers_down')}"
+        )
     p = res.get("placement", {})
     if p:
         lines.append(
