@@ -7,6 +7,10 @@ client agent is a real ``drover agent -client`` process whose ``-servers`` are i
 c1's connections and refuses new ones, which is what a partition looks like to the agent
 (UNAVAILABLE on every call), while the other clients and the servers go on as before.
 
+Tests that only cut client links share the module's servers (``rig``), each with agents,
+nodes and jobs of its own; a test that kills or stops a server has its own (``fresh_rig``,
+``patient_rig``), since what it does to them would outlast it.
+
 The tasks are ``raw_exec`` ``sleep`` processes, so "not restarted" is checked on the OS
 process itself: the PID the client reported in the task state, and psutil's
 ``create_time`` of that PID (a reused PID would not match).
@@ -14,12 +18,13 @@ process itself: the PID the client reported in the task state, and psutil's
 Every wait has a deadline and fails with the agents' log tails. Whatever happens, the rig
 kills the client agents (SIGKILL), then every process still running inside the test's
 directory (the ``sleep`` tasks the agents leave behind by design), closes the proxies and
-stops the servers.
+stops the servers it owns (shared ones: purges the jobs and makes its nodes ineligible).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -34,6 +39,7 @@ import psutil
 import pytest
 
 from deploy.cluster import LocalCluster, client_argv, wait_for
+from drover.scheduler.structs import NODE_INELIGIBLE
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import structs_pb2
 from tests.cluster.conftest import kill_tasks_under, wait_settled
@@ -120,9 +126,10 @@ class AgentProc:
 
 @dataclass
 class StatusRecorder:
-    """Polls the node list in a thread and keeps every status each node was seen in."""
+    """Polls the node list in a thread and keeps every status each of ``rig``'s nodes was
+    seen in, under the name the test gave it (``Rig.add_client``)."""
 
-    addresses: list[str]
+    rig: Rig
     seen: dict[str, list[str]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -147,7 +154,8 @@ class StatusRecorder:
         wait_for(last, timeout, 0.05, lambda: f"the recorder to see {name} {status}: {self.seen.get(name)}")
 
     def _run(self) -> None:
-        with DroverClient(self.addresses, timeout=2, retry_deadline=2) as api:
+        prefix = self.rig.node_prefix
+        with DroverClient(self.rig.cluster.grpc_addresses, timeout=2, retry_deadline=2) as api:
             while not self._stop.wait(0.05):
                 try:
                     # stale: any live server answers, even with no leader (mid election).
@@ -155,17 +163,39 @@ class StatusRecorder:
                 except DroverError:
                     continue
                 for n in nodes:
-                    history = self.seen.setdefault(n.name, [])
+                    if not n.name.startswith(prefix):
+                        continue  # an earlier test's node, on servers shared with it
+                    history = self.seen.setdefault(n.name.removeprefix(prefix), [])
                     if not history or history[-1] != n.status:
                         history.append(n.status)
 
 
 class Rig:
-    """Three servers (LocalCluster) and client agents, each behind its own proxies."""
+    """Three servers (LocalCluster) and client agents, each behind its own proxies.
 
-    def __init__(self, base: Path, servers: int = 3, server_args: Sequence[str] = SERVER_ARGS) -> None:
+    The rig owns its client agents (data dirs under ``base``) and, unless it is lent a
+    started ``cluster``, the servers. On a lent cluster a test sees only its own nodes:
+    each is named ``node_prefix`` + the name the test gave it, the rig's methods take the
+    latter, and ``close`` leaves the servers with no job and none of its nodes eligible.
+    """
+
+    def __init__(
+        self,
+        base: Path,
+        servers: int = 3,
+        server_args: Sequence[str] = SERVER_ARGS,
+        *,
+        cluster: LocalCluster | None = None,
+        node_prefix: str = "",
+    ) -> None:
         self.base = base.resolve()
-        self.cluster = LocalCluster(self.base / "cluster", servers=servers, extra_args=server_args)
+        self._owns_cluster = cluster is None
+        self.cluster = (
+            LocalCluster(self.base / "cluster", servers=servers, extra_args=server_args)
+            if cluster is None
+            else cluster
+        )
+        self.node_prefix = node_prefix
         self.clients: dict[str, AgentProc] = {}
         self.api: DroverClient | None = None
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -173,20 +203,38 @@ class Rig:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.cluster.start()
+        if self._owns_cluster:
+            self.cluster.start()
         wait_settled(self.cluster, WAIT_S)
         self.api = DroverClient(self.cluster.grpc_addresses, retry_deadline=WAIT_S)
+        if not self._owns_cluster:
+            left = [j.id for j in self.client.list_jobs().jobs]
+            assert not left, f"an earlier test left jobs on the shared servers: {left}"
 
     def close(self) -> None:
         errors: list[BaseException] = []
-        for step in (self._kill_clients, self._kill_tasks, self._close_proxies, self._close_api):
+        steps = [self._kill_clients, self._kill_tasks, self._close_proxies, self._close_api]
+        if not self._owns_cluster:
+            steps.insert(0, self._leave_the_servers_clean)
+        for step in steps:
             try:
                 step()
             except BaseException as exc:  # every step runs, whatever the previous did
                 errors.append(exc)
-        self.cluster.stop_all()
+        if self._owns_cluster:
+            self.cluster.stop_all()
         if errors:
             raise errors[0]
+
+    def _leave_the_servers_clean(self) -> None:
+        """Purge every job (this test's only: the one before purged its own) and make this
+        rig's nodes ineligible: once killed, they still look ready to the servers for up to
+        TTL + grace, and the next test's jobs must not be placed on them meanwhile."""
+        for job in self.client.list_jobs().jobs:
+            self.client.deregister_job(job.id, purge=True)
+        for agent in self.clients.values():
+            if agent.node_id:
+                self.client.update_eligibility(agent.node_id, NODE_INELIGIBLE)
 
     def _kill_clients(self) -> None:
         for agent in self.clients.values():
@@ -215,7 +263,7 @@ class Rig:
         extra: list[str] = []
         for key, value in (meta or {}).items():
             extra += ["-meta", f"{key}={value}"]
-        argv = client_argv(name, data_dir, [p.address for p in proxies], extra)
+        argv = client_argv(self.node_name(name), data_dir, [p.address for p in proxies], extra)
         agent = AgentProc(name, data_dir, self.base / f"{name}.log", proxies, argv)
         self.clients[name] = agent
         agent.start(self._env)
@@ -263,8 +311,14 @@ class Rig:
         assert result is not None
         return result
 
+    def node_name(self, name: str) -> str:
+        """The servers' name for the node of client agent ``name`` (what a job's
+        ``${node.unique.name}`` sees)."""
+        return self.node_prefix + name
+
     def node_by_name(self, name: str) -> structs_pb2.Node | None:
-        return next((n for n in self.client.list_nodes().nodes if n.name == name), None)
+        node_name = self.node_name(name)
+        return next((n for n in self.client.list_nodes().nodes if n.name == node_name), None)
 
     def full_node(self, name: str) -> structs_pb2.Node:
         node = self.node_by_name(name)
@@ -340,8 +394,29 @@ def _started(rig: Rig) -> Iterator[Rig]:
         rig.close()
 
 
+@pytest.fixture(scope="module")
+def shared_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The three servers (``SERVER_ARGS``) that ``rig`` lends to each test of the module."""
+    with LocalCluster(tmp_path_factory.mktemp("shared") / "cluster", servers=3, extra_args=SERVER_ARGS) as c:
+        yield c
+
+
+_rigs_lent = itertools.count(1)
+
+
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
+def rig(shared_servers: LocalCluster, tmp_path: Path) -> Iterator[Rig]:
+    """Client agents of the test's own on servers shared by the module, for tests that
+    leave the servers alone (they cut only the clients' links): a cluster start and stop
+    saved per test. The test's nodes and jobs are its own (``Rig``); ``fresh_rig`` is
+    for a test that kills or stops a server."""
+    with _started(Rig(tmp_path / "rig", cluster=shared_servers, node_prefix=f"t{next(_rigs_lent)}-")) as r:
+        yield r
+
+
+@pytest.fixture
+def fresh_rig(tmp_path: Path) -> Iterator[Rig]:
+    """A rig with servers of its own, started and stopped around the test."""
     with _started(Rig(tmp_path / "rig")) as r:
         yield r
 
@@ -480,7 +555,7 @@ def test_seed1__reconnect_without_replacement_keeps_alloc_and_process(rig: Rig) 
     identity = process_identity(pid)
     assert identity is not None, f"task process {pid} not found"
 
-    with StatusRecorder(rig.cluster.grpc_addresses) as recorder:
+    with StatusRecorder(rig) as recorder:
         rig.cut("c1")
         rig.wait_status("c1", "disconnected")
         rig.wait_alloc(alloc.id, lambda a: a.client_status == "unknown", "unknown")
@@ -534,13 +609,14 @@ def test_seed2__reconnect_with_a_replacement_keeps_one_per_strategy(
     # ca first and alone, so the original is on ca whatever the affinity says; cb joins
     # afterwards and can take the replacement.
     a = rig.add_client("ca")
+    job_id = f"seed2-{reconcile}-{affinity_to}"  # one per case: the servers are shared
     job = raw_exec_job(
-        "seed2",
+        job_id,
         disconnect=f'lost_after = "10m"\n      replace = true\n      reconcile = "{reconcile}"',
-        affinity_to=affinity_to,
+        affinity_to=rig.node_name(affinity_to),
     )
     rig.client.register_job(job)
-    (original,) = rig.wait_running("seed2", 1)
+    (original,) = rig.wait_running(job_id, 1)
     assert original.node_id == a.node_id
     original_proc = process_identity(pid_of(original))
     b = rig.add_client("cb")
@@ -549,7 +625,7 @@ def test_seed2__reconnect_with_a_replacement_keeps_one_per_strategy(
     rig.wait_status("ca", "disconnected")
     rig.wait_alloc(original.id, lambda x: x.client_status == "unknown", "unknown")
     replacement = rig.wait(
-        lambda: next((x for x in rig.running("seed2") if x.node_id == b.node_id and pid_of(x)), None),
+        lambda: next((x for x in rig.running(job_id) if x.node_id == b.node_id and pid_of(x)), None),
         "a replacement running on cb",
     )
     assert replacement.previous_allocation == original.id
@@ -566,14 +642,14 @@ def test_seed2__reconnect_with_a_replacement_keeps_one_per_strategy(
     )
     rig.wait_alloc(drop.id, lambda x: x.desired_status == "stop", "stopped (the reconnect loser)")
     rig.wait(lambda: process_identity(pid_of(drop)) is None, f"the loser's process {pid_of(drop)} to exit")
-    rig.wait_evals_done("seed2")
-    running = rig.wait_running("seed2", 1)
+    rig.wait_evals_done(job_id)
+    running = rig.wait_running(job_id, 1)
     assert [x.id for x in running] == [keep.id]
     kept = rig.alloc(keep.id)
     assert pid_of(kept) == pid_of(keep)
     assert_same_process(pid_of(kept), keep_proc)
     assert events_of(kept).count("Started") == 1, events_of(kept)
-    assert [x.id for x in rig.allocs("seed2") if x.desired_status == "run"] == [keep.id]
+    assert [x.id for x in rig.allocs(job_id) if x.desired_status == "run"] == [keep.id]
     assert drop_proc is not None
 
 
@@ -588,13 +664,14 @@ def _no_verdicts(rig: Rig, name: str, seen: dict[str, list[str]]) -> None:
     assert not any("missed" in m or "down" in m for m in messages), messages
 
 
-def test_leader_killed_while_a_client_is_cut_off(rig: Rig) -> None:
+def test_leader_killed_while_a_client_is_cut_off(fresh_rig: Rig) -> None:
+    rig = fresh_rig
     rig.add_client("c1")
     rig.client.register_job(raw_exec_job("lk", disconnect='lost_after = "10m"\n      replace = false'))
     (alloc,) = rig.wait_running("lk", 1)
     identity = process_identity(pid_of(alloc))
     rig.add_client("c2")
-    with StatusRecorder(rig.cluster.grpc_addresses) as recorder:
+    with StatusRecorder(rig) as recorder:
         rig.cut("c1")
         # At once, before the old leader's timer for c1 runs out: the new leader must
         # still notice c1 (failover TTL), and must not judge c2 on stale timers.
@@ -617,10 +694,11 @@ def test_leader_killed_while_a_client_is_cut_off(rig: Rig) -> None:
     assert events_of(back).count("Started") == 1
 
 
-def test_leader_killed_while_every_client_is_healthy(rig: Rig) -> None:
+def test_leader_killed_while_every_client_is_healthy(fresh_rig: Rig) -> None:
+    rig = fresh_rig
     rig.add_client("c1")
     rig.add_client("c2")
-    with StatusRecorder(rig.cluster.grpc_addresses) as recorder:
+    with StatusRecorder(rig) as recorder:
         for _ in range(2):
             old = rig.cluster.leader_index(WAIT_S)
             rig.cluster.kill(old)
@@ -772,7 +850,7 @@ def test_short_cut_inside_the_ttl_changes_nothing(patient_rig: Rig) -> None:
     agent = rig.add_client("c1")
     rig.client.register_job(raw_exec_job("blip", disconnect='lost_after = "10m"\n      replace = true'))
     (alloc,) = rig.wait_running("blip", 1)
-    with StatusRecorder(rig.cluster.grpc_addresses) as recorder:
+    with StatusRecorder(rig) as recorder:
         rig.cut("c1")
         # Long enough for the agent to notice (its heartbeat every TTL/2 fails), far
         # shorter than TTL + grace (>= 5s) after its last good heartbeat.
@@ -800,7 +878,7 @@ def test_losing_all_but_one_follower_is_not_a_partition(rig: Rig) -> None:
     if len(cut) == 1:
         cut.add((leader + 1) % len(agent.proxies))
     (left,) = set(range(len(agent.proxies))) - cut
-    with StatusRecorder(rig.cluster.grpc_addresses) as recorder:
+    with StatusRecorder(rig) as recorder:
         for i in cut:
             agent.proxies[i].cut()
         rig.wait(lambda: agent.proxies[left].stats().live > 0, "c1 to move to the follower left")
@@ -838,7 +916,8 @@ def test_flapping_link_keeps_the_same_alloc_and_process(rig: Rig) -> None:
 # --- shutdown ---------------------------------------------------------------------------------
 
 
-def test_servers_exit_promptly_on_sigterm_while_a_client_watches(rig: Rig) -> None:
+def test_servers_exit_promptly_on_sigterm_while_a_client_watches(fresh_rig: Rig) -> None:
+    rig = fresh_rig
     rig.add_client("c1")
     rig.client.register_job(raw_exec_job("watch", disconnect='lost_after = "10m"'))
     # Once its alloc runs, the agent is back in its blocking GetClientAllocs (30s wait).
