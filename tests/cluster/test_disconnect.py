@@ -232,9 +232,11 @@ class Rig:
         TTL + grace, and the next test's jobs must not be placed on them meanwhile."""
         for job in self.client.list_jobs().jobs:
             self.client.deregister_job(job.id, purge=True)
-        for agent in self.clients.values():
-            if agent.node_id:
-                self.client.update_eligibility(agent.node_id, NODE_INELIGIBLE)
+        # By name, not by the agents' node ids: an agent whose wait for ready timed out
+        # registered all the same.
+        for node in self.client.list_nodes().nodes:
+            if node.name.startswith(self.node_prefix):
+                self.client.update_eligibility(node.id, NODE_INELIGIBLE)
 
     def _kill_clients(self) -> None:
         for agent in self.clients.values():
