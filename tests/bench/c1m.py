@@ -627,6 +627,17 @@ def _servers_down(cluster: LocalCluster) -> list[str]:
     return [name for i, name in enumerate(cluster.server_names) if not cluster.is_alive(i)]
 
 
+def crash_dumps(cluster: LocalCluster) -> dict[str, str]:
+    """Each exited server's faulthandler dump (run with PYTHONFAULTHANDLER=1), from its
+    first line: the crashing thread comes first, and the temp dir goes with the cluster."""
+    dumps: dict[str, str] = {}
+    for i in range(len(cluster.server_names)):
+        log = cluster.log(i)
+        if not cluster.is_alive(i) and (at := log.find("Fatal Python error")) >= 0:
+            dumps[cluster.server_names[i]] = log[at : at + 8000]
+    return dumps
+
+
 def _not_ready(api: DroverClient) -> int:
     """Simulated nodes a server judged down (none is ever paused: each is a false down)."""
     return sum(1 for n in api.list_nodes(prefix="hb-").nodes if n.status != "ready")
@@ -675,6 +686,9 @@ def run_c1m(cfg: C1MConfig) -> dict[str, Any]:
     cfg.check()
     errors: list[str] = []
     results: dict[str, Any] = {}
+    # A server that crashes dumps every thread's stack into its log (servers inherit this
+    # process's environment): both full-size runs so far lost servers to SIGSEGV in grpcio.
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
     try:
         with bench_cluster("drover-bench-c1m-", cfg.budget_s(), SERVER_ARGS) as (base, cluster, children):
             try:
@@ -683,6 +697,7 @@ def run_c1m(cfg: C1MConfig) -> dict[str, Any]:
                 failure, line = failure_record(exc)
                 results.update(failure, servers_down=_servers_down(cluster))
                 results["logs_tail"] = cluster.logs_tail(40)[-12000:]
+                results["crash_dumps"] = crash_dumps(cluster)
                 errors.append(line)
     except _procs.BenchError as exc:
         errors.append(str(exc).splitlines()[0][:300])
