@@ -634,7 +634,7 @@ def crash_dumps(cluster: LocalCluster) -> dict[str, str]:
     for i in range(len(cluster.server_names)):
         log = cluster.log(i)
         if not cluster.is_alive(i) and (at := log.find("Fatal Python error")) >= 0:
-            dumps[cluster.server_names[i]] = log[at : at + 8000]
+            dumps[cluster.server_names[i]] = log[at : at + 60_000]
     return dumps
 
 
