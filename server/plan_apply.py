@@ -24,6 +24,8 @@ At most one plan is in raft at a time: N+1 is evaluated while N commits, and pro
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import heapq
 import itertools
 import threading
@@ -32,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import structlog
 from prometheus_client import Counter, Histogram
@@ -479,6 +481,8 @@ class PlanApplier:
             self._clear_inflight(inflight)
             refresh = applied.index if result.rejected_nodes else 0
             pending.future.set_result(replace(result, alloc_index=applied.index, refresh_index=refresh))
+            if len(encoded) > 1:
+                release_free_heap()
 
         inflight: _Inflight = (committed, expected)
         self._set_inflight(inflight)
@@ -486,6 +490,28 @@ class PlanApplier:
         # between chunks, and the plan was checked as a whole.
         for data in encoded:
             self._propose_async(data, on_commit)
+
+
+_LIBC: list[Any] = []
+
+
+def release_free_heap() -> None:
+    """Give the C allocator's free pages back to the system (glibc's ``malloc_trim``).
+
+    Committing a plan of several entries makes and frees tens of MiB of protobuf arenas and
+    entry bytes (decoded on every apply) in the C heap; the blocks that stay live above them
+    keep glibc from shrinking its heap, so the leader's RSS stays at the plan's peak (20,000
+    allocs: ~25 MiB, 1.2 KiB per alloc, tests/bench/alloc_memory.py). A trim takes a few ms
+    and runs only after a plan of more than one entry. Elsewhere than glibc: nothing."""
+    if not _LIBC:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(libc.malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    trim = _LIBC[0]
+    if trim is not None:
+        trim(0)
 
 
 def _encode_and_expect(evaluated: Evaluated, view: Snapshot) -> tuple[list[bytes], Tables]:
