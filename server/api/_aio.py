@@ -33,6 +33,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -72,7 +73,13 @@ class Aborted(Exception):
 
 
 class SyncContext:
-    """grpc's sync ServicerContext, as a sync handler running off the loop sees it."""
+    """grpc's sync ServicerContext, as a sync handler running off the loop sees it.
+
+    Made on the loop, and what it reads of the call (peer, metadata, auth, deadline) is
+    read then: grpc.aio's context belongs to its loop, and reading it from a pool thread
+    after the call was cancelled dereferenced a freed call in cygrpc and killed the server
+    (SIGSEGV in ``peer()``, under the C1M benchmark's load). What it changes on the call
+    is done on the loop."""
 
     def __init__(self, context: grpc.aio.ServicerContext[Any, Any], loop: asyncio.AbstractEventLoop) -> None:
         self._context = context
@@ -80,11 +87,18 @@ class SyncContext:
         self._ended = False
         self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._peer = context.peer()
+        self._metadata = context.invocation_metadata()
+        self._auth_context = context.auth_context()
+        self._peer_identities = context.peer_identities()
+        self._peer_identity_key = context.peer_identity_key()
+        remaining = context.time_remaining()
+        self._deadline = None if remaining is None else time.monotonic() + remaining
 
     def is_active(self) -> bool:
         if self._ended:
             return False
-        remaining = self._context.time_remaining()
+        remaining = self.time_remaining()
         return remaining is None or remaining > 0
 
     def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
@@ -94,40 +108,59 @@ class SyncContext:
         raise Aborted(status.code, status.details)
 
     def time_remaining(self) -> float | None:
-        return self._context.time_remaining()
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def peer(self) -> str:
-        return self._context.peer()
+        return self._peer
 
     def peer_identities(self) -> Any:
-        return self._context.peer_identities()
+        return self._peer_identities
 
     def peer_identity_key(self) -> Any:
-        return self._context.peer_identity_key()
+        return self._peer_identity_key
 
     def auth_context(self) -> Any:
-        return self._context.auth_context()
+        return self._auth_context
 
     def invocation_metadata(self) -> Any:
-        return self._context.invocation_metadata()
+        return self._metadata
 
     def code(self) -> Any:
-        return self._context.code()
+        return self._on_loop(self._context.code)
 
     def set_code(self, code: grpc.StatusCode) -> None:
-        self._context.set_code(code)
+        self._on_loop(self._context.set_code, code)
 
     def set_details(self, details: str) -> None:
-        self._context.set_details(details)
+        self._on_loop(self._context.set_details, details)
 
     def details(self) -> Any:
-        return self._context.details()
+        return self._on_loop(self._context.details)
 
     def set_trailing_metadata(self, metadata: Any) -> None:
-        self._context.set_trailing_metadata(metadata)
+        self._on_loop(self._context.set_trailing_metadata, metadata)
 
     def send_initial_metadata(self, metadata: Any) -> None:
         asyncio.run_coroutine_threadsafe(self._context.send_initial_metadata(metadata), self._loop).result()
+
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the call's loop (at once if this is its thread)."""
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            return fn(*args)
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:  # handed back to the calling thread
+                done.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(run)
+        return done.result()
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
         with self._lock:

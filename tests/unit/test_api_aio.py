@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from deploy.cluster import wait_for
 from drover.server.api import _limits
-from drover.server.api._aio import SyncBridge
+from drover.server.api._aio import SyncBridge, SyncContext
 from drover.server.api._decode import AioDecodeGuard
 from drover.server.api._limits import CallerLimits
 from drover.server.api._notify import IndexNotifier
@@ -230,3 +230,53 @@ def test_aio__a_burst_past_grpcs_default_pending_queue__every_call_is_served(rig
         return collections.Counter(ended)
 
     assert asyncio.run(asyncio.wait_for(calls(), 90)) == collections.Counter({"OK": burst})
+
+
+class _EndingAioContext:
+    """Stands in for grpc.aio's context (in-process fake): answers while the call lives and
+    raises once it has ended, as reading a freed call must never be tried."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def _live(self, value: Any) -> Any:
+        if self.ended:
+            raise AssertionError("the aio context was read after its call ended")
+        return value
+
+    def peer(self) -> str:
+        return str(self._live("ipv4:127.0.0.1:5555"))
+
+    def invocation_metadata(self) -> Any:
+        return self._live((("x-drover-token", "t"),))
+
+    def auth_context(self) -> Any:
+        return self._live({})
+
+    def peer_identities(self) -> Any:
+        return self._live(None)
+
+    def peer_identity_key(self) -> Any:
+        return self._live(None)
+
+    def time_remaining(self) -> float | None:
+        return float(self._live(30.0))
+
+
+def test_sync_context__what_a_handler_reads__read_on_the_loop_at_the_start() -> None:
+    fake = _EndingAioContext()
+
+    async def make() -> SyncContext:
+        return SyncContext(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
+
+    sync = asyncio.run(make())
+    fake.ended = True
+    # A pool thread reading the call now must not touch grpc's context.
+    assert sync.peer() == "ipv4:127.0.0.1:5555"
+    assert dict(sync.invocation_metadata()) == {"x-drover-token": "t"}
+    assert sync.auth_context() == {}
+    remaining = sync.time_remaining()
+    assert remaining is not None and 0 < remaining <= 30.0
+    assert sync.is_active()
+    sync.end()
+    assert not sync.is_active()
