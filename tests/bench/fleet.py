@@ -10,7 +10,9 @@ coroutine pair per client):
 * ``Nodes.UpdateStatus(ready)`` every half of the TTL the leader returned;
 * its alloc watch: a blocking ``Nodes.GetClientAllocs(min_index=last index)`` held open
   (at most ``WATCH_WAIT_S``), forwarded to the leader by a follower as for real clients;
-* ``Nodes.UpdateAllocs``: every alloc placed on it reported ``running``, as its runner would.
+* ``Nodes.UpdateAllocs``: every alloc placed on it reported ``running``, as its runner would;
+* its tunnel: one ``Nodes.Connect`` stream held open to its current server (the hello with
+  its secret, then nothing asked of it), opened again after it breaks.
 
 A call that fails ``UNAVAILABLE`` (its server is gone) moves the client to the next server.
 
@@ -33,7 +35,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -130,6 +132,7 @@ class _Sim(NodeSim):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         self.reported: set[str] = set()
+        self.tunnels_open = 0
 
     def _failed(
         self, kind: str, client: _Client, exc: grpc.aio.AioRpcError, *, register: bool = True
@@ -243,12 +246,47 @@ class _Sim(NodeSim):
                 failures += 1
                 await self._sleep(self.rng.uniform(0.1, min(2.0, 0.1 * 2**failures)))
 
+    async def _tunnel(self, client: _Client) -> None:
+        """The node's tunnel, as the agent's ``ClientTunnel`` holds it (client_agent/tunnel.py):
+        open while registered, to the server it talks to, reopened after a break. Nothing is
+        asked down it here: what the servers pay is holding it."""
+        hello = api_pb2.ClientTunnelUp(
+            node_id=node_id(self.nonce, client.index), secret_id=node_secret(self.nonce, client.index)
+        )
+        failures = 0
+
+        async def up() -> AsyncIterator[api_pb2.ClientTunnelUp]:
+            yield hello
+            await self.stop.wait()
+
+        while not self.stop.is_set():
+            if not client.registered:
+                await self._sleep(CONTROL_POLL_S)
+                continue
+            self.tunnels_open += 1
+            try:
+                async for _down in self.stubs[client.slot].Connect(up()):
+                    pass
+                failures = 0
+            except grpc.aio.AioRpcError as exc:
+                if self.stop.is_set():
+                    return
+                self._failed("tunnel", client, exc, register=False)
+                failures += 1
+            finally:
+                self.tunnels_open -= 1
+            await self._sleep(self.rng.uniform(0.1, min(2.0, 0.1 * 2**failures)))
+
     async def _control(self) -> None:
         while not self.stop.is_set():
             if (_procs.read_json(self.control) or {}).get("stop"):
                 self.stop.set()
                 break
-            status = {"registered": len(self.registered), "reported": len(self.reported)}
+            status = {
+                "registered": len(self.registered),
+                "reported": len(self.reported),
+                "tunnels": self.tunnels_open,
+            }
             _procs.write_json(self.out.with_suffix(".status.json"), status)
             await self._sleep(CONTROL_POLL_S)
 
@@ -260,6 +298,7 @@ class _Sim(NodeSim):
             clients = [_Client(i, i % len(self.stubs)) for i in range(self.first, self.first + self.count)]
             tasks = [asyncio.create_task(self._heartbeats(c)) for c in clients]
             tasks += [asyncio.create_task(self._watch(c)) for c in clients]
+            tasks += [asyncio.create_task(self._tunnel(c)) for c in clients]
             await self._control()
             for task in tasks:
                 task.cancel()
@@ -407,6 +446,10 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
         fleet.children, interval=0.5,
     )  # fmt: skip
     out["job_placed_and_running_s"] = round(time.monotonic() - placed, 2)
+    _procs.wait_until(
+        lambda: fleet.status("tunnels") >= cfg.clients, 60.0, "every client's tunnel open",
+        fleet.children, interval=0.5,
+    )  # fmt: skip
     leader = cluster.leader_index(CLUSTER_WAIT_S)
     poll_at = (leader + 1) % len(cluster.server_names)
     with StatusPoller(cluster.grpc_addresses[poll_at]) as poller, _Reader(cluster.grpc_addresses) as reader:
@@ -428,6 +471,7 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
             fleet.children, interval=0.5,
         )  # fmt: skip
         window_end = time.time()
+        out["tunnels_open_at_end"] = fleet.status("tunnels")
         non_ready = {nid: s for nid, s in poller.snapshot().items() if s != "ready"}
     records, errors, samples = fleet.collect()
     reads = [(t, lat, ok) for t, lat, ok in reader.samples if window_start <= t < window_end]
