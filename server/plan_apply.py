@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import heapq
 import itertools
 import threading
@@ -34,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import structlog
 from prometheus_client import Counter, Histogram
@@ -492,7 +493,14 @@ class PlanApplier:
             self._propose_async(data, on_commit)
 
 
-_LIBC: list[Any] = []
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up once; None on another C library."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 def release_free_heap() -> None:
@@ -503,13 +511,7 @@ def release_free_heap() -> None:
     keep glibc from shrinking its heap, so the leader's RSS stays at the plan's peak (20,000
     allocs: ~25 MiB, 1.2 KiB per alloc, tests/bench/alloc_memory.py). A trim takes a few ms
     and runs only after a plan of more than one entry. Elsewhere than glibc: nothing."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.append(libc.malloc_trim)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    trim = _LIBC[0]
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)
 
