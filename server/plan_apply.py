@@ -32,7 +32,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final, TypeVar
@@ -55,7 +55,7 @@ from drover.scheduler.structs import (
 from drover.server.codec import to_proto
 from drover.server.fsm import ApplyResult, apply_plan_results, encode_entry
 from drover.server.state_store import Snapshot, StateStore, Tables, Txn
-from drover.v1 import raft_pb2
+from drover.v1 import raft_pb2, structs_pb2
 
 log = structlog.get_logger("drover.plan")
 
@@ -173,41 +173,21 @@ class Evaluated:
             return None
         entry = raft_pb2.ApplyPlanResultsEntry()
         entry.CopyFrom(self.head)
-        _add_allocs(entry, _accepted(self.result.node_allocation), _accepted(self.result.node_update))
+        _add_records(entry, _accepted(self.result.node_update), _accepted(self.result.node_allocation))
         return entry
 
     def entries(self) -> Iterator[raft_pb2.ApplyPlanResultsEntry]:
-        """What ``split_entry(self.entry)`` returns, built one entry at a time, so at most
-        one entry's messages exist at once (as long as the caller drops each in turn)."""
-        head = self.head
-        if head is None:
+        """The plan's raft entries (``plan_entries``), built one entry at a time from the
+        result's records, so at most one entry's messages exist at once (as long as the
+        caller drops each in turn)."""
+        if self.head is None:
             return
-        stops = _accepted(self.result.node_update)
-        allocs = _accepted(self.result.node_allocation)
-        if len(stops) + len(allocs) <= MAX_ALLOCS_PER_ENTRY:
-            entry = raft_pb2.ApplyPlanResultsEntry()
-            entry.CopyFrom(head)
-            _add_allocs(entry, allocs, stops)
-            yield entry
-            return
-        # Stops first, then placements, MAX_ALLOCS_PER_ENTRY to an entry (split_entry's order).
-        records: list[Allocation | AllocStop] = [*stops, *allocs]
-        last = (len(records) - 1) // MAX_ALLOCS_PER_ENTRY
-        for n, start in enumerate(range(0, len(records), MAX_ALLOCS_PER_ENTRY)):
-            entry = raft_pb2.ApplyPlanResultsEntry(eval_id=head.eval_id, updated_at_ns=head.updated_at_ns)
-            if n == 0:
-                if head.HasField("deployment"):
-                    entry.deployment.CopyFrom(head.deployment)
-                entry.deployment_updates.extend(head.deployment_updates)
-            for record in records[start : start + MAX_ALLOCS_PER_ENTRY]:
-                if isinstance(record, AllocStop):
-                    to_proto(record, entry.allocs_stopped.add())
-                else:
-                    to_proto(record, entry.allocs_upserted.add())
-            if n == last:
-                entry.evals.extend(head.evals)
-                entry.nodes_ineligible.extend(head.nodes_ineligible)
-            yield entry
+        yield from plan_entries(
+            self.head,
+            _accepted(self.result.node_update),
+            _accepted(self.result.node_allocation),
+            _add_records,
+        )
 
 
 def _accepted(by_node: Mapping[str, tuple[T, ...]]) -> list[T]:
@@ -216,13 +196,13 @@ def _accepted(by_node: Mapping[str, tuple[T, ...]]) -> list[T]:
     return [record for records in by_node.values() for record in records]
 
 
-def _add_allocs(
-    entry: raft_pb2.ApplyPlanResultsEntry, allocs: list[Allocation], stops: list[AllocStop]
+def _add_records(
+    entry: raft_pb2.ApplyPlanResultsEntry, stops: Sequence[AllocStop], allocs: Sequence[Allocation]
 ) -> None:
-    for alloc in allocs:
-        to_proto(alloc, entry.allocs_upserted.add())
     for stop in stops:
         to_proto(stop, entry.allocs_stopped.add())
+    for alloc in allocs:
+        to_proto(alloc, entry.allocs_upserted.add())
 
 
 def evaluate_plan(
@@ -367,6 +347,10 @@ class PlanApplier:
         # (_clear_inflight), so raft's late clear of plan N can never drop plan N+1.
         self._inflight_lock = threading.Lock()
         self._inflight: _Inflight | None = None
+        # Set by raft's commit callback after a plan of several entries; the applier thread
+        # trims the C heap (release_free_heap), so the few ms it takes never hold up raft's
+        # tick thread, which applies every server's entries.
+        self._heap_trim_due = threading.Event()
 
     def start(self) -> None:
         self._thread.start()
@@ -403,6 +387,9 @@ class PlanApplier:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._heap_trim_due.is_set():
+                self._heap_trim_due.clear()
+                release_free_heap()
             pending = self._queue.dequeue(timeout=0.2)
             if pending is None:
                 continue
@@ -483,7 +470,7 @@ class PlanApplier:
             refresh = applied.index if result.rejected_nodes else 0
             pending.future.set_result(replace(result, alloc_index=applied.index, refresh_index=refresh))
             if len(encoded) > 1:
-                release_free_heap()
+                self._heap_trim_due.set()
 
         inflight: _Inflight = (committed, expected)
         self._set_inflight(inflight)
@@ -510,7 +497,8 @@ def release_free_heap() -> None:
     entry bytes (decoded on every apply) in the C heap; the blocks that stay live above them
     keep glibc from shrinking its heap, so the leader's RSS stays at the plan's peak (20,000
     allocs: ~25 MiB, 1.2 KiB per alloc, tests/bench/alloc_memory.py). A trim takes a few ms
-    and runs only after a plan of more than one entry. Elsewhere than glibc: nothing."""
+    and runs only after a plan of more than one entry, on the applier thread, within one
+    dequeue wait (0.2 s) of the commit. Elsewhere than glibc: nothing."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -533,30 +521,70 @@ def _encode_and_expect(evaluated: Evaluated, view: Snapshot) -> tuple[list[bytes
 MAX_ALLOCS_PER_ENTRY: Final = 2000
 
 
-def split_entry(entry: raft_pb2.ApplyPlanResultsEntry) -> list[raft_pb2.ApplyPlanResultsEntry]:
-    """Stops first, then placements, in entries of at most MAX_ALLOCS_PER_ENTRY; the
-    deployment travels with the first (the allocs after it name it), evals and ineligible
-    nodes with the last one."""
-    stops = list(entry.allocs_stopped)
-    allocs = list(entry.allocs_upserted)
-    if len(stops) + len(allocs) <= MAX_ALLOCS_PER_ENTRY:
-        return [entry]
-    chunks: list[raft_pb2.ApplyPlanResultsEntry] = []
+Stop = TypeVar("Stop")
+Placement = TypeVar("Placement")
 
-    def chunk_with_room() -> raft_pb2.ApplyPlanResultsEntry:
-        last = chunks[-1] if chunks else None
-        if last is None or len(last.allocs_stopped) + len(last.allocs_upserted) >= MAX_ALLOCS_PER_ENTRY:
-            last = raft_pb2.ApplyPlanResultsEntry(eval_id=entry.eval_id, updated_at_ns=entry.updated_at_ns)
-            chunks.append(last)
-        return last
 
-    for stop in stops:
-        chunk_with_room().allocs_stopped.append(stop)
-    for alloc in allocs:
-        chunk_with_room().allocs_upserted.append(alloc)
-    if entry.HasField("deployment"):
-        chunks[0].deployment.CopyFrom(entry.deployment)
-    chunks[0].deployment_updates.extend(entry.deployment_updates)
-    chunks[-1].evals.extend(entry.evals)
-    chunks[-1].nodes_ineligible.extend(entry.nodes_ineligible)
+def entry_chunks(
+    stops: Sequence[Stop], allocs: Sequence[Placement]
+) -> list[tuple[Sequence[Stop], Sequence[Placement]]]:
+    """The one chunking rule of a plan: stops first, then placements, at most
+    MAX_ALLOCS_PER_ENTRY to a chunk. Stops go first so that raft, which keeps the order,
+    frees a node's room before any chunk places on it: no node is overcommitted between
+    chunks of a plan that was checked as a whole."""
+    total = len(stops) + len(allocs)
+    if total <= MAX_ALLOCS_PER_ENTRY:
+        return [(stops, allocs)]
+    chunks: list[tuple[Sequence[Stop], Sequence[Placement]]] = []
+    for start in range(0, total, MAX_ALLOCS_PER_ENTRY):
+        end = start + MAX_ALLOCS_PER_ENTRY
+        placed_from, placed_to = max(0, start - len(stops)), max(0, end - len(stops))
+        chunks.append((stops[start:end], allocs[placed_from:placed_to]))
     return chunks
+
+
+def plan_entries(
+    head: raft_pb2.ApplyPlanResultsEntry,
+    stops: Sequence[Stop],
+    allocs: Sequence[Placement],
+    add: Callable[[raft_pb2.ApplyPlanResultsEntry, Sequence[Stop], Sequence[Placement]], None],
+) -> Iterator[raft_pb2.ApplyPlanResultsEntry]:
+    """The raft entries of a plan whose allocs are ``stops`` and ``allocs`` and whose other
+    fields are ``head``'s, chunked by ``entry_chunks``; ``add`` puts a chunk's records into
+    an entry. The deployment travels with the first entry (the allocs after it name it),
+    evals and ineligible nodes with the last one (the eval completes once all is in)."""
+    chunks = entry_chunks(stops, allocs)
+    for n, (chunk_stops, chunk_allocs) in enumerate(chunks):
+        if len(chunks) == 1:
+            entry = raft_pb2.ApplyPlanResultsEntry()
+            entry.CopyFrom(head)
+        else:
+            entry = raft_pb2.ApplyPlanResultsEntry(eval_id=head.eval_id, updated_at_ns=head.updated_at_ns)
+            if n == 0:
+                if head.HasField("deployment"):
+                    entry.deployment.CopyFrom(head.deployment)
+                entry.deployment_updates.extend(head.deployment_updates)
+            if n == len(chunks) - 1:
+                entry.evals.extend(head.evals)
+                entry.nodes_ineligible.extend(head.nodes_ineligible)
+        add(entry, chunk_stops, chunk_allocs)
+        yield entry
+
+
+def split_entry(entry: raft_pb2.ApplyPlanResultsEntry) -> list[raft_pb2.ApplyPlanResultsEntry]:
+    """A whole-plan entry as the applier would commit it (``plan_entries``), for a reader
+    holding one entry of a plan: a test, a tool."""
+    head = raft_pb2.ApplyPlanResultsEntry()
+    head.CopyFrom(entry)
+    head.ClearField("allocs_stopped")
+    head.ClearField("allocs_upserted")
+
+    def add(
+        chunk: raft_pb2.ApplyPlanResultsEntry,
+        stops: Sequence[raft_pb2.AllocStop],
+        allocs: Sequence[structs_pb2.Allocation],
+    ) -> None:
+        chunk.allocs_stopped.extend(stops)
+        chunk.allocs_upserted.extend(allocs)
+
+    return list(plan_entries(head, list(entry.allocs_stopped), list(entry.allocs_upserted), add))

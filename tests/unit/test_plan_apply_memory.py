@@ -143,3 +143,44 @@ def test_applier__proposes_the_split_entries_in_order(harness: Harness) -> None:
         on_done(ApplyResult(index=store.index + 1 + i), "")
     assert future.result(timeout=0).alloc_index == store.index + len(callbacks)
     assert applier._inflight is None, "the expected state is dropped once the plan committed"
+
+
+def test_applier__trims_the_heap_on_its_own_thread_after_a_multi_entry_plan(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trim takes a few ms: in the commit callback it would hold raft's tick thread,
+    which applies every entry, so the callback only asks and the applier's loop trims."""
+    import threading
+
+    trimmed_on: list[str] = []
+    trimmed = threading.Event()
+
+    def trim() -> None:
+        trimmed_on.append(threading.current_thread().name)
+        trimmed.set()
+
+    monkeypatch.setattr(plan_apply, "release_free_heap", trim)
+    callbacks: list[Callable[[ApplyResult | None, str], None]] = []
+    store = harness.store
+    applier = PlanApplier(
+        PlanQueue(),
+        store,
+        lambda _data, on_done: callbacks.append(on_done),
+        lambda _e, _t: True,
+        lambda: mock.NOW,
+        lambda: True,
+    )
+    applier._tracker = RejectionTracker(RejectionTrackerConfig(threshold=0, window_ns=10**12))
+    future: Future[PlanResult] = Future()
+    applier._apply(PendingPlan(_plan(8), future))
+    assert len(callbacks) > 1
+    for i, on_done in enumerate(callbacks):
+        on_done(ApplyResult(index=store.index + 1 + i), "")
+    assert future.result(timeout=0).alloc_index == store.index + len(callbacks)
+    assert trimmed_on == [], "the commit callback (raft's tick thread here) must not trim"
+    applier.start()
+    try:
+        assert trimmed.wait(timeout=10), "the applier thread trims after the plan committed"
+    finally:
+        applier.stop()
+    assert trimmed_on == ["plan-applier"]
