@@ -152,13 +152,23 @@ def _wait_leader_ready(core: ServerCore) -> None:
         time.sleep(0.005)
 
 
+# What a handler raises to end its call with a status of its own choosing (status_of).
+OWN_ERRORS: Final = (validate.ValidationError, DroverError)
+
+
+def status_of(exc: validate.ValidationError | DroverError) -> tuple[grpc.StatusCode, str]:
+    """The status a call ends with when its handler raises one of OWN_ERRORS: the job
+    validator's error is INVALID_ARGUMENT naming its fields; a DroverError carries its code."""
+    if isinstance(exc, validate.ValidationError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    return exc.code, str(exc)
+
+
 def _map_errors(context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
-    except validate.ValidationError as exc:
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    except DroverError as exc:
-        _abort(context, exc.code, str(exc))
+    except OWN_ERRORS as exc:
+        _abort(context, *status_of(exc))
 
 
 def rpc(service: str, kind: str) -> Callable[[F], F]:
@@ -223,7 +233,9 @@ def _async_stream(
     """``rpc`` for a stream written as an async generator, which runs on the API loop and
     holds no thread while it waits (server/api/_aio.py): the caller's rate limit and the
     ACL check run first, as for any call; then a ``DroverError`` the stream raises ends the
-    call with its status. Served by the server called, never forwarded."""
+    call with its status. Served by the server called, never forwarded. The generator gets
+    the call's ``SyncContext`` (what it reads of the call was read on the loop), the one
+    the limits and the ACL check saw, not grpc.aio's context."""
     if kind != "local":
         raise TypeError(f"{rpc_name}: an async stream is served locally, not as a {kind!r} call")
     if need.results:
@@ -244,7 +256,7 @@ def _async_stream(
                     request,
                     sync,
                     lambda: _authorized(
-                        core, rpc_name, need, request, sync, lambda: method(self, request, context)
+                        core, rpc_name, need, request, sync, lambda: method(self, request, sync)
                     ),
                 ),
             )
@@ -253,10 +265,8 @@ def _async_stream(
         try:
             async for response in stream:
                 yield response
-        except validate.ValidationError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except DroverError as exc:
-            await context.abort(exc.code, str(exc))
+        except OWN_ERRORS as exc:
+            await context.abort(*status_of(exc))
 
     mark_rpc_kind(wrapper, kind)
     return wrapper

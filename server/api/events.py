@@ -25,14 +25,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Final
 
 import grpc
 
 from drover.scheduler.structs import Allocation, Deployment, Evaluation, Job, Node
 from drover.server.acl.acl import ACL, MANAGEMENT
 from drover.server.acl.resolve import resolve
-from drover.server.api._aio import SyncContext
 from drover.server.api._base import call_token, rpc
 from drover.server.api._limits import caller_limits
 from drover.server.codec import to_proto
@@ -111,19 +110,19 @@ class EventsServicer(api_pb2_grpc.EventsServicer):
 
     @rpc(S, "local")
     async def Stream(
-        self, request: api_pb2.EventStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: api_pb2.EventStreamRequest, context: grpc.ServicerContext
     ) -> AsyncIterator[api_pb2.EventStreamResponse]:
+        """``context`` is the call's SyncContext, made on the loop by the rpc wrapper."""
         core = self.core
-        sync = cast(grpc.ServicerContext, SyncContext(context, asyncio.get_running_loop()))
         # Checked before the first message, so a bad filter or a forgotten index is the
         # call's status (INVALID_ARGUMENT, OUT_OF_RANGE), raised through the rpc wrapper.
         subscription = subscription_from(((t.topic, t.key) for t in request.topics), request.namespace)
         start = core.events.start_index(request.index)
         limits = caller_limits(core)
-        who = limits.caller(core, sync)
+        who = limits.caller(core, context)
         limits.acquire(who)
         try:
-            acl, acl_index = self._acl(sync)
+            acl, acl_index = self._acl(context)
             # An empty first message: the stream is open, and its position (the index
             # before the first it may send) is known to the caller before any event.
             yield api_pb2.EventStreamResponse(index=start - 1)
@@ -136,7 +135,7 @@ class EventsServicer(api_pb2_grpc.EventsServicer):
                     next_index, wait, max_events=MAX_EVENTS_PER_RESPONSE
                 )
                 if core.cfg.acl_enabled and core.store.snapshot().table_index(*_ACL_TABLES) != acl_index:
-                    acl, acl_index = self._acl(sync)
+                    acl, acl_index = self._acl(context)
                 next_index = covered + 1
                 response = _response(batches, covered, subscription, acl, self._wire)
                 if response.events or loop.time() - last_sent >= self.heartbeat_s:

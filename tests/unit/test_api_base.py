@@ -130,3 +130,16 @@ def test_rpc_read__confirms_leadership_once_per_call_not_again_when_a_parked_que
     stale = api_pb2.JobGetRequest(job_id="web", options=api_pb2.QueryOptions(stale=True))
     assert jobs.Get(stale, _Context()) == "answered"
     assert core.confirmations == 2  # a stale read asks no one
+
+
+def test_status_of__each_own_error_its_status_naming_the_field() -> None:
+    """One mapping for unary calls (_map_errors) and async streams (the rpc wrapper)."""
+    import grpc
+
+    from drover.scheduler import validate
+    from drover.server.api._base import status_of
+
+    invalid = validate.ValidationError([validate.FieldError("job.count", "must be >= 0")])
+    assert status_of(invalid) == (grpc.StatusCode.INVALID_ARGUMENT, "job.count: must be >= 0")
+    assert status_of(NotFoundError("job web not found")) == (grpc.StatusCode.NOT_FOUND, "job web not found")
+    assert status_of(ValidationError("namespace: unknown"))[0] == grpc.StatusCode.INVALID_ARGUMENT
