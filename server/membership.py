@@ -256,7 +256,11 @@ def remove_peer(core: ServerCore, raft_address: str, name: str) -> tuple[int, st
 
 
 def transfer_leadership(core: ServerCore, raft_address: str, name: str) -> tuple[str, str]:
-    """Hand leadership on; the new leader's raft address and server name."""
+    """Hand leadership on; the new leader's raft address and server name. A cluster of one
+    voter is refused at once: there is no server to hand to, and waiting TRANSFER_TIMEOUT_S
+    for one to appear would only delay the same answer."""
+    if len(core.raft.members()) <= 1:
+        raise ConflictError("peer_address: this server is the cluster's only voter; no other server can lead")
     target = resolve_peer(core, raft_address, name, what="the new leader")
     if target is not None and target == core.raft.self_address():
         raise ConflictError(f"peer_address: {target} leads already")

@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2
 from drover.common.secrets import TOKEN_METADATA_KEY
 from drover.server.api.health import HealthReporter, service_names, serving
 from drover.server.autopilot import AutopilotSettings, dead_server_to_remove, quorum
-from drover.server.errors import ValidationError
-from drover.server.membership import JoinRefusedError, check_raft_address, join_cluster
+from drover.server.errors import ConflictError, ValidationError
+from drover.server.membership import JoinRefusedError, check_raft_address, join_cluster, transfer_leadership
 from drover.server.raft.peers_file import PEERS_FILE, PeerSet, load_peer_set, save_peer_set
 from drover.v1 import api_pb2, api_pb2_grpc
 from tests.fixtures.fake_grpc import serving as serving_fakes
@@ -156,6 +156,25 @@ def test_check_raft_address__refuses_naming_the_field(text: str) -> None:
 
 def test_check_raft_address__accepts_host_port() -> None:
     assert check_raft_address("raft_address", "10.0.0.1:4647") == "10.0.0.1:4647"
+
+
+class _OneVoterRaft:
+    """A one-server cluster's raft (in-process fake): a transfer must not even be tried."""
+
+    def members(self) -> list[str]:
+        return [A]
+
+    def self_address(self) -> str:
+        return A
+
+    def transfer_leadership_to(self, address: str | None, timeout: float) -> str:
+        raise AssertionError(f"tried to transfer to {address} for {timeout}s on a one-voter cluster")
+
+
+def test_transfer_leadership__one_voter__refused_at_once() -> None:
+    core: Any = type("Core", (), {"raft": _OneVoterRaft()})()
+    with pytest.raises(ConflictError, match=r"^peer_address: .*only voter"):
+        transfer_leadership(core, "", "")
 
 
 # -- joining -------------------------------------------------------------------------------
