@@ -551,22 +551,19 @@ def plan_entries(
 ) -> Iterator[raft_pb2.ApplyPlanResultsEntry]:
     """The raft entries of a plan whose allocs are ``stops`` and ``allocs`` and whose other
     fields are ``head``'s, chunked by ``entry_chunks``; ``add`` puts a chunk's records into
-    an entry. The deployment travels with the first entry (the allocs after it name it),
-    evals and ineligible nodes with the last one (the eval completes once all is in)."""
+    an entry. Each entry is ``head`` less what travels in one entry only: the deployment
+    with the first (the allocs after it name it), evals and ineligible nodes with the last
+    (the eval completes once all is in); every other field goes with each entry."""
     chunks = entry_chunks(stops, allocs)
     for n, (chunk_stops, chunk_allocs) in enumerate(chunks):
-        if len(chunks) == 1:
-            entry = raft_pb2.ApplyPlanResultsEntry()
-            entry.CopyFrom(head)
-        else:
-            entry = raft_pb2.ApplyPlanResultsEntry(eval_id=head.eval_id, updated_at_ns=head.updated_at_ns)
-            if n == 0:
-                if head.HasField("deployment"):
-                    entry.deployment.CopyFrom(head.deployment)
-                entry.deployment_updates.extend(head.deployment_updates)
-            if n == len(chunks) - 1:
-                entry.evals.extend(head.evals)
-                entry.nodes_ineligible.extend(head.nodes_ineligible)
+        entry = raft_pb2.ApplyPlanResultsEntry()
+        entry.CopyFrom(head)
+        if n > 0:
+            entry.ClearField("deployment")
+            entry.ClearField("deployment_updates")
+        if n < len(chunks) - 1:
+            entry.ClearField("evals")
+            entry.ClearField("nodes_ineligible")
         add(entry, chunk_stops, chunk_allocs)
         yield entry
 

@@ -6,9 +6,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import grpc
 import pytest
 
-from drover.server.api._base import get_by_id, rpc
+from drover.scheduler import validate
+from drover.server.api._base import get_by_id, rpc, status_of
 from drover.server.api._park import ConfirmRequest, Parking, parking_scope
 from drover.server.errors import NotFoundError, ValidationError
 from drover.server.state_store import Snapshot
@@ -134,11 +136,6 @@ def test_rpc_read__confirms_leadership_once_per_call_not_again_when_a_parked_que
 
 def test_status_of__each_own_error_its_status_naming_the_field() -> None:
     """One mapping for unary calls (_map_errors) and async streams (the rpc wrapper)."""
-    import grpc
-
-    from drover.scheduler import validate
-    from drover.server.api._base import status_of
-
     invalid = validate.ValidationError([validate.FieldError("job.count", "must be >= 0")])
     assert status_of(invalid) == (grpc.StatusCode.INVALID_ARGUMENT, "job.count: must be >= 0")
     assert status_of(NotFoundError("job web not found")) == (grpc.StatusCode.NOT_FOUND, "job web not found")

@@ -164,9 +164,6 @@ class _OneVoterRaft:
     def members(self) -> list[str]:
         return [A]
 
-    def self_address(self) -> str:
-        return A
-
     def transfer_leadership_to(self, address: str | None, timeout: float) -> str:
         raise AssertionError(f"tried to transfer to {address} for {timeout}s on a one-voter cluster")
 

@@ -9,6 +9,7 @@ allocator after they were freed (tests/bench/alloc_memory.py measures it).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -118,6 +119,18 @@ def _payload(data: bytes) -> raft_pb2.ApplyPlanResultsEntry:
     return raft_pb2.ApplyPlanResultsEntry.FromString(entry.payload)
 
 
+def _applier(
+    harness: Harness, propose_async: Callable[[bytes, Callable[[ApplyResult | None, str], None]], None]
+) -> PlanApplier:
+    """An applier over the harness's store that proposes through ``propose_async``, every
+    token outstanding, always leader, no rejection tracking."""
+    applier = PlanApplier(
+        PlanQueue(), harness.store, propose_async, lambda _e, _t: True, lambda: mock.NOW, lambda: True
+    )
+    applier._tracker = RejectionTracker(RejectionTrackerConfig(threshold=0, window_ns=10**12))
+    return applier
+
+
 def test_applier__proposes_the_split_entries_in_order(harness: Harness) -> None:
     whole = _evaluate(harness, 8).entry
     assert whole is not None
@@ -129,10 +142,7 @@ def test_applier__proposes_the_split_entries_in_order(harness: Harness) -> None:
         callbacks.append(on_done)
 
     store = harness.store
-    applier = PlanApplier(
-        PlanQueue(), store, propose_async, lambda _e, _t: True, lambda: mock.NOW, lambda: True
-    )
-    applier._tracker = RejectionTracker(RejectionTrackerConfig(threshold=0, window_ns=10**12))
+    applier = _applier(harness, propose_async)
     future: Future[PlanResult] = Future()
     applier._apply(PendingPlan(_plan(8), future))
 
@@ -150,8 +160,6 @@ def test_applier__trims_the_heap_on_its_own_thread_after_a_multi_entry_plan(
 ) -> None:
     """The trim takes a few ms: in the commit callback it would hold raft's tick thread,
     which applies every entry, so the callback only asks and the applier's loop trims."""
-    import threading
-
     trimmed_on: list[str] = []
     trimmed = threading.Event()
 
@@ -162,15 +170,7 @@ def test_applier__trims_the_heap_on_its_own_thread_after_a_multi_entry_plan(
     monkeypatch.setattr(plan_apply, "release_free_heap", trim)
     callbacks: list[Callable[[ApplyResult | None, str], None]] = []
     store = harness.store
-    applier = PlanApplier(
-        PlanQueue(),
-        store,
-        lambda _data, on_done: callbacks.append(on_done),
-        lambda _e, _t: True,
-        lambda: mock.NOW,
-        lambda: True,
-    )
-    applier._tracker = RejectionTracker(RejectionTrackerConfig(threshold=0, window_ns=10**12))
+    applier = _applier(harness, lambda _data, on_done: callbacks.append(on_done))
     future: Future[PlanResult] = Future()
     applier._apply(PendingPlan(_plan(8), future))
     assert len(callbacks) > 1
