@@ -103,6 +103,8 @@ STATE_FILE = "cluster.json"
 RAFT_KEY_FILE = "raft.key"
 # How long an agent gets to exit after SIGTERM before it is SIGKILLed.
 STOP_TIMEOUT = 10.0
+# How long a hung agent gets to write its stacks after SIGABRT before it is SIGKILLed.
+STACK_DUMP_WAIT_S = 2.0
 # Per-RPC deadline when polling: a paused or wedged server must not stall a wait.
 RPC_TIMEOUT = 1.0
 POLL_INTERVAL = 0.1
@@ -686,8 +688,10 @@ class LocalCluster:
         self._extra_args = tuple(extra_args)
         self._client_extra_args = tuple(client_extra_args)
         self._agent_module = agent_module
-        # Unbuffered, so a crash's last words are in the log when we read its tail.
-        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # Unbuffered, so a crash's last words are in the log when we read its tail; with
+        # faulthandler on, an agent that ignores SIGTERM is sent SIGABRT before SIGKILL and
+        # writes every thread's stack there first (``_stop_members``).
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
         self._servers: list[_Member] = []
         self._clients: list[_Member] = []
         self._channels = _Channels()
@@ -1112,7 +1116,11 @@ class LocalCluster:
                 try:
                     member.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    _note(member, f"still running {timeout:g}s after SIGTERM: SIGKILL")
+                    _note(
+                        member,
+                        f"still running {timeout:g}s after SIGTERM: SIGABRT (stacks follow), then SIGKILL",
+                    )
+                    _dump_stacks(member.proc)
         finally:
             for member in live:
                 assert member.proc is not None
@@ -1177,6 +1185,15 @@ def _read_log(path: Path) -> str:
 
 def _returncode(member: _Member) -> str:
     return str(member.proc.returncode) if member.proc is not None else "never started"
+
+
+def _dump_stacks(proc: subprocess.Popen[bytes]) -> None:
+    """SIGABRT ``proc`` and give it a moment: faulthandler (PYTHONFAULTHANDLER) writes every
+    thread's stack to its log, which says what a stop that hangs is waiting on."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGABRT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=STACK_DUMP_WAIT_S)
 
 
 def _note_to(log: Any, text: str) -> None:

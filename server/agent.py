@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
+from typing import Final
 
 import structlog
 
@@ -21,6 +27,16 @@ from drover.server.datadir import PRIVATE_UMASK
 from drover.server.telemetry.http import open_server_endpoint
 
 log = structlog.get_logger("drover.agent")
+
+# How long a stop may take once SIGTERM arrives: the API's grace for calls in flight (2 s,
+# ServerCore.stop), a leader's services finishing their step, raft's last tick. Past it
+# the agent writes every thread's stack to stderr and exits 1, so a stop that hangs says
+# where, and ends, instead of waiting for a SIGKILL (deploy/cluster.py sends one at 10 s).
+STOP_DEADLINE_S: Final = 8.0
+# After a clean stop, how long threads still inside a call (a write waiting for a commit
+# that will not come, a call forwarded to a leader that is gone) get to return. The state
+# is closed by then; the interpreter would otherwise join them for as long as they wait.
+LINGER_S: Final = 1.0
 
 
 def _wait_for_signal() -> None:
@@ -55,9 +71,55 @@ def run_server(cfg: ServerConfig) -> int:
     try:
         _wait_for_signal()
     finally:
-        http.stop()
-        core.stop()
+        with _stop_deadline(STOP_DEADLINE_S):
+            http.stop()
+            core.stop()
+    _leave_lingering_threads(0, LINGER_S)
     return 0
+
+
+@contextmanager
+def _stop_deadline(seconds: float) -> Iterator[None]:
+    """Bound a stop: past ``seconds``, every thread's stack goes to stderr and the process
+    exits 1 without finishing it."""
+    finished = threading.Event()
+
+    def watch() -> None:
+        if finished.wait(seconds):
+            return
+        log.error("agent.stop_overran", deadline_s=seconds)
+        sys.stdout.flush()
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+    watchdog = threading.Thread(target=watch, name="stop-deadline", daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        watchdog.join()
+
+
+def _leave_lingering_threads(code: int, grace: float) -> None:
+    """Give non-daemon threads still running ``grace`` seconds, then exit ``code`` without
+    them, naming them; returns at once when there are none."""
+    deadline = time.monotonic() + grace
+    for thread in _lingering():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = _lingering()
+    if not left:
+        return
+    log.warning("agent.exit_leaving_threads", threads=sorted(t.name for t in left))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _lingering() -> list[threading.Thread]:
+    me = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
 
 
 def _start_http(core: ServerCore, client: MonitoredClient | None = None) -> HttpEndpoint | None:
@@ -126,8 +188,11 @@ def run_dev(cfg: DevConfig) -> int:
         _wait_for_signal()
     finally:
         http.stop()
+        # Unbounded: the client waits out each task's kill_timeout, which the job chose.
         client.stop()
-        core.stop()
+        with _stop_deadline(STOP_DEADLINE_S):
+            core.stop()
         if not cfg.data_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
+    _leave_lingering_threads(0, LINGER_S)
     return 0

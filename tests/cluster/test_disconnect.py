@@ -928,4 +928,6 @@ def test_servers_exit_promptly_on_sigterm_while_a_client_watches(fresh_rig: Rig)
     for i, name in enumerate(rig.cluster.server_names):
         started = time.monotonic()
         codes[name] = (rig.cluster.stop(i, timeout=5.0), round(time.monotonic() - started, 1))
-    assert all(code == 0 for code, _ in codes.values()), f"(exit status, seconds) per server: {codes}"
+    assert all(code == 0 for code, _ in codes.values()), (
+        f"(exit status, seconds) per server: {codes}\n{rig.cluster.logs_tail(150)}"
+    )
