@@ -62,7 +62,7 @@ from drover.client.metrics import open_client_endpoint
 from drover.client.rpc import NodesRpc, ServerPool
 from drover.client.runner import AllocRunner, job_key
 from drover.client.servicewatch import AllocServices, ServiceWatch
-from drover.client.state import NodeIdentity, StateDB
+from drover.client.state import AllocRecord, NodeIdentity, StateDB
 from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
 from drover.client.taskstate import AllocStatus
 from drover.client.tunnel import ClientTunnel, TunnelService, apply_meta_change, merge_meta
@@ -362,7 +362,11 @@ class ClientAgent:
     def _on_alloc_update(self, status: AllocStatus) -> None:
         self._pending.put(status)
 
-    def _new_runner(self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None) -> AllocRunner:
+    def _new_runner(
+        self, alloc: structs_pb2.Allocation, job: structs_pb2.Job | None, record: AllocRecord | None = None
+    ) -> AllocRunner:
+        """A runner wired to this agent; with ``record`` (a previous agent's), the same wiring,
+        so a restored alloc reports and resolves services exactly as a new one does."""
         assert self._store is not None
         return AllocRunner(
             alloc,
@@ -372,6 +376,7 @@ class ClientAgent:
             clock=self._clock,
             rng=self._rng,
             on_update=self._on_alloc_update,
+            record=record,
             node=self._node,
             services=self._subscriber(alloc),
         )
@@ -404,16 +409,7 @@ class ClientAgent:
     def _restore(self) -> None:
         assert self._store is not None
         for record in self._store.load_allocs():
-            runner = AllocRunner.restore(
-                record,
-                drivers=self._drivers,
-                store=self._store,
-                clock=self._clock,
-                rng=self._rng,
-                on_update=self._on_alloc_update,
-                node=self._node,
-                services=self._subscriber(record.alloc),
-            )
+            runner = self._new_runner(record.alloc, record.job, record)
             with self._runners_lock:
                 self._runners[runner.alloc_id] = runner
             self._log.info("client.alloc_restored", alloc_id=runner.alloc_id, stopping=record.stop_requested)

@@ -23,11 +23,11 @@ once, a stop is sent at most once per task.
 
 Lifecycle: ``start()`` runs the tasks; ``stop(reason)`` kills them in that order (dead, not
 failed: the alloc ends ``complete``), then runs the poststop tasks; ``detach()`` leaves them
-running for the next agent, which
-builds the runner again from the record with ``AllocRunner.restore``; ``destroy()`` forgets
-the alloc (the servers garbage-collected it, or forgot it without a stop first) and stops
-its tasks as ``stop`` does, in the same waves and so within the same budget
-(``longest_kill_timeout_ns``), reporting nothing more.
+running for the next agent, which builds the runner again from the record
+(``AllocRunner(..., record=record)``); ``destroy()`` forgets the alloc (the servers
+garbage-collected it, or forgot it without a stop first) and stops its tasks as ``stop``
+does, in the same waves and so within the same budget (``longest_kill_timeout_ns``),
+reporting nothing more.
 """
 
 from __future__ import annotations
@@ -182,33 +182,6 @@ class AllocRunner:
             self._error = f"task group {alloc.task_group!r} not in job {job_key(alloc)}"
         else:
             self._build_tasks(job, group, record)
-
-    @classmethod
-    def restore(
-        cls,
-        record: AllocRecord,
-        *,
-        drivers: Mapping[str, Driver],
-        store: StateDB,
-        clock: Clock,
-        rng: random.Random,
-        on_update: Callable[[AllocStatus], None],
-        node: structs_pb2.Node | None = None,
-        services: Callable[[], AllocServices] | None = None,
-    ) -> AllocRunner:
-        """The runner a previous agent left in ``record``: running tasks are re-attached."""
-        return cls(
-            record.alloc,
-            record.job,
-            drivers=drivers,
-            store=store,
-            clock=clock,
-            rng=rng,
-            on_update=on_update,
-            record=record,
-            node=node,
-            services=services,
-        )
 
     def _build_tasks(
         self, job: structs_pb2.Job, group: structs_pb2.TaskGroup, record: AllocRecord | None

@@ -279,6 +279,8 @@ class Workload:
         self._seq_lock = threading.Lock()
         self.node_ids = [f"node-{i}" for i in range(self.config.nodes)]
         self.job_ids: list[str] = []
+        # Every write of the workload goes into its one history.
+        self._write = partial(record_write, self.history)
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -379,17 +381,6 @@ class Workload:
         with self._seq_lock:
             self._seq += 1
             return self._seq
-
-    def _write(
-        self,
-        caller: Caller,
-        process: str,
-        kind: str,
-        key: str,
-        fn: Callable[[DroverClient], Any],
-        **args: Any,
-    ) -> Op:
-        return record_write(self.history, caller, process, kind, key, fn, **args)
 
     # -- job workers -------------------------------------------------------------------
     def _job_worker(self, w: int) -> None:
