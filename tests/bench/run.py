@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from tests.bench import c1m, fleet, foundation, heartbeats, scheduling
+from tests.bench import c1m, fleet, foundation, heartbeats, scheduling, state_load
 from tests.bench._procs import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "bench-results"
@@ -85,6 +85,10 @@ def _heartbeats_config(opts: Options) -> heartbeats.HeartbeatsConfig:
     return cfg if opts.duration is None else dataclasses.replace(cfg, window_s=opts.duration)
 
 
+def _state_load_config(opts: Options) -> state_load.StateLoadConfig:
+    return state_load.StateLoadConfig.make(quick=opts.quick)
+
+
 class _Budgeted(Protocol):
     def budget_s(self) -> float: ...
 
@@ -109,6 +113,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     heartbeats.NAME: benchmark(_heartbeats_config, heartbeats.run_heartbeats, heartbeats.summary_lines),
     fleet.NAME: benchmark(_fleet_config, fleet.run_fleet, fleet.summary_lines),
     c1m.NAME: benchmark(_c1m_config, c1m.run_c1m, c1m.summary_lines),
+    state_load.NAME: benchmark(_state_load_config, state_load.run_state_load, state_load.summary_lines),
 }
 
 
