@@ -23,6 +23,9 @@ Defined where they were first needed, and kept there: ``drover_plan_apply_second
 ``drover_plan_node_marked_ineligible_total`` (server/plan_apply.py) and
 ``drover_invariant_violations`` (server/leader.py's periodic check).
 
+Every agent, server or client, also exports ``drover_gc_pause_seconds``: how long the
+process stopped for each cyclic garbage collection (drover/common/gc_pauses.py).
+
 Read at scrape time (``ServerCollector``): raft term, commit and applied index, leader,
 last contact per peer (by server name); broker evals by state and scheduler type; plan
 queue depth; active heartbeat timers.

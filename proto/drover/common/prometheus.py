@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from drover.common.gc_pauses import gc_pause_collector
 from drover.common.http_endpoint import Request, Response, json_response
 
 __all__ = ["FORMATS", "agent_registry", "metrics_response"]
@@ -34,11 +35,13 @@ class _ProcessDefaults(Collector):
 
 
 def agent_registry(*collectors: Collector) -> CollectorRegistry:
-    """A registry of this process's module-level families plus ``collectors``."""
+    """A registry of this process's module-level families, its GC pauses
+    (drover/common/gc_pauses.py) and ``collectors``."""
     # auto_describe off: the forwarded default registry would otherwise be collected at
     # registration just to learn its names (nothing here can collide: each agent has one).
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ProcessDefaults())
+    registry.register(gc_pause_collector())
     for collector in collectors:
         registry.register(collector)
     return registry
