@@ -37,9 +37,10 @@ A cluster of several servers is keyed: ``start`` writes one fresh raft key to
 server with peers refuses to start without one. A single server needs none (it makes a
 random key of its own).
 
-Ports come from binding port 0 on loopback, all held open together so they are distinct.
-Another process can still take one between the pick and the agent's bind; the agent then
-exits on its own and the next wait fails fast with its log.
+Ports are picked at random below the kernel's ephemeral range and checked by binding them,
+all held open together so they are distinct (``pick_free_ports``): no outgoing connection
+takes its local port from there. Another process can still bind one between the pick and
+the agent's bind; the agent then exits on its own and the next wait fails fast with its log.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -63,7 +65,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO, TypeVar
+from typing import Any, Final, TextIO, TypeVar
 
 import grpc
 
@@ -143,11 +145,44 @@ def wait_for(
         time.sleep(min(interval, remaining))
 
 
-def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """``count`` distinct ports that were free on ``host`` a moment ago."""
-    socks: list[socket.socket] = []
+# Ports are picked below the kernel's ephemeral range (where binding port 0 and every
+# outgoing connection's local end come from), so a port picked here cannot be taken by a
+# loopback connection some other test opens before the agent binds it: the race that made a
+# server exit with "Address already in use". Nomad's test helper (ci/freeport) picks from a
+# block outside that range for the same reason.
+PICK_PORT_FLOOR: Final = 10_000
+_EPHEMERAL_RANGE_FILE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_DEFAULT_EPHEMERAL_LOW: Final = 32_768
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (Linux; 32768 elsewhere)."""
     try:
-        for _ in range(count):
+        return int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _DEFAULT_EPHEMERAL_LOW
+
+
+def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports that were free on ``host`` a moment ago, chosen at random
+    between ``PICK_PORT_FLOOR`` and the ephemeral range, each checked by binding it (all held
+    open together, so they are distinct). Falls back to port 0 when that block is too small
+    or taken, as a machine whose ephemeral range starts low would make it."""
+    socks: list[socket.socket] = []
+    candidates = list(range(PICK_PORT_FLOOR, _ephemeral_low()))
+    random.SystemRandom().shuffle(candidates)
+    try:
+        for port in candidates:
+            if len(socks) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+        while len(socks) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(sock)
             sock.bind((host, 0))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import deploy.cluster as cluster_mod
 from deploy.cluster import (
     ClusterError,
     ClusterRecord,
@@ -55,6 +56,22 @@ def test_pick_free_ports__distinct_and_bindable() -> None:
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_pick_free_ports__below_the_ephemeral_range_so_no_outgoing_connection_takes_one() -> None:
+    low = cluster_mod._ephemeral_low()
+    assert low > cluster_mod.PICK_PORT_FLOOR  # this machine's range leaves room to pick from
+    for port in pick_free_ports(16):
+        assert cluster_mod.PICK_PORT_FLOOR <= port < low
+
+
+def test_pick_free_ports__falls_back_to_the_kernel_when_the_block_is_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cluster_mod, "_ephemeral_low", lambda: cluster_mod.PICK_PORT_FLOOR)
+    ports = pick_free_ports(3)
+    assert len(set(ports)) == 3
+    assert all(port >= cluster_mod.PICK_PORT_FLOOR for port in ports)
 
 
 def test_peers__exclude_self() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -72,16 +71,13 @@ class GcPauseCollector(Collector):
         yield family
 
 
-_INSTALL_LOCK: Final = threading.Lock()
-_INSTALLED: list[GcPauseCollector] = []
+# One per process, hooked when this module is first imported (the import lock makes that
+# happen once): every agent in a process stops for the same collections, so one hook and one
+# histogram serve them all.
+_PROCESS_COLLECTOR: Final = GcPauseCollector()
+gc.callbacks.append(_PROCESS_COLLECTOR.on_gc)
 
 
 def gc_pause_collector() -> GcPauseCollector:
-    """This process's collector, its hook installed on first use (one per process: every
-    agent in it stops for the same collections)."""
-    with _INSTALL_LOCK:
-        if not _INSTALLED:
-            collector = GcPauseCollector()
-            gc.callbacks.append(collector.on_gc)
-            _INSTALLED.append(collector)
-        return _INSTALLED[0]
+    """This process's collector, whose hook is already installed."""
+    return _PROCESS_COLLECTOR
