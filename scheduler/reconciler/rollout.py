@@ -8,8 +8,9 @@ of ``docs/deployments.md``:
   a service job; anything else updates everything at once.
 * A paused or failed deployment, and a group whose canaries wait for promotion, admit no
   destructive update.
-* Otherwise the budget is ``max_parallel`` minus the deployment's live allocs whose health
-  is not known yet; an unhealthy alloc in the deployment stops the rollout (budget 0),
+* Otherwise the budget is ``max_parallel`` minus the deployment's allocs whose health is
+  not known yet: live ones, and failed ones not replaced (a client reports the failure and
+  its verdict separately, and an eval between the two must not free the slot); an unhealthy alloc in the deployment stops the rollout (budget 0),
   until it is replaced (then its replacement counts as not known yet): a version that
   fails at start never runs wider than ``max_parallel`` while the watcher fails it. So
   the next batch waits for health, not just placement: the health verdict's eval (written
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from drover.scheduler.structs import (
+    ALLOC_CLIENT_FAILED,
     DEPLOYMENT_STATUS_FAILED,
     DEPLOYMENT_STATUS_PAUSED,
     JOB_TYPE_SERVICE,
@@ -105,9 +107,9 @@ def rollout_gate(
 
 
 def _deployment_budget(max_parallel: int, deployment_id: str, allocs: Iterable[Allocation]) -> int:
-    """``max_parallel`` minus the deployment's live allocs with no health verdict yet; 0
-    while one of its allocs is unhealthy and not replaced (a live one, or a dead one with
-    no replacement yet). One pass: a dead unhealthy alloc is judged once every
+    """``max_parallel`` minus the deployment's allocs with no health verdict yet (live, or
+    failed and not replaced); 0 while one of its allocs is unhealthy and not replaced (a
+    live one, or a dead one with no replacement yet). One pass: a dead unhealthy alloc is judged once every
     replacement (``previous_allocation``) has been seen."""
     replaced: set[str] = set()
     dead_unhealthy: list[str] = []
@@ -118,11 +120,16 @@ def _deployment_budget(max_parallel: int, deployment_id: str, allocs: Iterable[A
         if a.deployment_id != deployment_id:
             continue
         status = a.deployment_status
+        verdict = status.health if status is not None else ""
         if not a.terminal():
-            if status is None or not status.health:
+            if not verdict:
                 pending += 1
-            elif status.is_unhealthy():
+            elif status is not None and status.is_unhealthy():
                 return 0
+        elif a.client_status == ALLOC_CLIENT_FAILED and not verdict and not a.next_allocation:
+            # Failed before its client's verdict came: the verdict is on its way in a
+            # report of its own (client_agent/health.py), so the alloc keeps its slot.
+            pending += 1
         elif status is not None and status.is_unhealthy() and not a.next_allocation:
             dead_unhealthy.append(a.id)
     if any(alloc_id not in replaced for alloc_id in dead_unhealthy):

@@ -1203,6 +1203,28 @@ def test_reconcile__failed_deployment__failed_allocs_not_rescheduled_no_new_slot
     assert not result.reschedule_now and not result.reschedule_later
 
 
+@pytest.mark.parametrize("verdict", [None, AllocDeploymentStatus(health="")], ids=["no-status", "no-health"])
+def test_reconcile__rolling__failed_alloc_before_its_verdict__still_holds_its_slot(
+    verdict: AllocDeploymentStatus | None,
+) -> None:
+    """The client reports an alloc failed and, separately, its health tracker the unhealthy
+    verdict: an eval run between the two must not take the failed alloc's slot for the next
+    batch, or a version that fails at start runs wider than max_parallel."""
+    scenario = s_rolling()
+    first = scenario.run()
+    committed = apply_result(scenario.job, scenario.allocs, first, NOW, healthy_node="node-new")
+    deployment = Deployment(id="d-1", job_id=scenario.job.id, job_version=scenario.job.version)
+    allocs = _in_deployment(committed, deployment, HEALTH_HEALTHY)
+    new = [i for i, a in enumerate(allocs) if a.id.startswith("new-")]
+    assert len(new) == 2  # max_parallel: the first batch
+    allocs[new[0]] = replace(failed(allocs[new[0]], NOW), deployment_status=verdict)
+    group = scenario.job.groups[0]
+
+    held = reconcile_group(scenario.job, group, allocs, {}, NOW, deployment=deployment, **scenario.kwargs)
+
+    assert len(held.update_destructive) == 1 and held.held_back
+
+
 def test_reconcile__rolling__failed_unhealthy_alloc_blocks_until_replaced() -> None:
     """A new alloc that failed unhealthy stops the rollout even though it holds no
     resources any more; once it is replaced, its replacement's verdict is what counts."""
