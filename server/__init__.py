@@ -13,7 +13,8 @@ Layout (by concern):
   ``codec`` (domain records to and from protobuf), ``invariants`` (the live checker of
   docs/design.md's state invariants).
 - Writes: ``endpoints`` (check, decide IDs and times, propose), ``write_batch`` (group
-  commit), ``cluster_ops`` (operator writes), ``errors`` (the one error tree and its gRPC
+  commit), ``inline`` (a write handler runs on the API loop and awaits its commit there,
+  no thread of its own), ``cluster_ops`` (operator writes), ``errors`` (the one error tree and its gRPC
   codes).
 - Raft: ``raft/`` (pysyncobj behind one package: the durable journal, snapshots, the
   leadership confirmations of default reads, every patch in plain view), ``membership``

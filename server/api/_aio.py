@@ -7,7 +7,10 @@ Most handlers are plain functions that read the state or propose a raft entry an
 they stay sync and run in ``pool`` (a few dozen threads). The handlers that wait are
 cheap on the loop instead:
 
-* unary handlers run in the pool; a default read awaits its leadership confirmation on
+* a write's handler runs on the loop's own thread, in a greenlet, and awaits its raft
+  commit there (server/inline.py): no thread hand-off on the way in or out. The few
+  writes declared ``inline=False`` run in the write pool and wait there;
+* other unary handlers run in the pool; a default read awaits its leadership confirmation on
   the loop (``ConfirmRequest``), then runs again to answer; a blocking query inside one
   raises ``ParkRequest`` (server/api/_park.py) rather than waiting, and the bridge waits for it on the loop
   (server/api/_notify.py) while holding the caller's parking place (server/api/_limits.py),
@@ -51,9 +54,11 @@ from drover.server.api._park import (
     Parking,
     ParkRequest,
     parking_scope,
+    rpc_inline,
     rpc_kind,
 )
 from drover.server.errors import DroverError
+from drover.server.inline import run_inline
 
 if TYPE_CHECKING:
     from drover.common.tls import TLSMaterial
@@ -262,6 +267,7 @@ class SyncBridge(HandlerRewriter):
 
     def _unary(self, behaviour: Callable[[Any, Any], Any]) -> Callable[..., Awaitable[Any]]:
         pool = self._write_pool if rpc_kind(behaviour) == "write" else self._pool
+        inline = rpc_inline(behaviour)
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             loop = asyncio.get_running_loop()
@@ -273,6 +279,8 @@ class SyncBridge(HandlerRewriter):
                     scope = parking_scope(parking)
                     parking.runs += 1
                     try:
+                        if inline:
+                            return await run_inline(behaviour, request, sync, context=scope)
                         return await loop.run_in_executor(pool, scope.run, behaviour, request, sync)
                     except ParkRequest as park:
                         if not held:

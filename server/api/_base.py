@@ -50,6 +50,7 @@ from drover.server.api._park import (
     mark_rpc_kind,
 )
 from drover.server.errors import DroverError, NoLeaderError, NotFoundError, ValidationError
+from drover.server.inline import in_inline
 from drover.server.state_store import Snapshot
 from drover.v1 import api_pb2
 
@@ -133,9 +134,10 @@ def _forward(
     )
     if token:
         metadata += ((TOKEN_METADATA_KEY, token),)
-    if is_blocking(request) and current_parking() is not None:
-        # A blocking read may wait minutes at the leader: the aio bridge makes the call on
-        # the loop, so this server holds no thread for it (server/api/_park.py).
+    if in_inline() or (is_blocking(request) and current_parking() is not None):
+        # A blocking read may wait minutes at the leader, and a write run on the loop
+        # (server/inline.py) must not wait in place: the aio bridge makes the call on the
+        # loop, so this server holds no thread for it (server/api/_park.py).
         path = f"/drover.v1.{service}/{method}"
         raise ForwardRequest(address, path, request, response_cls, timeout, metadata)
     try:
@@ -171,8 +173,12 @@ def _map_errors(context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
         _abort(context, *status_of(exc))
 
 
-def rpc(service: str, kind: str) -> Callable[[F], F]:
-    """Wrap a servicer method: ``kind`` is "write", "read" (honours ``stale``) or "local"."""
+def rpc(service: str, kind: str, *, inline: bool = True) -> Callable[[F], F]:
+    """Wrap a servicer method: ``kind`` is "write", "read" (honours ``stale``) or "local".
+
+    A write runs on the API loop (server/inline.py) unless ``inline`` is False: a write
+    handler that can wait in any way but ``RaftNode.propose`` and forwarding must say so,
+    or it stalls every call while it waits."""
 
     def deco(method: F) -> F:
         name = method.__name__
@@ -221,7 +227,7 @@ def rpc(service: str, kind: str) -> Callable[[F], F]:
                 context, lambda: caller_limits(core).admit(core, rpc_name, request, context, run)
             )
 
-        mark_rpc_kind(wrapper, kind)
+        mark_rpc_kind(wrapper, kind, inline=kind == "write" and inline)
         return wrapper  # type: ignore[return-value]
 
     return deco

@@ -37,6 +37,7 @@ __all__ = [
     "current_parking",
     "node_caller",
     "parking_scope",
+    "rpc_inline",
 ]
 
 
@@ -124,12 +125,20 @@ def node_caller(node_id: str) -> str:
 
 
 _RPC_KIND_ATTR = "drover_rpc_kind"
+_RPC_INLINE_ATTR = "drover_rpc_inline"
 
 
-def mark_rpc_kind(handler: Callable[..., Any], kind: str) -> None:
+def mark_rpc_kind(handler: Callable[..., Any], kind: str, *, inline: bool = False) -> None:
     """Say on a servicer method what ``rpc(service, kind)`` made it ("write", "read",
-    "local"), for the bridge to choose its pool by (writes wait for a commit in theirs)."""
+    "local"), for the bridge to choose where it runs by: ``inline`` on the loop itself
+    (server/inline.py), otherwise in a pool (writes wait for a commit in theirs)."""
     setattr(handler, _RPC_KIND_ATTR, kind)
+    setattr(handler, _RPC_INLINE_ATTR, inline)
+
+
+def rpc_inline(handler: Callable[..., Any]) -> bool:
+    """Whether ``mark_rpc_kind`` said ``handler`` runs on the loop (server/inline.py)."""
+    return bool(getattr(handler, _RPC_INLINE_ATTR, False))
 
 
 def rpc_kind(handler: Callable[..., Any]) -> str:

@@ -2,9 +2,10 @@
 
 The server is grpc.aio, on one event loop thread shared by every server in the process
 (``api_loop``): a waiting caller (a blocking query, an alloc watch) costs a coroutine, not
-a thread. Plain handlers stay sync and run in a pool of ``API_THREADS`` (writes, which wait
-for their commit, in one of ``WRITE_THREADS``); the bridge between
-the two, and what each kind of handler costs, is server/api/_aio.py. ``ApiServer`` gives
+a thread. Plain handlers stay sync and run in a pool of ``API_THREADS``; a write runs on the
+loop itself and awaits its commit there (server/inline.py), except the few operator writes
+that wait otherwise, which run in one of ``WRITE_THREADS``. The bridge between the two, and
+what each kind of handler costs, is server/api/_aio.py. ``ApiServer`` gives
 ``ServerCore`` the sync start/stop it had with ``grpc.server``.
 """
 
@@ -44,9 +45,11 @@ if TYPE_CHECKING:
 # change (those park on the loop), so it is sized for the calls in flight at once on two
 # cores, not for the callers connected.
 API_THREADS: Final = 32
-# The write RPCs' pool (``rpc(..., "write")``): a write waits in its thread for its raft
-# commit, and group commit (server/write_batch.py) packs whatever is in flight into one
-# entry, so this bounds the writes per commit round. At 32, with a commit round of ~1 s on
+# The pool of the write RPCs declared ``rpc(..., "write", inline=False)`` (the operator's
+# restores, recounts, collections and membership changes); every other write runs on the
+# loop (server/inline.py). It used to serve every write, which waited in its thread for
+# its raft commit, so it bounded the writes per commit round (group commit,
+# server/write_batch.py, packs whatever is in flight into one entry). At 32, with a commit round of ~1 s on
 # a loaded machine, 2,000 fleet clients registering got ~30 writes/s while heartbeats
 # queued behind them past their 5 s deadline and their nodes were marked down.
 WRITE_THREADS: Final = 256

@@ -61,7 +61,11 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         snap, meta = query(self.core, request.options, ())
         return api_pb2.SnapshotSaveResponse(meta=meta, snapshot=to_snapshot(snap.tables))
 
-    @rpc("Operator", "write")
+    # These writes keep the write pool (``inline=False``, server/inline.py): each spends
+    # long on the CPU or waits otherwise than for one commit (a restore decodes a whole
+    # state, a recount and a collection walk every table, a membership change polls raft),
+    # and on the API loop that would stall every other call meanwhile.
+    @rpc("Operator", "write", inline=False)
     def SnapshotRestore(
         self, request: api_pb2.SnapshotRestoreRequest, context: grpc.ServicerContext
     ) -> api_pb2.SnapshotRestoreResponse:
@@ -70,7 +74,7 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         result = self.core.endpoints.restore_snapshot(request.snapshot)
         return api_pb2.SnapshotRestoreResponse(meta=write_meta(result.index))
 
-    @rpc("Operator", "write")
+    @rpc("Operator", "write", inline=False)
     def ReconcileSummaries(
         self, request: api_pb2.ReconcileSummariesRequest, context: grpc.ServicerContext
     ) -> api_pb2.ReconcileSummariesResponse:
@@ -82,7 +86,7 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
             )
         return response
 
-    @rpc("Operator", "write")
+    @rpc("Operator", "write", inline=False)
     def GarbageCollect(
         self, request: api_pb2.SystemGCRequest, context: grpc.ServicerContext
     ) -> api_pb2.SystemGCResponse:
@@ -90,21 +94,21 @@ class OperatorServicer(api_pb2_grpc.OperatorServicer):
         deleted, index = self.core.gc.collect(FORCE)
         return api_pb2.SystemGCResponse(meta=write_meta(index or self.core.store.index), **deleted)
 
-    @rpc("Operator", "write")
+    @rpc("Operator", "write", inline=False)
     def RaftJoin(
         self, request: api_pb2.RaftJoinRequest, context: grpc.ServicerContext
     ) -> api_pb2.RaftJoinResponse:
         index, members = membership.join(self.core, request.name, request.raft_address)
         return api_pb2.RaftJoinResponse(meta=write_meta(index), raft_addresses=members)
 
-    @rpc("Operator", "write")
+    @rpc("Operator", "write", inline=False)
     def RaftRemovePeer(
         self, request: api_pb2.RaftRemovePeerRequest, context: grpc.ServicerContext
     ) -> api_pb2.RaftRemovePeerResponse:
         index, address = membership.remove_peer(self.core, request.raft_address, request.name)
         return api_pb2.RaftRemovePeerResponse(meta=write_meta(index), raft_address=address)
 
-    @rpc("Operator", "write")
+    @rpc("Operator", "write", inline=False)
     def RaftTransferLeadership(
         self, request: api_pb2.RaftTransferLeadershipRequest, context: grpc.ServicerContext
     ) -> api_pb2.RaftTransferLeadershipResponse:

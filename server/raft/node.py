@@ -14,6 +14,7 @@ frame not sealed with the key fails Fernet's HMAC check before anything is unpic
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ from drover.server.errors import (
     ValidationError,
 )
 from drover.server.fsm import FSM, ApplyResult
+from drover.server.inline import await_inline, in_inline
 from drover.server.raft import patches
 from drover.server.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from drover.server.raft.read_confirm import ReadConfirmations
@@ -127,7 +129,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         started = time.perf_counter()
         future = self.submit(data)
         try:
-            result = future.result(timeout)
+            if in_inline():
+                # On the API loop (server/inline.py): the loop waits, no thread does.
+                result = await_inline(asyncio.wait_for(asyncio.wrap_future(future), timeout))
+            else:
+                result = future.result(timeout)
         except TimeoutError:
             raise CommitTimeoutError(
                 f"not committed within {timeout:.1f}s; the write may still apply"

@@ -27,6 +27,7 @@ from drover.server.api._limits import CallerLimits
 from drover.server.api._notify import IndexNotifier
 from drover.server.api._park import ParkRequest, current_parking, mark_rpc_kind
 from drover.server.api.grpc_server import API_SERVER_OPTIONS, api_loop
+from drover.server.inline import await_inline
 from drover.server.state_store import StateStore
 from drover.server.telemetry.rpc import AioRpcMetrics
 
@@ -76,8 +77,20 @@ def _parked_handler(
             await asyncio.sleep(0.05)
         return b"held"
 
+    def inline_write(request: bytes, context: grpc.ServicerContext) -> bytes:
+        """A write run on the loop (server/inline.py): its commit is a future another thread
+        resolves once ``committed`` is set, awaited through ``await_inline``."""
+        runs.append(threading.current_thread().name)
+        commit: futures.Future[bytes] = futures.Future()
+        threading.Thread(
+            target=lambda: committed.wait(30) and commit.set_result(b"inline"), daemon=True
+        ).start()
+        return await_inline(asyncio.wrap_future(commit))
+
     mark_rpc_kind(write, "write")
+    mark_rpc_kind(inline_write, "write", inline=True)
     handlers = {
+        "InlineWrite": grpc.unary_unary_rpc_method_handler(inline_write),
         "Hold": grpc.unary_unary_rpc_method_handler(hold),
         "Wait": grpc.unary_unary_rpc_method_handler(wait),
         "Write": grpc.unary_unary_rpc_method_handler(write),
@@ -201,6 +214,23 @@ def test_aio__writes_waiting_for_their_commit__fill_their_own_pool_not_the_reade
 
         rig.committed.set()
         assert [f.result(10) for f in pending] == [b"written", b"written"]
+
+
+def test_aio__inline_writes_waiting_for_their_commit__run_on_the_loop_and_hold_no_thread(rig: _Rig) -> None:
+    """Ten writes wait for their commit at once, more than the write pool's two threads:
+    each ran on the loop's own thread, a read still answers meanwhile, and every write
+    answers once committed."""
+    with grpc.insecure_channel(rig.address) as channel:
+        write = channel.unary_unary("/test.Park/InlineWrite")
+        pending = [write.future(b"", timeout=30) for _ in range(10)]
+        wait_for(lambda: len(rig.runs) == 10, 10, 0.02, "all ten writes waiting")
+        assert set(rig.runs) == {"api-loop"}
+
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert not any(f.done() for f in pending)
+
+        rig.committed.set()
+        assert [f.result(10) for f in pending] == [b"inline"] * 10
 
 
 def test_aio__a_burst_past_grpcs_default_pending_queue__every_call_is_served(rig: _Rig) -> None:
