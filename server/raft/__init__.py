@@ -9,6 +9,8 @@ Layout (one concern per module):
 - ``snapshot_writer``: log compaction in drover's protobuf format, off the tick thread.
 - ``patches``: every change to pysyncobj's behaviour and every private pysyncobj name we
   touch, in one table; re-read it before allowing another pysyncobj release.
+- ``seal``: the AES-GCM session seal a node offers its peers in pysyncobj's key exchange
+  (pure; ``patches`` puts it on the wire, with Fernet kept for older peers).
 - ``frames``: how large a raft frame may be (derived from the tuning) and the rate-limited
   log of refused ones; pure, used by the frame guard in ``patches``.
 - ``append``: the AppendEntries receiver rule a follower follows instead of pysyncobj's

@@ -1,8 +1,9 @@
 """How large a raft frame may be, and how a refused one is reported. Pure: no pysyncobj.
 
 Theory of operation. pysyncobj frames every message as a 4-byte length and a body: the
-message pickled (protocol 2), zlib-compressed and, with a cluster key, sealed with Fernet
-(AES-CBC and an HMAC, base64-encoded). Its reader buffers whatever length a peer declares
+message pickled (protocol 2), zlib-compressed and, with a cluster key, sealed: with
+AES-GCM where the peer offers it (seal.py), otherwise with Fernet (AES-CBC and an HMAC,
+base64-encoded; a GCM frame is smaller, so Fernet's size bounds both). Its reader buffers whatever length a peer declares
 before it checks anything, so one socket declaring 64 MiB kept a leader's tick thread busy
 long enough to depose it. patches.py makes the reader refuse a frame whose declared length
 is over a bound, before buffering more of it or decrypting any of it. The bound has to be
@@ -17,8 +18,8 @@ derives it from what the largest honest frame can be:
 - zlib never grows data by more than ``deflate_bound`` says, and Fernet adds a fixed
   header, padding and a third for base64 (``sealed_bound``).
 
-Before a connection's session keys are exchanged (the first frame each way, 32 random
-bytes), nothing larger than ``HANDSHAKE_FRAME_BYTES`` is accepted at all: a peer without
+Before a connection's session keys are exchanged (the first frame each way, a random
+session key), nothing larger than ``HANDSHAKE_FRAME_BYTES`` is accepted at all: a peer without
 the key never gets more than that buffered.
 """
 

@@ -9,7 +9,8 @@ patches (patches.py, where every private pysyncobj name lives) together.
 
 pysyncobj's transport unpickles what a peer sends, so every node is keyed (``password``,
 the cluster key, or a random one for a server without peers: ``drover.server.core``): a
-frame not sealed with the key fails Fernet's HMAC check before anything is unpickled.
+frame not sealed with the key fails its seal's check (AES-GCM's tag, or Fernet's HMAC for a
+peer of an older release: seal.py) before anything is unpickled.
 """
 
 from __future__ import annotations

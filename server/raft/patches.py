@@ -19,7 +19,8 @@ Patches, installed by ``install`` right after ``SyncObj.__init__``:
 | batches stop before the entry that would take them over the batch size (``_install_bounded_batches``) | pysyncobj sends the entry that crosses the batch size along with the batch, so a message could be the batch size plus one whole entry, over the frame bound below: the follower would never catch up | ``_SyncObj__getEntries`` (shadowed on the instance) |
 | durable journal (``install_durable_journal``, on the ``pysyncobj.syncobj`` module, once per process) | pysyncobj's ``FileJournal`` never syncs its mmap or its term/vote file and has no checksums; ``createJournal`` (the module function ``SyncObj.__init__`` calls) is replaced so a node with a journal file gets server/raft/durable_journal.py's ``DurableJournal`` | none (``createJournal`` is a public module function) |
 | acknowledge only what is on disk (``_install_durable_acks``) | one ``fdatasync`` at the end of every tick covers every entry that tick appended (group commit); until it returns, every ``next_node_idx`` (a follower's ack, or its retry hint, kept in order) is held, and the leader's own count happens in the next tick's commit loop, after that sync | ``_SyncObj__raftLog``, ``_SyncObj__conf`` (read: the dump file a received snapshot is renamed to, fsynced before the log is cleared for it), ``_SyncObj__transport`` (its ``send`` wrapped on the instance), ``_onTick`` (wrapped on the instance) |
-| bounded, checked frames (``install_frame_guard``, on the ``TcpConnection`` class, once per process) | pysyncobj buffers whatever length a peer declares before checking anything (a 64 MiB frame from a socket deposed a leader) and drops bad frames silently; here a declared length over the bound (``frames.frame_limit``, or ``frames.HANDSHAKE_FRAME_BYTES`` before the session keys are exchanged) closes the connection before more is buffered, the Fernet seal is checked before anything is decompressed or unpickled, and every refusal is logged, once per peer address per minute | ``_TcpConnection__processRead``, ``_TcpConnection__processParseMessage`` (replaced), ``_TcpConnection__socket``, ``_TcpConnection__recvBufferSize``, ``_TcpConnection__readBuffer`` |
+| bounded, checked frames (``install_frame_guard``, on the ``TcpConnection`` class, once per process) | pysyncobj buffers whatever length a peer declares before checking anything (a 64 MiB frame from a socket deposed a leader) and drops bad frames silently; here a declared length over the bound (``frames.frame_limit``, or ``frames.HANDSHAKE_FRAME_BYTES`` before the session keys are exchanged) closes the connection before more is buffered, the seal is checked before anything is decompressed or unpickled, and every refusal is logged, once per peer address per minute | ``_TcpConnection__processRead``, ``_TcpConnection__processParseMessage`` (replaced), ``_TcpConnection__socket``, ``_TcpConnection__recvBufferSize``, ``_TcpConnection__readBuffer`` |
+| AES-GCM seal where the peer offers it (``install_frame_guard`` too; server/raft/seal.py) | Fernet's per-frame AES-CBC, HMAC and base64 were a quarter of the tick thread at one writer; a node offers GCM in the session key it sends (``recvRandKey`` becomes a property that appends the offer), seals with GCM for a peer that offered it and with Fernet for one that did not (an older release), and opens both; ``getEncryptor`` (the module function ``SyncObj.__init__`` calls) is wrapped to keep the GCM key beside the Fernet one | ``_TcpConnection__writeBuffer``, ``_TcpConnection__trySendBuffer`` (``send`` replaced) |
 
 Outside pysyncobj, at import:
 
@@ -51,6 +52,7 @@ import random
 import socket
 import struct
 import time
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any, Final
@@ -61,12 +63,14 @@ from pysyncobj import SyncObj
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.encryptor import getEncryptor as pysyncobj_getEncryptor
 from pysyncobj.journal import MemoryJournal
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from drover.server.raft import seal
 from drover.server.raft.append import plan_append
 from drover.server.raft.durable_journal import DurableJournal
 from drover.server.raft.frames import HANDSHAKE_FRAME_BYTES, RejectLog, batch_length
@@ -475,13 +479,69 @@ _frame_limit = [0]
 
 
 def install_frame_guard(limit: int) -> None:
-    """Bound and check every raft frame this process reads, on pysyncobj's one connection
-    class (every connection, in or out, is a ``TcpConnection``). Idempotent."""
+    """Bound and check every raft frame this process reads, and seal with AES-GCM where
+    the peer offers it (server/raft/seal.py), on pysyncobj's one connection class (every
+    connection, in or out, is a ``TcpConnection``). Idempotent."""
     _frame_limit[0] = max(_frame_limit[0], limit)
     if TcpConnection.__dict__.get("_TcpConnection__processRead") is _read_bounded:
         return
     TcpConnection._TcpConnection__processRead = _read_bounded
     TcpConnection._TcpConnection__processParseMessage = _parse_checked
+    TcpConnection.send = _send_sealed
+    TcpConnection.recvRandKey = property(_own_session_key, _set_own_session_key)
+    pysyncobj_syncobj.getEncryptor = _get_encryptor
+
+
+# The cluster's GCM key of each Fernet key pysyncobj made (one per node: its raft key).
+_gcm_keys: Final[weakref.WeakKeyDictionary[Any, bytes]] = weakref.WeakKeyDictionary()
+
+
+def _get_encryptor(password: str | bytes) -> Any:
+    """pysyncobj's ``getEncryptor``, remembering the GCM key that goes with the Fernet one."""
+    fernet = pysyncobj_getEncryptor(password)
+    _gcm_keys[fernet] = seal.cluster_key(password)
+    return fernet
+
+
+def _own_session_key(conn: Any) -> Any:
+    return conn.__dict__.get("_drover_recv_key")
+
+
+def _set_own_session_key(conn: Any, value: Any) -> None:
+    """pysyncobj makes this side's session key (``os.urandom(32)``) and sends it: with the
+    offer appended, the peer learns that this node opens GCM (server/raft/seal.py)."""
+    if isinstance(value, bytes) and len(value) == seal.SESSION_KEY_BYTES:
+        value = seal.with_offer(value)
+    conn.__dict__["_drover_recv_key"] = value
+
+
+def _session(conn: Any, attr: str, session_key: Any) -> seal.Session | None:
+    """The GCM state of one direction of ``conn``, keyed on ``session_key``, made on first
+    use; None when the node has no GCM key (no raft key) or the session key is unset."""
+    key = _gcm_keys.get(conn.encryptor) if conn.encryptor is not None else None
+    if key is None or not isinstance(session_key, bytes):
+        return None
+    current = conn.__dict__.get(attr)
+    if current is None or current.session_key != session_key:
+        current = conn.__dict__[attr] = seal.Session(key, session_key)
+    return current  # type: ignore[no-any-return]
+
+
+def _send_sealed(conn: Any, message: Any) -> None:
+    """pysyncobj's ``TcpConnection.send``, sealing with GCM for a peer that offered it."""
+    if conn.sendRandKey:
+        message = (conn.sendRandKey, message)
+    data = zlib.compress(pysyncobj_pickle.dumps(message), 3)
+    if conn.encryptor:
+        outgoing = (
+            _session(conn, "_drover_send_seal", conn.sendRandKey) if seal.offered(conn.sendRandKey) else None
+        )
+        if outgoing is not None:
+            data = outgoing.seal(data)
+        else:
+            data = conn.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
+    conn._TcpConnection__writeBuffer += _LENGTH.pack(len(data)) + data
+    conn._TcpConnection__trySendBuffer()
 
 
 def frame_limit_installed() -> int:
@@ -515,8 +575,9 @@ def _read_bounded(conn: Any) -> bool:
 
 
 def _parse_checked(conn: Any) -> Any:
-    """pysyncobj's frame parser, with nothing decompressed or unpickled before the Fernet
-    seal (HMAC-SHA256 with the cluster key) is verified, and every refusal logged.
+    """pysyncobj's frame parser, with nothing decompressed or unpickled before the seal
+    (AES-GCM's tag, or Fernet's HMAC-SHA256, with the cluster key) is verified, and every
+    refusal logged.
     None when there is no whole frame yet, or the connection was closed."""
     buffer = conn._TcpConnection__readBuffer
     if len(buffer) < _LENGTH.size:
@@ -529,7 +590,17 @@ def _parse_checked(conn: Any) -> Any:
     data = bytes(buffer[_LENGTH.size : _LENGTH.size + declared])
     del buffer[: _LENGTH.size + declared]
     encryptor = conn.encryptor
-    if encryptor is not None:
+    if encryptor is not None and seal.is_sealed(data):
+        incoming = _session(conn, "_drover_recv_seal", conn.recvRandKey)
+        if incoming is None:
+            _refuse(conn, "not sealed with this cluster's raft key", frame_bytes=declared)
+            return None
+        try:
+            data = incoming.open(data)  # the tag is checked before anything is decrypted
+        except seal.SealError as exc:
+            _refuse(conn, str(exc), frame_bytes=declared)
+            return None
+    elif encryptor is not None:
         try:
             # Fernet checks the HMAC here, and again in decrypt, before it decrypts.
             timestamp = encryptor.extract_timestamp(data)

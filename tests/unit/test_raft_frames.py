@@ -29,7 +29,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from deploy.cluster import pick_free_ports, wait_for
 from drover.server.errors import ValidationError
 from drover.server.fsm import FSM, encode_entry
-from drover.server.raft import RaftNode, frames, patches
+from drover.server.raft import RaftNode, frames, patches, seal
 from drover.server.raft.tuning import RaftTuning
 from drover.server.state_store import StateStore
 from drover.v1 import raft_pb2
@@ -274,12 +274,16 @@ def test_guard__before_the_session_a_frame_over_the_handshake_bound_closes_it(
     assert wire.received == []
 
 
-def _establish(wire: _Wire) -> None:
+def _establish(wire: _Wire, peer_key: bytes = b"k" * 32) -> bytes:
     """The key exchange, as pysyncobj's transport does it: the peer's first frame is its
-    session key, and ours is what every later frame of the peer's must carry."""
-    wire.deliver(_sealed(b"k" * 32))
+    session key, and ours (returned: with the guard installed it carries the GCM offer) is
+    what every later frame of the peer's must carry."""
+    wire.deliver(_sealed(peer_key))
     wire.conn.sendRandKey = wire.received[-1]
     wire.conn.recvRandKey = b"r" * 32
+    own = wire.conn.recvRandKey
+    assert isinstance(own, bytes)
+    return own
 
 
 def test_guard__until_the_session_is_established_the_handshake_bound_holds(wire: _Wire) -> None:
@@ -292,10 +296,10 @@ def test_guard__until_the_session_is_established_the_handshake_bound_holds(wire:
 
 
 def test_guard__an_established_session_takes_frames_up_to_the_frame_limit(wire: _Wire) -> None:
-    _establish(wire)
+    own = _establish(wire)
     big = os.urandom(256 * 1024)
 
-    wire.deliver(_sealed((b"r" * 32, big), timestamp=2))
+    wire.deliver(_sealed((own, big), timestamp=2))
 
     assert wire.received == [b"k" * 32, big]
     wire.deliver(struct.pack("i", TUNING.frame_limit_bytes() + 1))
@@ -306,6 +310,120 @@ def test_guard__a_replayed_frame_from_another_session_is_refused(wire: _Wire) ->
     _establish(wire)
 
     wire.deliver(_sealed((b"x" * 32, "from another connection"), timestamp=2))
+
+    assert wire.closed
+    assert wire.received == [b"k" * 32]
+
+
+# --- the GCM seal (server/raft/seal.py) on a real connection --------------------------------
+
+
+@pytest.fixture
+def gcm_wire() -> Iterator[_Wire]:
+    """A wire whose connection has a node's encryptor: pysyncobj's ``getEncryptor`` as the
+    guard replaces it, which also keeps the cluster's GCM key."""
+    w = _Wire()
+    w.conn.encryptor = patches._get_encryptor(KEY)
+    yield w
+    w.close()
+
+
+def _gcm_sealed(message: Any, session_key: bytes, key: str = KEY, *, count: int = 1) -> bytes:
+    """A GCM frame as a peer seals it for the session keyed on ``session_key``: the
+    ``count``-th of that session."""
+    session = seal.Session(seal.cluster_key(key), session_key)
+    body = b""
+    for _ in range(count):
+        body = session.seal(zlib.compress(pickle.dumps(message, protocol=2), 3))
+    return frame(body)
+
+
+def _sent(wire: _Wire) -> bytes:
+    """The body of the one frame the connection sent to the peer."""
+    data = b""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            data += wire.peer.recv(1 << 20, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            if len(data) >= 4 and len(data) >= 4 + struct.unpack("i", data[:4])[0]:
+                break
+            time.sleep(0.001)
+    (length,) = struct.unpack("i", data[:4])
+    assert len(data) == 4 + length
+    return data[4:]
+
+
+def test_seal__a_drover_nodes_session_key_offers_gcm() -> None:
+    patches.install_frame_guard(TUNING.frame_limit_bytes())
+    conn = TcpConnection(poller=None)
+    conn.recvRandKey = os.urandom(32)
+
+    assert seal.offered(conn.recvRandKey)
+    assert not seal.offered(os.urandom(32))  # what an older release sends
+    conn.recvRandKey = None  # pysyncobj clears it on disconnect
+    assert conn.recvRandKey is None
+
+
+def test_seal__to_a_peer_that_offered_gcm__frames_are_gcm_sealed_for_its_session(gcm_wire: _Wire) -> None:
+    peer_key = seal.with_offer(os.urandom(32))
+    _establish(gcm_wire, peer_key)
+
+    gcm_wire.conn.send("hello")
+
+    body = _sent(gcm_wire)
+    assert seal.is_sealed(body)
+    opened = seal.Session(seal.cluster_key(KEY), peer_key).open(body)
+    assert pickle.loads(zlib.decompress(opened)) == (peer_key, "hello")
+
+
+def test_seal__to_a_peer_of_an_older_release__frames_stay_fernet(gcm_wire: _Wire) -> None:
+    peer_key = os.urandom(32)
+    _establish(gcm_wire, peer_key)
+
+    gcm_wire.conn.send("hello")
+
+    body = _sent(gcm_wire)
+    assert body[:1] == b"g"  # a Fernet token, which that release opens
+    assert pickle.loads(zlib.decompress(getEncryptor(KEY).decrypt(body))) == (peer_key, "hello")
+
+
+def test_seal__a_gcm_frame_for_this_session_is_delivered_and_its_replay_refused(gcm_wire: _Wire) -> None:
+    own = _establish(gcm_wire)
+    sealed = _gcm_sealed((own, "first"), own)
+
+    gcm_wire.deliver(sealed)
+    assert gcm_wire.received == [b"k" * 32, "first"]
+    assert not gcm_wire.closed
+
+    gcm_wire.deliver(sealed)
+    assert gcm_wire.closed
+    assert gcm_wire.received == [b"k" * 32, "first"]
+
+
+@pytest.mark.parametrize("sealed_as", ["another-clusters-key", "another-session"])
+def test_seal__a_gcm_frame_not_sealed_for_this_session_is_never_unpickled(
+    gcm_wire: _Wire, tmp_path: Path, sealed_as: str
+) -> None:
+    own = _establish(gcm_wire)
+    marker = tmp_path / "ran"
+    if sealed_as == "another-clusters-key":
+        attack = _gcm_sealed((own, MakeDir(marker)), own, key="another-clusters-key")
+    else:
+        attack = _gcm_sealed((own, MakeDir(marker)), seal.with_offer(os.urandom(32)))
+
+    gcm_wire.deliver(attack)
+
+    assert gcm_wire.closed
+    assert gcm_wire.received == [b"k" * 32]
+    assert not marker.exists()
+
+
+def test_seal__a_node_without_the_gcm_key_refuses_gcm_frames(wire: _Wire) -> None:
+    """The plain wire's encryptor is pysyncobj's own (no GCM key known for it)."""
+    own = _establish(wire)
+
+    wire.deliver(_gcm_sealed((own, "gcm"), own))
 
     assert wire.closed
     assert wire.received == [b"k" * 32]
