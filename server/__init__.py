@@ -32,7 +32,8 @@ Layout (by concern):
 - Job files: ``jobspec`` (HCL or JSON to a ``Job``), ``jobspec_eval`` (HCL2 variables,
   locals and functions), ``jobspec_api`` (Nomad's API JSON).
 - The process: ``core`` (one server wired together), ``agent`` (signals, data dirs, clean
-  shutdown), ``config`` (flags and config files, the same keys), ``datadir`` (the data dir
+  shutdown), ``gc_freeze`` (the agent's long-lived objects kept out of the cyclic
+  collector's walks), ``config`` (flags and config files, the same keys), ``datadir`` (the data dir
   lock), ``clock`` (injected time and IDs), ``raft_tools`` (offline tools on a stopped
   server's data dir).
 

@@ -24,6 +24,7 @@ from drover.common.logs import configure_logging
 from drover.server.config import DevConfig, ServerConfig
 from drover.server.core import ServerCore, StartupError
 from drover.server.datadir import PRIVATE_UMASK
+from drover.server.gc_freeze import GcFreezer
 from drover.server.telemetry.http import open_server_endpoint
 
 log = structlog.get_logger("drover.agent")
@@ -68,10 +69,14 @@ def run_server(cfg: ServerConfig) -> int:
     if http is None:
         core.stop()
         return 1
+    # The server's state outlives every collection: keep it out of their walks.
+    freezer = GcFreezer()
+    freezer.start()
     try:
         _wait_for_signal()
     finally:
         with _stop_deadline(STOP_DEADLINE_S):
+            freezer.stop()
             http.stop()
             core.stop()
     _leave_lingering_threads(0, LINGER_S)

@@ -16,6 +16,8 @@ Counted where they happen (hot paths pay one ``inc`` or ``observe``):
 ``drover_broker_evals_failed_total``      evals past the broker's delivery limit
 ``drover_heartbeat_invalidations_total``  nodes whose heartbeat timer ran out
 ``drover_heartbeat_ttl_seconds``          the TTLs the leader hands out
+``drover_gc_frozen_objects``              a server agent's objects frozen out of the cyclic
+                                          collector's view (server/gc_freeze.py)
 ========================================  ===============================================
 
 Defined where they were first needed, and kept there: ``drover_plan_apply_seconds``,
@@ -37,7 +39,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
 import structlog
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BROKER_EVALS_FAILED",
     "FSM_APPLY_SECONDS",
+    "GC_FROZEN_OBJECTS",
     "HEARTBEAT_INVALIDATIONS",
     "HEARTBEAT_TTL_SECONDS",
     "RAFT_APPEND_SECONDS",
@@ -113,6 +116,10 @@ BROKER_EVALS_FAILED = Counter(
     "drover_broker_evals_failed_total",
     "Evaluations that reached the broker's delivery limit",
     ["scheduler"],
+)
+GC_FROZEN_OBJECTS = Gauge(
+    "drover_gc_frozen_objects",
+    "Objects a server agent moved out of the cyclic collector's view after its last full collection (server/gc_freeze.py)",
 )
 HEARTBEAT_INVALIDATIONS = Counter(
     "drover_heartbeat_invalidations_total", "Nodes whose heartbeat timer ran out on the leader"

@@ -127,6 +127,8 @@ def test_metrics_http__values_move_when_a_job_runs(one_of_each: LocalCluster) ->
     assert value(after, "drover_rpc_request_seconds_count", method="Jobs.Register", code="OK") >= 1
     # A real server process collects its youngest generation many times just by serving.
     assert value(after, "drover_gc_pause_seconds_count", generation="0") > 0
+    # A server agent froze what it started with out of later collections (server/gc_freeze.py).
+    assert value(after, "drover_gc_frozen_objects") > 0
 
     def client_running() -> list[Sample] | None:
         now = scrape(client_agent)
