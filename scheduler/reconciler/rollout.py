@@ -10,8 +10,8 @@ of ``docs/deployments.md``:
   destructive update.
 * Otherwise the budget is ``max_parallel`` minus the deployment's allocs whose health is
   not known yet: live ones, and failed ones not replaced (a client reports the failure and
-  its verdict separately, and an eval between the two must not free the slot); an unhealthy alloc in the deployment stops the rollout (budget 0),
-  until it is replaced (then its replacement counts as not known yet): a version that
+  its verdict separately, and an eval between the two must not free the slot); an
+  unhealthy alloc in the deployment stops the rollout (budget 0), until it is replaced (then its replacement counts as not known yet): a version that
   fails at start never runs wider than ``max_parallel`` while the watcher fails it. So
   the next batch waits for health, not just placement: the health verdict's eval (written
   with the verdict) runs the next batch.
@@ -109,8 +109,8 @@ def rollout_gate(
 def _deployment_budget(max_parallel: int, deployment_id: str, allocs: Iterable[Allocation]) -> int:
     """``max_parallel`` minus the deployment's allocs with no health verdict yet (live, or
     failed and not replaced); 0 while one of its allocs is unhealthy and not replaced (a
-    live one, or a dead one with no replacement yet). One pass: a dead unhealthy alloc is judged once every
-    replacement (``previous_allocation``) has been seen."""
+    live one, or a dead one with no replacement yet). One pass: a dead unhealthy alloc is
+    judged once every replacement (``previous_allocation``) has been seen."""
     replaced: set[str] = set()
     dead_unhealthy: list[str] = []
     pending = 0

@@ -515,16 +515,21 @@ def _set_own_session_key(conn: Any, value: Any) -> None:
     conn.__dict__["_drover_recv_key"] = value
 
 
-def _session(conn: Any, attr: str, session_key: Any) -> seal.Session | None:
-    """The GCM state of one direction of ``conn``, keyed on ``session_key``, made on first
-    use; None when the node has no GCM key (no raft key) or the session key is unset."""
+def _session(conn: Any, attr: str, session_key: Any, *, offered_only: bool = False) -> seal.Session | None:
+    """The GCM state of one direction of ``conn``, keyed on ``session_key``: the one kept
+    on the connection while its session key holds (every frame after the first takes this
+    way), else made now. None when the node has no GCM key (no raft key), the session key
+    is unset, or, with ``offered_only``, the key does not offer GCM (an older peer)."""
+    current: seal.Session | None = conn.__dict__.get(attr)
+    if current is not None and current.session_key == session_key:
+        return current
+    if offered_only and not seal.offered(session_key):
+        return None
     key = _gcm_keys.get(conn.encryptor) if conn.encryptor is not None else None
     if key is None or not isinstance(session_key, bytes):
         return None
-    current = conn.__dict__.get(attr)
-    if current is None or current.session_key != session_key:
-        current = conn.__dict__[attr] = seal.Session(key, session_key)
-    return current  # type: ignore[no-any-return]
+    current = conn.__dict__[attr] = seal.Session(key, session_key)
+    return current
 
 
 def _send_sealed(conn: Any, message: Any) -> None:
@@ -533,9 +538,7 @@ def _send_sealed(conn: Any, message: Any) -> None:
         message = (conn.sendRandKey, message)
     data = zlib.compress(pysyncobj_pickle.dumps(message), 3)
     if conn.encryptor:
-        outgoing = (
-            _session(conn, "_drover_send_seal", conn.sendRandKey) if seal.offered(conn.sendRandKey) else None
-        )
+        outgoing = _session(conn, "_drover_send_seal", conn.sendRandKey, offered_only=True)
         if outgoing is not None:
             data = outgoing.seal(data)
         else:
