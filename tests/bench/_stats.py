@@ -1,15 +1,18 @@
-"""Latency percentiles, throughput over a window, and per-process CPU use."""
+"""Latency percentiles, throughput over a window, per-process CPU use, and latency
+histograms scraped from an agent's metrics port."""
 
 from __future__ import annotations
 
 import math
 import os
 import time
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 MACHINE: Final = "machine"
 OTHERS: Final = "others"
@@ -189,3 +192,48 @@ def rss_mb(pid: int) -> float | None:
         return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
     except psutil.Error:
         return None
+
+
+def scrape_histogram(http_address: str, name: str, **labels: str) -> dict[float, float]:
+    """The cumulative bucket counts (upper bound -> count) of histogram ``name`` on an
+    agent's ``/v1/metrics``, summed over the series whose labels include ``labels``;
+    empty when the agent does not answer (it may be the one just killed)."""
+    url = f"http://{http_address}/v1/metrics?format=prometheus"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != f"{name}_bucket" or not labels.items() <= sample.labels.items():
+                continue
+            bound = float(sample.labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def histogram_latency_ms(before: Mapping[float, float], after: Mapping[float, float]) -> dict[str, float]:
+    """p50/p90/p99 (ms) of what a histogram observed between two scrapes, interpolated
+    inside a bucket as Prometheus's ``histogram_quantile`` does; with the count."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    out: dict[str, float] = {"count": total}
+    for label, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        out[label] = round(_bucket_quantile(bounds, counts, q) * 1e3, 3) if total > 0 else 0.0
+    return out
+
+
+def _bucket_quantile(bounds: Sequence[float], cumulative: Sequence[float], q: float) -> float:
+    rank = q * cumulative[-1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound  # past the last finite bucket: its bound is all one can say
+            width = count - lower_count
+            return lower_bound + (bound - lower_bound) * ((rank - lower_count) / width if width else 1.0)
+        lower_bound, lower_count = bound, count
+    return lower_bound

@@ -46,7 +46,7 @@ from deploy.cluster import LocalCluster
 from drover.sdk import DroverClient, DroverError
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from tests.bench import _procs
-from tests.bench._stats import latency_ms
+from tests.bench._stats import CpuProbe, histogram_latency_ms, latency_ms, scrape_histogram
 from tests.bench.heartbeats import (
     CLUSTER_WAIT_S,
     CONTROL_POLL_S,
@@ -81,6 +81,9 @@ FAILOVER_TTL_S: Final = 120.0
 SERVER_ARGS: Final = server_args(f"{FAILOVER_TTL_S:g}s")
 WATCH_WAIT_S: Final = 30.0
 READ_INTERVAL_S: Final = 0.25
+LAG_PROBE_S: Final = 0.05
+# The label the servers give the heartbeat in drover_rpc_request_seconds (server/telemetry/rpc.py).
+HEARTBEAT_METHOD: Final = "Nodes.UpdateStatus"
 
 # The codes after which the agent registers again although the call was no heartbeat (an
 # alloc report refused: the servers take the node for down; client_agent/rpc.py _REFUSED).
@@ -133,6 +136,7 @@ class _Sim(NodeSim):
         super().__init__(args)
         self.reported: set[str] = set()
         self.tunnels_open = 0
+        self.loop_lag: list[tuple[float, float]] = []  # (wall time, seconds late)
 
     def _failed(
         self, kind: str, client: _Client, exc: grpc.aio.AioRpcError, *, register: bool = True
@@ -277,6 +281,15 @@ class _Sim(NodeSim):
                 self.tunnels_open -= 1
             await self._sleep(self.rng.uniform(0.1, min(2.0, 0.1 * 2**failures)))
 
+    async def _lag_probe(self) -> None:
+        """How late this process's loop wakes a sleeper: every call's latency here includes
+        that much wait before its answer is read, so a lag of this size is the simulator's,
+        not the servers'."""
+        while not self.stop.is_set():
+            start = time.perf_counter()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.loop_lag.append((time.time(), time.perf_counter() - start - LAG_PROBE_S))
+
     async def _control(self) -> None:
         while not self.stop.is_set():
             if (_procs.read_json(self.control) or {}).get("stop"):
@@ -299,6 +312,7 @@ class _Sim(NodeSim):
             tasks = [asyncio.create_task(self._heartbeats(c)) for c in clients]
             tasks += [asyncio.create_task(self._watch(c)) for c in clients]
             tasks += [asyncio.create_task(self._tunnel(c)) for c in clients]
+            tasks.append(asyncio.create_task(self._lag_probe()))
             await self._control()
             for task in tasks:
                 task.cancel()
@@ -313,6 +327,7 @@ class _Sim(NodeSim):
                 "errors": dict(self.errors),
                 "error_samples": self.error_samples,
                 "reported": len(self.reported),
+                "loop_lag": self.loop_lag,
             },
         )
 
@@ -415,18 +430,32 @@ class _Fleet:
             total += int((_procs.read_json(self.base / f"{child.name}.status.json") or {}).get(key, 0))
         return total
 
-    def collect(self) -> tuple[list[Record], dict[str, int], list[str]]:
+    def collect(self) -> _Collected:
         _procs.write_json(self.control, {"stop": True})
-        records: list[Record] = []
+        out = _Collected()
         errors: Counter[str] = Counter()
-        samples: list[str] = []
         for child in self.children:
             path = self.base / f"{child.name}.json"
             doc = _procs.wait_until(lambda p=path: _procs.read_json(p), 60.0, f"{child.name} results", [])
-            records.extend((float(a), float(b), int(c), int(d), int(e)) for a, b, c, d, e in doc["records"])
+            out.records.extend(
+                (float(a), float(b), int(c), int(d), int(e)) for a, b, c, d, e in doc["records"]
+            )
+            out.loop_lag.extend((float(t), float(lag)) for t, lag in doc["loop_lag"])
             errors.update(doc["errors"])
-            samples.extend(doc["error_samples"][:3])
-        return records, dict(errors), samples
+            out.error_samples.extend(doc["error_samples"][:3])
+        out.errors = dict(errors)
+        return out
+
+
+@dataclass(slots=True)
+class _Collected:
+    """What the simulators wrote at the end: every call's record, their loops' lag
+    samples, and their errors (counted by kind and code, and the first few in words)."""
+
+    records: list[Record] = field(default_factory=list)
+    loop_lag: list[tuple[float, float]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    error_samples: list[str] = field(default_factory=list)
 
 
 def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
@@ -452,12 +481,20 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     )  # fmt: skip
     leader = cluster.leader_index(CLUSTER_WAIT_S)
     poll_at = (leader + 1) % len(cluster.server_names)
+    leader_http = cluster.http_address(leader)
+    pids = {f"s{i + 1}": cluster.pid(i) for i in range(len(cluster.server_names))}
+    pids.update({child.name: child.pid for child in fleet.children})
+    cpu = CpuProbe({name: pid for name, pid in pids.items() if pid})
     with StatusPoller(cluster.grpc_addresses[poll_at]) as poller, _Reader(cluster.grpc_addresses) as reader:
+        served_before = scrape_histogram(leader_http, "drover_rpc_request_seconds", method=HEARTBEAT_METHOD)
+        cpu.start(time.monotonic())
         window_start = time.time()
         _procs.wait_until(
             lambda: time.time() >= window_start + cfg.failover_at_s, cfg.failover_at_s + 5, "the failover moment",
             fleet.children, interval=0.2,
         )  # fmt: skip
+        served_at_kill = scrape_histogram(leader_http, "drover_rpc_request_seconds", method=HEARTBEAT_METHOD)
+        cpu_before_failover = cpu.stop(time.monotonic())
         killed_at = time.time()
         cluster.kill(leader)
         new_leader = cluster.wait_for_leader(CLUSTER_WAIT_S)
@@ -473,7 +510,8 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
         window_end = time.time()
         out["tunnels_open_at_end"] = fleet.status("tunnels")
         non_ready = {nid: s for nid, s in poller.snapshot().items() if s != "ready"}
-    records, errors, samples = fleet.collect()
+    collected = fleet.collect()
+    records = collected.records
     reads = [(t, lat, ok) for t, lat, ok in reader.samples if window_start <= t < window_end]
     out["window_s"] = round(window_end - window_start, 1)
     out["heartbeats"] = {
@@ -496,8 +534,16 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
         cluster, api, poller, {node_id(fleet.nonce, i) for i in range(cfg.clients)}
     )
     out["non_ready_at_end"] = len(non_ready)
-    out["client_errors"] = errors
-    out["client_error_samples"] = samples
+    out["client_errors"] = collected.errors
+    out["client_error_samples"] = collected.error_samples
+    # Where a heartbeat's time goes before the failover: the leader's own measure of the
+    # call (from its handler's start to its answer), how late the simulators' loops woke
+    # (a wait inside every latency they record), and what each process used of a core.
+    out["before_failover_breakdown"] = {
+        "leader_heartbeat_served_ms": histogram_latency_ms(served_before, served_at_kill),
+        "sim_loop_lag_ms": latency_ms(lag for t, lag in collected.loop_lag if window_start <= t < killed_at),
+        "cpu_percent_of_a_core": cpu_before_failover,
+    }
     return out
 
 
@@ -578,6 +624,14 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         ms = reads["latency_ms"]
         lines.append(
             f"  job status read: {reads['calls']} ok, {reads['errors']} failed; p50 {ms['p50']} ms p99 {ms['p99']} ms max {ms['max']} ms"
+        )
+    breakdown = res.get("before_failover_breakdown")
+    if breakdown:
+        served, lag = breakdown["leader_heartbeat_served_ms"], breakdown["sim_loop_lag_ms"]
+        lines.append(
+            f"  before the failover: the leader served heartbeats in p50 {served['p50']} ms p99 {served['p99']} ms; "
+            f"simulator loops woke late by p50 {lag['p50']} ms p99 {lag['p99']} ms; "
+            f"CPU % of a core {breakdown['cpu_percent_of_a_core']}"
         )
     lines.append(f"  failover: {res.get('failover')}; back: {res.get('back_after_failover')}")
     lines.append(
