@@ -44,6 +44,8 @@ import grpc
 
 from deploy.cluster import LocalCluster
 from drover.sdk import DroverClient, DroverError
+from drover.server.telemetry.metrics import RPC_SECONDS
+from drover.server.telemetry.rpc import method_label
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from tests.bench import _procs
 from tests.bench._stats import CpuProbe, histogram_latency_ms, latency_ms, scrape_histogram
@@ -82,8 +84,9 @@ SERVER_ARGS: Final = server_args(f"{FAILOVER_TTL_S:g}s")
 WATCH_WAIT_S: Final = 30.0
 READ_INTERVAL_S: Final = 0.25
 LAG_PROBE_S: Final = 0.05
-# The label the servers give the heartbeat in drover_rpc_request_seconds (server/telemetry/rpc.py).
-HEARTBEAT_METHOD: Final = "Nodes.UpdateStatus"
+# The histogram the servers time every call in, and the heartbeat's label in it.
+RPC_SECONDS_METRIC: Final = RPC_SECONDS._name
+HEARTBEAT_METHOD: Final = method_label("/drover.v1.Nodes/UpdateStatus")
 
 # The codes after which the agent registers again although the call was no heartbeat (an
 # alloc report refused: the servers take the node for down; client_agent/rpc.py _REFUSED).
@@ -433,7 +436,6 @@ class _Fleet:
     def collect(self) -> _Collected:
         _procs.write_json(self.control, {"stop": True})
         out = _Collected()
-        errors: Counter[str] = Counter()
         for child in self.children:
             path = self.base / f"{child.name}.json"
             doc = _procs.wait_until(lambda p=path: _procs.read_json(p), 60.0, f"{child.name} results", [])
@@ -441,9 +443,8 @@ class _Fleet:
                 (float(a), float(b), int(c), int(d), int(e)) for a, b, c, d, e in doc["records"]
             )
             out.loop_lag.extend((float(t), float(lag)) for t, lag in doc["loop_lag"])
-            errors.update(doc["errors"])
+            out.errors.update(doc["errors"])
             out.error_samples.extend(doc["error_samples"][:3])
-        out.errors = dict(errors)
         return out
 
 
@@ -454,7 +455,7 @@ class _Collected:
 
     records: list[Record] = field(default_factory=list)
     loop_lag: list[tuple[float, float]] = field(default_factory=list)
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: Counter[str] = field(default_factory=Counter)
     error_samples: list[str] = field(default_factory=list)
 
 
@@ -486,14 +487,14 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     pids.update({child.name: child.pid for child in fleet.children})
     cpu = CpuProbe({name: pid for name, pid in pids.items() if pid})
     with StatusPoller(cluster.grpc_addresses[poll_at]) as poller, _Reader(cluster.grpc_addresses) as reader:
-        served_before = scrape_histogram(leader_http, "drover_rpc_request_seconds", method=HEARTBEAT_METHOD)
+        served_before = scrape_histogram(leader_http, RPC_SECONDS_METRIC, method=HEARTBEAT_METHOD)
         cpu.start(time.monotonic())
         window_start = time.time()
         _procs.wait_until(
             lambda: time.time() >= window_start + cfg.failover_at_s, cfg.failover_at_s + 5, "the failover moment",
             fleet.children, interval=0.2,
         )  # fmt: skip
-        served_at_kill = scrape_histogram(leader_http, "drover_rpc_request_seconds", method=HEARTBEAT_METHOD)
+        served_at_kill = scrape_histogram(leader_http, RPC_SECONDS_METRIC, method=HEARTBEAT_METHOD)
         cpu_before_failover = cpu.stop(time.monotonic())
         killed_at = time.time()
         cluster.kill(leader)
