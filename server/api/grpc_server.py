@@ -35,6 +35,7 @@ from drover.server.api.jobs import JobsServicer
 from drover.server.api.nodes import NodesServicer
 from drover.server.api.operator import OperatorServicer
 from drover.server.api.services import ServicesServicer
+from drover.server.telemetry.loop_lag import start_loop_lag_probe
 from drover.server.telemetry.rpc import AioRpcMetrics
 from drover.v1 import api_pb2, api_pb2_grpc
 
@@ -83,6 +84,7 @@ def api_loop() -> asyncio.AbstractEventLoop:
         if not _LOOP:
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="api-loop", daemon=True).start()
+            start_loop_lag_probe(loop)
             _LOOP.append(loop)
         return _LOOP[0]
 

@@ -18,6 +18,8 @@ Counted where they happen (hot paths pay one ``inc`` or ``observe``):
 ``drover_heartbeat_ttl_seconds``          the TTLs the leader hands out
 ``drover_gc_frozen_objects``              a server agent's objects frozen out of the cyclic
                                           collector's view (server/gc_freeze.py)
+``drover_api_loop_lag_seconds``           how late the API's event loop woke a timer: the
+                                          wait before every call's handler (loop_lag.py)
 ========================================  ===============================================
 
 Defined where they were first needed, and kept there: ``drover_plan_apply_seconds``,

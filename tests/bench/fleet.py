@@ -43,7 +43,9 @@ from typing import Any, Final
 import grpc
 
 from deploy.cluster import LocalCluster
+from drover.common.gc_pauses import GC_PAUSE_METRIC
 from drover.sdk import DroverClient, DroverError
+from drover.server.telemetry.loop_lag import API_LOOP_LAG_SECONDS
 from drover.server.telemetry.metrics import RPC_SECONDS
 from drover.server.telemetry.rpc import method_label
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
@@ -84,9 +86,17 @@ SERVER_ARGS: Final = server_args(f"{FAILOVER_TTL_S:g}s")
 WATCH_WAIT_S: Final = 30.0
 READ_INTERVAL_S: Final = 0.25
 LAG_PROBE_S: Final = 0.05
-# The histogram the servers time every call in, and the heartbeat's label in it.
-RPC_SECONDS_METRIC: Final = RPC_SECONDS._name
-HEARTBEAT_METHOD: Final = method_label("/drover.v1.Nodes/UpdateStatus")
+# What the breakdown reads from the leader between the window's start and the kill: the
+# heartbeat as its handler timed it, how late its API loop ran (a wait before every
+# handler), and its full collections' pauses (which stop every thread).
+LEADER_HISTOGRAMS: Final[dict[str, tuple[str, dict[str, str]]]] = {
+    "leader_heartbeat_served_ms": (
+        RPC_SECONDS._name,
+        {"method": method_label("/drover.v1.Nodes/UpdateStatus")},
+    ),
+    "leader_api_loop_lag_ms": (API_LOOP_LAG_SECONDS._name, {}),
+    "leader_gc_gen2_pause_ms": (GC_PAUSE_METRIC, {"generation": "2"}),
+}
 
 # The codes after which the agent registers again although the call was no heartbeat (an
 # alloc report refused: the servers take the node for down; client_agent/rpc.py _REFUSED).
@@ -448,6 +458,14 @@ class _Fleet:
         return out
 
 
+def _scrape_leader(http_address: str) -> dict[str, dict[float, float]]:
+    """Each of LEADER_HISTOGRAMS' bucket counts on the leader now."""
+    return {
+        key: scrape_histogram(http_address, name, **labels)
+        for key, (name, labels) in LEADER_HISTOGRAMS.items()
+    }
+
+
 @dataclass(slots=True)
 class _Collected:
     """What the simulators wrote at the end: every call's record, their loops' lag
@@ -487,14 +505,14 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     pids.update({child.name: child.pid for child in fleet.children})
     cpu = CpuProbe({name: pid for name, pid in pids.items() if pid})
     with StatusPoller(cluster.grpc_addresses[poll_at]) as poller, _Reader(cluster.grpc_addresses) as reader:
-        served_before = scrape_histogram(leader_http, RPC_SECONDS_METRIC, method=HEARTBEAT_METHOD)
+        leader_before = _scrape_leader(leader_http)
         cpu.start(time.monotonic())
         window_start = time.time()
         _procs.wait_until(
             lambda: time.time() >= window_start + cfg.failover_at_s, cfg.failover_at_s + 5, "the failover moment",
             fleet.children, interval=0.2,
         )  # fmt: skip
-        served_at_kill = scrape_histogram(leader_http, RPC_SECONDS_METRIC, method=HEARTBEAT_METHOD)
+        leader_at_kill = _scrape_leader(leader_http)
         cpu_before_failover = cpu.stop(time.monotonic())
         killed_at = time.time()
         cluster.kill(leader)
@@ -537,11 +555,11 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     out["non_ready_at_end"] = len(non_ready)
     out["client_errors"] = collected.errors
     out["client_error_samples"] = collected.error_samples
-    # Where a heartbeat's time goes before the failover: the leader's own measure of the
-    # call (from its handler's start to its answer), how late the simulators' loops woke
-    # (a wait inside every latency they record), and what each process used of a core.
+    # Where a heartbeat's time goes before the failover: the leader's own measures
+    # (LEADER_HISTOGRAMS), how late the simulators' loops woke (a wait inside every latency
+    # they record), and what each process used of a core.
     out["before_failover_breakdown"] = {
-        "leader_heartbeat_served_ms": histogram_latency_ms(served_before, served_at_kill),
+        **{key: histogram_latency_ms(leader_before[key], leader_at_kill[key]) for key in LEADER_HISTOGRAMS},
         "sim_loop_lag_ms": latency_ms(lag for t, lag in collected.loop_lag if window_start <= t < killed_at),
         "cpu_percent_of_a_core": cpu_before_failover,
     }
@@ -629,8 +647,11 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     breakdown = res.get("before_failover_breakdown")
     if breakdown:
         served, lag = breakdown["leader_heartbeat_served_ms"], breakdown["sim_loop_lag_ms"]
+        loop, gc2 = breakdown.get("leader_api_loop_lag_ms", {}), breakdown.get("leader_gc_gen2_pause_ms", {})
         lines.append(
             f"  before the failover: the leader served heartbeats in p50 {served['p50']} ms p99 {served['p99']} ms; "
+            f"its API loop ran late by p50 {loop.get('p50')} ms p99 {loop.get('p99')} ms; "
+            f"{gc2.get('count')} full collections, p99 {gc2.get('p99')} ms; "
             f"simulator loops woke late by p50 {lag['p50']} ms p99 {lag['p99']} ms; "
             f"CPU % of a core {breakdown['cpu_percent_of_a_core']}"
         )

@@ -29,5 +29,6 @@ def test_fleet__200_clients_through_a_leader_failover__none_down_all_back() -> N
     # The breakdown of a heartbeat's time read the leader's histogram and the sims' loops.
     breakdown = results["before_failover_breakdown"]
     assert breakdown["leader_heartbeat_served_ms"]["count"] > 0, breakdown
+    assert breakdown["leader_api_loop_lag_ms"]["count"] > 0, breakdown
     assert breakdown["sim_loop_lag_ms"]["max"] > 0, breakdown
     assert {"s1", "s2", "s3", "sim0"} <= breakdown["cpu_percent_of_a_core"].keys(), breakdown

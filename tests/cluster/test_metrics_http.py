@@ -129,6 +129,8 @@ def test_metrics_http__values_move_when_a_job_runs(one_of_each: LocalCluster) ->
     assert value(after, "drover_gc_pause_seconds_count", generation="0") > 0
     # A server agent froze what it started with out of later collections (server/gc_freeze.py).
     assert value(after, "drover_gc_frozen_objects") > 0
+    # The API loop's lag probe runs in a real server (server/telemetry/loop_lag.py).
+    assert value(after, "drover_api_loop_lag_seconds_count") > 0
 
     def client_running() -> list[Sample] | None:
         now = scrape(client_agent)

@@ -24,8 +24,9 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["GC_PAUSE_BUCKETS", "GcPauseCollector", "gc_pause_collector"]
+__all__ = ["GC_PAUSE_BUCKETS", "GC_PAUSE_METRIC", "GcPauseCollector", "gc_pause_collector"]
 
+GC_PAUSE_METRIC: Final = "drover_gc_pause_seconds"
 GC_PAUSE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _GENERATIONS: Final = 3
 
@@ -55,7 +56,7 @@ class GcPauseCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         family = HistogramMetricFamily(
-            "drover_gc_pause_seconds",
+            GC_PAUSE_METRIC,
             "Time this process stopped for one cyclic garbage collection, by the oldest generation collected",
             labels=["generation"],
         )
