@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol, TypedDict, TypeVar, Unpack
 
 import grpc
 from google.protobuf.message import Message
@@ -58,7 +58,9 @@ __all__ = [
     "DroverClient",
     "DroverError",
     "JobFileError",
+    "Query",
     "TLSFiles",
+    "Watch",
     "blocking",
     "parse_job",
     "parse_job_file",
@@ -77,7 +79,7 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 2.0
 _RETRY_WRITE: Final = frozenset({grpc.StatusCode.UNAVAILABLE})
 _RETRY_READ: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-Req = TypeVar("Req", bound=Message)
+Req = TypeVar("Req")
 Resp = TypeVar("Resp", bound=Message)
 
 
@@ -89,6 +91,44 @@ class QueryAnswer(Protocol):
 
 
 Answer = TypeVar("Answer", bound=QueryAnswer)
+
+
+class Watch(TypedDict, total=False):
+    """How a ``watch_*`` method follows its read: from ``index`` (0: the first answer comes
+    at once), each query ``stale`` or not and waiting up to ``wait_ns`` on the server (0:
+    its default, 5 minutes), which bounds how late ``timeout`` (seconds, None: never) ends
+    the watch."""
+
+    index: int
+    stale: bool
+    wait_ns: int
+    timeout: float | None
+
+
+class _ReadRequest(Protocol):
+    """A request with ``QueryOptions`` (every read's)."""
+
+    @property
+    def options(self) -> api_pb2.QueryOptions: ...
+
+
+ReadReq = TypeVar("ReadReq", bound=_ReadRequest)
+
+
+class Query(TypedDict, total=False):
+    """How a read is answered, the same keywords on every read (api.proto: QueryOptions).
+
+    ``stale``: any server answers from its own state, which may lag the leader's, instead
+    of the leader after confirming it still leads. ``min_index``: a blocking query, held
+    until what it reads changes past this index (an answer's ``meta.index``) or its wait
+    ends. ``wait_ns``: that wait (0: the server's default, DEFAULT_BLOCKING_WAIT_S; at most
+    MAX_BLOCKING_WAIT_S)."""
+
+    stale: bool
+    min_index: int
+    wait_ns: int
+
+
 Streamed = TypeVar("Streamed", covariant=True)
 
 
@@ -465,98 +505,54 @@ class Client:
         req = api_pb2.JobDeregisterRequest(job_id=job_id, namespace=namespace, purge=purge)
         return self._call(lambda s: s.jobs.Deregister, req, write=True)
 
-    def get_job(
-        self, job_id: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.JobGetResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.JobGetRequest(job_id=job_id, namespace=namespace, options=opts)
-        return self._call(lambda s: s.jobs.Get, req, options=opts)
+    def get_job(self, job_id: str, *, namespace: str = "", **query: Unpack[Query]) -> api_pb2.JobGetResponse:
+        req = api_pb2.JobGetRequest(job_id=job_id, namespace=namespace)
+        return self._read(lambda s: s.jobs.Get, req, query)
 
     def list_jobs(
         self,
         *,
         prefix: str = "",
         namespace: str = "",
-        stale: bool = False,
-        min_index: int = 0,
-        wait_ns: int = 0,
+        **query: Unpack[Query],
     ) -> api_pb2.JobListResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.JobListRequest(namespace=namespace, prefix=prefix, options=opts)
-        return self._call(lambda s: s.jobs.List, req, options=opts)
+        req = api_pb2.JobListRequest(namespace=namespace, prefix=prefix)
+        return self._read(lambda s: s.jobs.List, req, query)
 
     def job_versions(
-        self, job_id: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+        self, job_id: str, *, namespace: str = "", **query: Unpack[Query]
     ) -> api_pb2.JobVersionsResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.JobVersionsRequest(job_id=job_id, namespace=namespace, options=opts)
-        return self._call(lambda s: s.jobs.Versions, req, options=opts)
+        req = api_pb2.JobVersionsRequest(job_id=job_id, namespace=namespace)
+        return self._read(lambda s: s.jobs.Versions, req, query)
 
     def job_summary(
-        self, job_id: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+        self, job_id: str, *, namespace: str = "", **query: Unpack[Query]
     ) -> api_pb2.JobSummaryResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.JobSummaryRequest(job_id=job_id, namespace=namespace, options=opts)
-        return self._call(lambda s: s.jobs.Summary, req, options=opts)
+        req = api_pb2.JobSummaryRequest(job_id=job_id, namespace=namespace)
+        return self._read(lambda s: s.jobs.Summary, req, query)
 
-    # Watches: each is :func:`blocking` over one read. ``wait_ns`` bounds each query's wait
-    # on the server (0: its default, 5 minutes), and so how late ``timeout`` ends the watch.
+    # Watches: each is :func:`blocking` over one read (``Watch`` says how).
 
     def watch_job(
-        self,
-        job_id: str,
-        *,
-        namespace: str = "",
-        index: int = 0,
-        stale: bool = False,
-        wait_ns: int = 0,
-        timeout: float | None = None,
+        self, job_id: str, *, namespace: str = "", **watch: Unpack[Watch]
     ) -> Iterator[api_pb2.JobGetResponse]:
         """The job, then again each time it changes."""
-        return blocking(
-            lambda i: self.get_job(job_id, namespace=namespace, stale=stale, min_index=i, wait_ns=wait_ns),
-            index=index,
-            timeout=timeout,
-        )
+        return _watch(lambda query: self.get_job(job_id, namespace=namespace, **query), watch)
 
     def watch_job_summary(
-        self,
-        job_id: str,
-        *,
-        namespace: str = "",
-        index: int = 0,
-        stale: bool = False,
-        wait_ns: int = 0,
-        timeout: float | None = None,
+        self, job_id: str, *, namespace: str = "", **watch: Unpack[Watch]
     ) -> Iterator[api_pb2.JobSummaryResponse]:
         """The job's summary (allocs per group and client status), then again each time it
         changes: how a script waits for ``running`` to reach a count."""
-        return blocking(
-            lambda i: self.job_summary(
-                job_id, namespace=namespace, stale=stale, min_index=i, wait_ns=wait_ns
-            ),
-            index=index,
-            timeout=timeout,
-        )
+        return _watch(lambda query: self.job_summary(job_id, namespace=namespace, **query), watch)
 
     def watch_allocs(
-        self,
-        *,
-        job_id: str = "",
-        node_id: str = "",
-        namespace: str = "",
-        index: int = 0,
-        stale: bool = False,
-        wait_ns: int = 0,
-        timeout: float | None = None,
+        self, *, job_id: str = "", node_id: str = "", namespace: str = "", **watch: Unpack[Watch]
     ) -> Iterator[api_pb2.AllocListResponse]:
         """The allocations (of one job or node), then again each time any changes."""
-        return blocking(
-            lambda i: self.list_allocs(
-                job_id=job_id, node_id=node_id, namespace=namespace, stale=stale, min_index=i, wait_ns=wait_ns
-            ),
-            index=index,
-            timeout=timeout,
+        return _watch(
+            lambda query: self.list_allocs(job_id=job_id, node_id=node_id, namespace=namespace, **query),
+            watch,
         )
 
     def dispatch_job(
@@ -633,49 +629,36 @@ class Client:
         *,
         job_id: str = "",
         namespace: str = "",
-        stale: bool = False,
-        min_index: int = 0,
-        wait_ns: int = 0,
+        **query: Unpack[Query],
     ) -> api_pb2.DeploymentListResponse:
         """Every deployment, or only ``job_id``'s (newest first)."""
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.DeploymentListRequest(job_id=job_id, namespace=namespace, options=opts)
-        return self._call(lambda s: s.deployments.List, req, options=opts)
+        req = api_pb2.DeploymentListRequest(job_id=job_id, namespace=namespace)
+        return self._read(lambda s: s.deployments.List, req, query)
 
-    def list_services(
-        self, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.ServiceListResponse:
+    def list_services(self, *, namespace: str = "", **query: Unpack[Query]) -> api_pb2.ServiceListResponse:
         """Every service registered by a running alloc of ``namespace`` ("*": all the token
         may read), with its tags merged; with ``min_index``, a blocking query."""
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.ServiceListRequest(namespace=namespace, options=opts)
-        return self._call(lambda s: s.services.List, req, options=opts)
+        req = api_pb2.ServiceListRequest(namespace=namespace)
+        return self._read(lambda s: s.services.List, req, query)
 
     def get_service(
-        self, name: str, *, namespace: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
+        self, name: str, *, namespace: str = "", **query: Unpack[Query]
     ) -> api_pb2.ServiceInfoResponse:
         """The registrations of service ``name`` (NOT_FOUND when it has none, unless
         ``min_index`` is set: a blocking query may wait for the first one)."""
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.ServiceInfoRequest(namespace=namespace, service_name=name, options=opts)
-        return self._call(lambda s: s.services.Info, req, options=opts)
+        req = api_pb2.ServiceInfoRequest(namespace=namespace, service_name=name)
+        return self._read(lambda s: s.services.Info, req, query)
 
-    def get_deployment(
-        self, deployment_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.DeploymentGetResponse:
+    def get_deployment(self, deployment_id: str, **query: Unpack[Query]) -> api_pb2.DeploymentGetResponse:
         """One deployment; with ``min_index``, a blocking query that returns once the
         deployments table moves past it (how ``job run`` follows a deployment)."""
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.DeploymentGetRequest(deployment_id=deployment_id, options=opts)
-        return self._call(lambda s: s.deployments.Get, req, options=opts)
+        req = api_pb2.DeploymentGetRequest(deployment_id=deployment_id)
+        return self._read(lambda s: s.deployments.Get, req, query)
 
-    def deployment_allocs(
-        self, deployment_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.AllocListResponse:
+    def deployment_allocs(self, deployment_id: str, **query: Unpack[Query]) -> api_pb2.AllocListResponse:
         """The allocations placed for a deployment."""
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.DeploymentGetRequest(deployment_id=deployment_id, options=opts)
-        return self._call(lambda s: s.deployments.Allocations, req, options=opts)
+        req = api_pb2.DeploymentGetRequest(deployment_id=deployment_id)
+        return self._read(lambda s: s.deployments.Allocations, req, query)
 
     def promote_deployment(
         self, deployment_id: str, *, groups: Sequence[str] = ()
@@ -718,19 +701,13 @@ class Client:
         req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status=status, secret_id=secret_id)
         return self._call(lambda s: s.nodes.UpdateStatus, req, write=True)
 
-    def list_nodes(
-        self, *, prefix: str = "", stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.NodeListResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.NodeListRequest(prefix=prefix, options=opts)
-        return self._call(lambda s: s.nodes.List, req, options=opts)
+    def list_nodes(self, *, prefix: str = "", **query: Unpack[Query]) -> api_pb2.NodeListResponse:
+        req = api_pb2.NodeListRequest(prefix=prefix)
+        return self._read(lambda s: s.nodes.List, req, query)
 
-    def get_node(
-        self, node_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.NodeGetResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.NodeGetRequest(node_id=node_id, options=opts)
-        return self._call(lambda s: s.nodes.Get, req, options=opts)
+    def get_node(self, node_id: str, **query: Unpack[Query]) -> api_pb2.NodeGetResponse:
+        req = api_pb2.NodeGetRequest(node_id=node_id)
+        return self._read(lambda s: s.nodes.Get, req, query)
 
     def update_drain(
         self,
@@ -750,19 +727,18 @@ class Client:
         return self._call(lambda s: s.nodes.UpdateEligibility, req, write=True)
 
     def get_client_allocs(
-        self, node_id: str, secret_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
+        self, node_id: str, secret_id: str, **query: Unpack[Query]
     ) -> api_pb2.ClientAllocsResponse:
         """Blocking query: returns once the node's allocs move past ``min_index`` (or the wait ends)."""
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=secret_id, options=opts)
-        return self._call(lambda s: s.nodes.GetClientAllocs, req, options=opts)
+        req = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=secret_id)
+        return self._read(lambda s: s.nodes.GetClientAllocs, req, query)
 
     def watch_client_allocs(
         self, node_id: str, secret_id: str, *, stale: bool = False, min_index: int = 0
     ) -> Iterator[api_pb2.ClientAllocsResponse]:
         """A message each time the node's allocs change. Not retried: on an error (raised as
         :class:`DroverError`) the caller re-opens the watch from the last index it saw."""
-        opts = _options(stale, min_index, 0)
+        opts = _options(stale=stale, min_index=min_index)
         req = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=secret_id, options=opts)
         stream = self._pick().nodes.WatchClientAllocs(req, metadata=self._metadata)
         try:
@@ -843,20 +819,17 @@ class Client:
         job_id: str = "",
         namespace: str = "",
         status: str = "",
-        stale: bool = False,
-        min_index: int = 0,
-        wait_ns: int = 0,
+        **query: Unpack[Query],
     ) -> api_pb2.EvalListResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.EvalListRequest(job_id=job_id, namespace=namespace, status=status, options=opts)
-        return self._call(lambda s: s.evals.List, req, options=opts)
+        """Evals in the order they were made: a job's (in ``namespace``), or every one; with
+        ``status``, only those in it."""
+        req = api_pb2.EvalListRequest(job_id=job_id, namespace=namespace, status=status)
+        return self._read(lambda s: s.evals.List, req, query)
 
-    def get_eval(
-        self, eval_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.EvalGetResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.EvalGetRequest(eval_id=eval_id, options=opts)
-        return self._call(lambda s: s.evals.Get, req, options=opts)
+    def get_eval(self, eval_id: str, **query: Unpack[Query]) -> api_pb2.EvalGetResponse:
+        """One eval (NOT_FOUND when no eval has that ID)."""
+        req = api_pb2.EvalGetRequest(eval_id=eval_id)
+        return self._read(lambda s: s.evals.Get, req, query)
 
     # -- Allocs -------------------------------------------------------------------------
 
@@ -866,20 +839,17 @@ class Client:
         job_id: str = "",
         node_id: str = "",
         namespace: str = "",
-        stale: bool = False,
-        min_index: int = 0,
-        wait_ns: int = 0,
+        **query: Unpack[Query],
     ) -> api_pb2.AllocListResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.AllocListRequest(job_id=job_id, node_id=node_id, namespace=namespace, options=opts)
-        return self._call(lambda s: s.allocs.List, req, options=opts)
+        """Allocs by name: a job's (in ``namespace``) or a node's (not both: INVALID_ARGUMENT),
+        or every one."""
+        req = api_pb2.AllocListRequest(job_id=job_id, node_id=node_id, namespace=namespace)
+        return self._read(lambda s: s.allocs.List, req, query)
 
-    def get_alloc(
-        self, alloc_id: str, *, stale: bool = False, min_index: int = 0, wait_ns: int = 0
-    ) -> api_pb2.AllocGetResponse:
-        opts = _options(stale, min_index, wait_ns)
-        req = api_pb2.AllocGetRequest(alloc_id=alloc_id, options=opts)
-        return self._call(lambda s: s.allocs.Get, req, options=opts)
+    def get_alloc(self, alloc_id: str, **query: Unpack[Query]) -> api_pb2.AllocGetResponse:
+        """One alloc (NOT_FOUND when no alloc has that ID)."""
+        req = api_pb2.AllocGetRequest(alloc_id=alloc_id)
+        return self._read(lambda s: s.allocs.Get, req, query)
 
     def stop_alloc(self, alloc_id: str) -> api_pb2.AllocStopResponse:
         """Stop one alloc and let the scheduler replace it; the response names the eval
@@ -890,12 +860,10 @@ class Client:
     # -- Operator -----------------------------------------------------------------------
 
     def raft_peers(self, *, stale: bool = False) -> api_pb2.RaftPeersResponse:
-        opts = _options(stale, 0, 0)
-        return self._call(lambda s: s.operator.RaftPeers, api_pb2.RaftPeersRequest(options=opts))
+        return self._read(lambda s: s.operator.RaftPeers, api_pb2.RaftPeersRequest(), {"stale": stale})
 
     def snapshot_save(self, *, stale: bool = False) -> api_pb2.SnapshotSaveResponse:
-        opts = _options(stale, 0, 0)
-        return self._call(lambda s: s.operator.SnapshotSave, api_pb2.SnapshotSaveRequest(options=opts))
+        return self._read(lambda s: s.operator.SnapshotSave, api_pb2.SnapshotSaveRequest(), {"stale": stale})
 
     def snapshot_restore(self, snapshot: raft_pb2.StateSnapshot) -> api_pb2.SnapshotRestoreResponse:
         req = api_pb2.SnapshotRestoreRequest(snapshot=snapshot)
@@ -947,9 +915,8 @@ class Client:
         return self._call(lambda s: s.operator.AgentInfo, api_pb2.AgentInfoRequest())
 
     def scheduler_get_config(self, *, stale: bool = False) -> api_pb2.SchedulerConfigResponse:
-        opts = _options(stale, 0, 0)
-        req = api_pb2.SchedulerGetConfigRequest(options=opts)
-        return self._call(lambda s: s.operator.SchedulerGetConfig, req, options=opts)
+        req = api_pb2.SchedulerGetConfigRequest()
+        return self._read(lambda s: s.operator.SchedulerGetConfig, req, {"stale": stale})
 
     def scheduler_set_config(
         self, config: structs_pb2.SchedulerConfig, *, cas_index: int | None = None
@@ -1041,14 +1008,15 @@ class Client:
         return self._call(lambda s: s.acl.DeletePolicy, req, write=True)
 
     def acl_list_policies(self, *, prefix: str = "", stale: bool = False) -> api_pb2.ACLPolicyListResponse:
-        opts = _options(stale, 0, 0)
-        req = api_pb2.ACLPolicyListRequest(prefix=prefix, options=opts)
-        return self._call(lambda s: s.acl.ListPolicies, req, options=opts)
+        """The policies, by name, whose names start with ``prefix``; a client token sees
+        only the ones it holds."""
+        req = api_pb2.ACLPolicyListRequest(prefix=prefix)
+        return self._read(lambda s: s.acl.ListPolicies, req, {"stale": stale})
 
     def acl_get_policy(self, name: str, *, stale: bool = False) -> api_pb2.ACLPolicyGetResponse:
-        opts = _options(stale, 0, 0)
-        req = api_pb2.ACLPolicyGetRequest(name=name, options=opts)
-        return self._call(lambda s: s.acl.GetPolicy, req, options=opts)
+        """One policy with its rules (NOT_FOUND when none has that name)."""
+        req = api_pb2.ACLPolicyGetRequest(name=name)
+        return self._read(lambda s: s.acl.GetPolicy, req, {"stale": stale})
 
     def acl_create_token(
         self, *, name: str = "", token_type: str = "client", policies: Sequence[str] = ()
@@ -1062,19 +1030,18 @@ class Client:
         return self._call(lambda s: s.acl.DeleteToken, req, write=True)
 
     def acl_list_tokens(self, *, prefix: str = "", stale: bool = False) -> api_pb2.ACLTokenListResponse:
-        opts = _options(stale, 0, 0)
-        req = api_pb2.ACLTokenListRequest(prefix=prefix, options=opts)
-        return self._call(lambda s: s.acl.ListTokens, req, options=opts)
+        """The tokens, oldest first, whose accessor IDs start with ``prefix``."""
+        req = api_pb2.ACLTokenListRequest(prefix=prefix)
+        return self._read(lambda s: s.acl.ListTokens, req, {"stale": stale})
 
     def acl_get_token(self, accessor_id: str, *, stale: bool = False) -> api_pb2.ACLTokenGetResponse:
-        opts = _options(stale, 0, 0)
-        req = api_pb2.ACLTokenGetRequest(accessor_id=accessor_id, options=opts)
-        return self._call(lambda s: s.acl.GetToken, req, options=opts)
+        """One token by its accessor ID (NOT_FOUND when there is none)."""
+        req = api_pb2.ACLTokenGetRequest(accessor_id=accessor_id)
+        return self._read(lambda s: s.acl.GetToken, req, {"stale": stale})
 
     def acl_token_self(self, *, stale: bool = False) -> api_pb2.ACLTokenSelfResponse:
         """The token this client sends."""
-        opts = _options(stale, 0, 0)
-        return self._call(lambda s: s.acl.TokenSelf, api_pb2.ACLTokenSelfRequest(options=opts), options=opts)
+        return self._read(lambda s: s.acl.TokenSelf, api_pb2.ACLTokenSelfRequest(), {"stale": stale})
 
     # -- the retry loop -----------------------------------------------------------------
 
@@ -1193,6 +1160,17 @@ class Client:
                 raise gave_up(err, self.retry_deadline)
             time.sleep(delay)
 
+    def _read(
+        self,
+        method: Callable[[_Stubs], grpc.UnaryUnaryMultiCallable[ReadReq, Resp]],
+        request: ReadReq,
+        query: Query,
+    ) -> Resp:
+        """A read with ``query`` set as its request's options (a blocking one gets the
+        time it may wait added to each attempt's timeout)."""
+        request.options.CopyFrom(_options(**query))
+        return self._call(method, request, options=request.options)
+
     def _call(
         self,
         method: Callable[[_Stubs], grpc.UnaryUnaryMultiCallable[Req, Resp]],
@@ -1270,8 +1248,18 @@ def _topic_filter(topic: str) -> api_pb2.EventTopicFilter:
     return api_pb2.EventTopicFilter(topic=name, key=key)
 
 
-def _options(stale: bool, min_index: int, wait_ns: int) -> api_pb2.QueryOptions:
-    return api_pb2.QueryOptions(stale=stale, min_index=min_index, wait_ns=wait_ns)
+def _watch(read: Callable[[Query], Answer], watch: Watch) -> Iterator[Answer]:
+    """``read`` as a blocking query from ``watch["index"]``, each time past what it saw."""
+    stale, wait_ns = watch.get("stale", False), watch.get("wait_ns", 0)
+    return blocking(
+        lambda i: read(Query(stale=stale, min_index=i, wait_ns=wait_ns)),
+        index=watch.get("index", 0),
+        timeout=watch.get("timeout"),
+    )
+
+
+def _options(**query: Unpack[Query]) -> api_pb2.QueryOptions:
+    return api_pb2.QueryOptions(**query)
 
 
 def _blocking_wait_s(options: api_pb2.QueryOptions | None) -> float:
