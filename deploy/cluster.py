@@ -64,7 +64,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, TextIO, TypeVar
 
 import grpc
@@ -824,12 +823,7 @@ class LocalCluster:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.stop_all()
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
