@@ -40,7 +40,6 @@ import dataclasses
 import gc
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -67,6 +66,7 @@ from drover.server.fsm import FSM, ApplyResult
 from drover.server.plan_apply import PendingPlan, PlanApplier, PlanQueue
 from drover.server.state_store import StateStore
 from drover.server.worker import scheduler_for, write_evals
+from tests.bench._machine import machine_info
 from tests.bench._procs import REPO_ROOT
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node
@@ -399,12 +399,7 @@ def save(doc: dict[str, Any], started: datetime, out_dir: Path = REPO_ROOT / "be
     """Write ``doc`` as tests/bench/run.py writes a benchmark's document (name, timestamp,
     machine first), so the figures quoted in commits can be found again."""
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    machine = {
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-    }
+    machine = machine_info()
     full = {"name": NAME, "timestamp": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine, **doc}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{NAME}-{stamp}.json"

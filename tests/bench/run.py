@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import signal
 import sys
 from collections.abc import Callable
@@ -25,10 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
-import grpc
-from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
-
 from tests.bench import c1m, fleet, foundation, heartbeats, scheduling, state_load
+from tests.bench._machine import machine_info
 from tests.bench._procs import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "bench-results"
@@ -117,17 +114,6 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 
 
-def machine_info() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "grpcio": grpc.__version__,
-        "pysyncobj": PYSYNCOBJ_VERSION,
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def _raise_timeout(_signum: int, _frame: FrameType | None) -> None:
     raise BenchTimeout("benchmark exceeded its time budget")
 
@@ -164,7 +150,11 @@ def run_one(
     opts = Options(quick=quick, duration=duration, profile_dir=profile_dir, wait_quiet_s=wait_quiet_s)
     budget = bench.budget_s(opts)
     machine = machine_info()
-    print(f"{name}: {'quick' if opts.quick else 'full'} run, at most {budget:.0f} s", flush=True)
+    print(
+        f"{name}: {'quick' if opts.quick else 'full'} run, at most {budget:.0f} s "
+        f"(plain Python at {machine['python_loop_mops']} M loop iterations/s)",
+        flush=True,
+    )
     signal.signal(signal.SIGALRM, _raise_timeout)
     signal.alarm(int(budget))
     try:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from tests.bench._machine import machine_info, python_speed_mops
 from tests.bench._stats import histogram_latency_ms
 
 INF = math.inf
@@ -39,3 +40,16 @@ def test_histogram_latency__nothing_observed__is_zero_with_a_zero_count() -> Non
     nothing = {"count": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
     assert histogram_latency_ms(same, same) == nothing
     assert histogram_latency_ms({}, {}) == nothing  # the agent did not answer
+
+
+def test_machine_info__carries_the_python_speed_it_measured() -> None:
+    info = machine_info()
+    assert info["python_loop_mops"] > 0
+    assert {"cpu_count", "python", "grpcio", "pysyncobj", "loadavg"} <= info.keys()
+
+
+def test_python_speed__a_rate_whatever_the_round_size() -> None:
+    # Iterations per second do not depend on the round's size (within a wide band): the
+    # figure is a rate, not a duration.
+    small, large = python_speed_mops(3, 100_000), python_speed_mops(3, 1_000_000)
+    assert 0.1 < large / small < 10
