@@ -30,7 +30,7 @@ from drover.scheduler import structs
 from drover.server.codec import to_proto
 from drover.server.config import ServerConfig
 from drover.v1 import api_pb2, api_pb2_grpc, raft_pb2, structs_pb2
-from tests.fixtures.fake_grpc import run, serving
+from tests.fixtures.fake_grpc import run, serving_fake
 
 EVAL_ID = "6f1c2d3e-0000-4000-8000-000000000001"
 EVAL_ID_2 = "6f1c9999-0000-4000-8000-000000000002"
@@ -248,16 +248,8 @@ def snapshot_fixture() -> raft_pb2.StateSnapshot:
 @pytest.fixture
 def fake() -> Iterator[tuple[FakeDrover, str]]:
     """An IN-PROCESS FAKE drover server on a free port: (state, "127.0.0.1:port")."""
-    state = FakeDrover()
-    with serving(
-        (api_pb2_grpc.add_JobsServicer_to_server, _Jobs(state)),
-        (api_pb2_grpc.add_EvalsServicer_to_server, _Evals(state)),
-        (api_pb2_grpc.add_AllocsServicer_to_server, _Allocs(state)),
-        (api_pb2_grpc.add_NodesServicer_to_server, _Nodes(state)),
-        (api_pb2_grpc.add_OperatorServicer_to_server, _Operator(state)),
-        max_workers=8,
-    ) as addr:
-        yield state, addr
+    with serving_fake(FakeDrover(), _Jobs, _Evals, _Allocs, _Nodes, _Operator, max_workers=8) as served:
+        yield served
 
 
 def job_on_spec(

@@ -26,7 +26,7 @@ from drover.cli import main
 from drover.cli._deployments import deployment_json, group_table
 from drover.cli._jobdiff import ABSENT, diff_jobs, fmt_value
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
-from tests.fixtures.fake_grpc import run, serving
+from tests.fixtures.fake_grpc import run, serving_fake
 
 DEP_ID = "d3e10000-0000-4000-8000-000000000001"
 DEP_ID_2 = "d3e12222-0000-4000-8000-000000000002"
@@ -184,15 +184,8 @@ class _Deployments(api_pb2_grpc.DeploymentsServicer):
 @pytest.fixture
 def fake() -> Iterator[tuple[FakeDrover, str]]:
     """An IN-PROCESS FAKE drover server on a free port: (state, "127.0.0.1:port")."""
-    state = FakeDrover()
-    with serving(
-        (api_pb2_grpc.add_JobsServicer_to_server, _Jobs(state)),
-        (api_pb2_grpc.add_EvalsServicer_to_server, _Evals(state)),
-        (api_pb2_grpc.add_AllocsServicer_to_server, _Allocs(state)),
-        (api_pb2_grpc.add_DeploymentsServicer_to_server, _Deployments(state)),
-        max_workers=4,
-    ) as addr:
-        yield state, addr
+    with serving_fake(FakeDrover(), _Jobs, _Evals, _Allocs, _Deployments, max_workers=4) as served:
+        yield served
 
 
 def deployment(
