@@ -252,21 +252,32 @@ def fake() -> Iterator[tuple[FakeDrover, str]]:
         yield served
 
 
-def job_on_spec(
-    capsys: pytest.CaptureFixture[str],
-    addr: str,
+@dataclass
+class SpecCli:
+    """The CLI against the IN-PROCESS FAKE on job files ``fake_jobspec`` parses: the run and
+    plan tests differ in the spec and the fake's answers, not in how the command is run, so
+    they take this one fixture instead of each restating the four it is made of."""
+
+    state: FakeDrover
+    addr: str
+    tmp_path: Path
+    capsys: pytest.CaptureFixture[str]
+
+    def job(self, verb: str, spec: str, *flags: str, name: str = "web") -> tuple[int, str, list[str]]:
+        """`job <verb>` on a file ``<name>.hcl`` holding ``spec`` (a line ``fake_jobspec`` parses)."""
+        path = self.tmp_path / f"{name}.hcl"
+        path.write_text(spec)
+        return run(self.capsys, "job", verb, *flags, "-address", self.addr, str(path))
+
+
+@pytest.fixture
+def cli(
+    fake: tuple[FakeDrover, str],
+    fake_jobspec: types.ModuleType,
     tmp_path: Path,
-    verb: str,
-    spec: str,
-    *flags: str,
-    name: str = "web",
-) -> tuple[int, str, list[str]]:
-    """`job <verb>` on a file ``<name>.hcl`` holding ``spec`` (a line ``fake_jobspec`` parses):
-    the run and plan tests differ in the spec and the fake's answers, not in how the command
-    is run."""
-    path = tmp_path / f"{name}.hcl"
-    path.write_text(spec)
-    return run(capsys, "job", verb, *flags, "-address", addr, str(path))
+    capsys: pytest.CaptureFixture[str],
+) -> SpecCli:
+    return SpecCli(*fake, tmp_path, capsys)
 
 
 def web_job(count: int = 2) -> structs.Job:
@@ -338,16 +349,11 @@ job "web" {
     assert state.calls("Evals.Get") == []
 
 
-def test_job_run__detach__with_stand_in_jobspec(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
-    path = tmp_path / "web.hcl"
+def test_job_run__detach__with_stand_in_jobspec(cli: SpecCli) -> None:
+    state = cli.state
+    path = cli.tmp_path / "web.hcl"
     path.write_text("web 3")
-    code, out, _ = run(capsys, "job", "run", "--detach", f"--address={addr}", str(path))
+    code, out, _ = run(cli.capsys, "job", "run", "--detach", f"--address={cli.addr}", str(path))
     assert code == 0
     [request] = state.calls("Jobs.Register")
     assert request.job == to_proto(web_job(3), structs_pb2.Job())
@@ -378,13 +384,8 @@ def scripted_eval(status: str, index: int, **fields: Any) -> structs_pb2.Evaluat
     )
 
 
-def test_job_run__monitor_prints_allocs_as_they_appear(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__monitor_prints_allocs_as_they_appear(cli: SpecCli) -> None:
+    state = cli.state
     # An alloc of an older eval of the job: not this registration's, never printed.
     state.add_allocs(web_alloc("0bd00000-0000-4000-8000-000000000009", NODE_ID, eval_id=EVAL_ID_2))
     state.eval_script[EVAL_ID] = [
@@ -394,7 +395,7 @@ def test_job_run__monitor_prints_allocs_as_they_appear(
     ]
     # One alloc shows up before the 2nd eval read, the other before the 3rd.
     state.alloc_script = {2: [web_alloc(ALLOC_ID, NODE_ID)], 3: [web_alloc(ALLOC_ID_2, NODE_ID_2)]}
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 2")
+    code, out, err = cli.job("run", "web 2")
     assert (code, err) == (0, [])
     assert out.splitlines() == [
         f'Job "web" registered (version 0), evaluation {EVAL_ID}',
@@ -416,14 +417,9 @@ def test_job_run__monitor_prints_allocs_as_they_appear(
     assert blocking[0].options.min_index == ALLOCS_INDEX + 1
 
 
-def test_job_run__monitor_wakes_on_new_alloc(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_job_run__monitor_wakes_on_new_alloc(cli: SpecCli) -> None:
     """The alloc list query blocks on the server until the placement lands."""
-    state, addr = fake
+    state = cli.state
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX)]
 
     def scheduler_finishes() -> None:
@@ -431,12 +427,10 @@ def test_job_run__monitor_wakes_on_new_alloc(
         state.evals[EVAL_ID] = scripted_eval("complete", EVAL_INDEX + 1)
         state.add_allocs(web_alloc(ALLOC_ID, NODE_ID))
 
-    path = tmp_path / "web.hcl"
-    path.write_text("web 1")
     timer = threading.Timer(0.3, scheduler_finishes)
     timer.start()
     try:
-        code, out, err = run(capsys, "job", "run", "-address", addr, str(path))
+        code, out, err = cli.job("run", "web 1")
     finally:
         timer.cancel()
     assert (code, err) == (0, [])
@@ -447,13 +441,8 @@ def test_job_run__monitor_wakes_on_new_alloc(
     assert [r.options.min_index for r in blocking] == [ALLOCS_INDEX]
 
 
-def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(cli: SpecCli) -> None:
+    state = cli.state
     done = scripted_eval(
         "complete",
         EVAL_INDEX + 1,
@@ -463,7 +452,7 @@ def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(
     )
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX), done]
     state.alloc_script = {2: [web_alloc(ALLOC_ID, NODE_ID)]}
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 3")
+    code, out, err = cli.job("run", "web 3")
     # Placements failed: Nomad's exit status 2, no error line.
     assert (code, err) == (2, [])
     lines = out.splitlines()
@@ -476,16 +465,11 @@ def test_job_run__blocked_eval__queued_allocs_and_blocked_eval_id(
     ]
 
 
-def test_job_run__follow_up_eval_is_shown(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__follow_up_eval_is_shown(cli: SpecCli) -> None:
+    state = cli.state
     done = scripted_eval("complete", EVAL_INDEX + 1, next_eval=EVAL_ID_2)
     state.eval_script[EVAL_ID] = [done]
-    code, out, _ = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-verbose")
+    code, out, _ = cli.job("run", "web 1", "-verbose")
     assert code == 0
     assert f'    Follow-up evaluation "{EVAL_ID_2}" created' in out.splitlines()
     # Already complete at the first read: one eval read, one alloc read, no blocking.
@@ -493,30 +477,20 @@ def test_job_run__follow_up_eval_is_shown(
     assert [r.options.min_index for r in state.calls("Allocs.List")] == [0]
 
 
-def test_job_run__failed_eval__exit_1(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__failed_eval__exit_1(cli: SpecCli) -> None:
+    state = cli.state
     failed = scripted_eval("failed", EVAL_INDEX + 1, status_description="maximum attempts reached (5)")
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX), failed]
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1")
+    code, out, err = cli.job("run", "web 1")
     assert code == 1
     assert err == [f'Error: evaluation "{EVAL_ID[:8]}" failed: maximum attempts reached (5)']
     assert 'finished with status "failed"' in out
 
 
-def test_job_run__monitor_timeout__exit_0(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__monitor_timeout__exit_0(cli: SpecCli) -> None:
+    state = cli.state
     state.eval_script[EVAL_ID] = [scripted_eval("pending", EVAL_INDEX)]
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-monitor-timeout", "0.5")
+    code, out, err = cli.job("run", "web 1", "-monitor-timeout", "0.5")
     assert (code, err) == (0, [])
     # It stopped when its 0.5 s were up: the blocking queries it sent, each held open for
     # its full wait by the fake, asked for no more than that in all (on a slow machine
@@ -527,14 +501,9 @@ def test_job_run__monitor_timeout__exit_0(
     assert f'Run "drover eval status {EVAL_ID}" to check on it' in out
 
 
-def test_job_run__periodic_job__nothing_to_monitor(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "periodic", name="nightly")
+def test_job_run__periodic_job__nothing_to_monitor(cli: SpecCli) -> None:
+    state = cli.state
+    code, out, err = cli.job("run", "periodic", name="nightly")
     assert (code, err) == (0, [])
     assert out.splitlines() == [
         'Job "nightly" registered (version 0)',
@@ -550,27 +519,17 @@ def test_job_run__default_monitor_timeout_is_60s() -> None:
     assert args.monitor_timeout == 60.0
 
 
-def test_job_run__bad_job_file__one_error_line(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
-    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "bad", name="bad")
+def test_job_run__bad_job_file__one_error_line(cli: SpecCli) -> None:
+    state = cli.state
+    code, _, err = cli.job("run", "bad", name="bad")
     assert code == 1
-    assert err == [f"Error: {tmp_path / 'bad.hcl'}:1,1: unexpected 'bad'"]
+    assert err == [f"Error: {cli.tmp_path / 'bad.hcl'}:1,1: unexpected 'bad'"]
     assert state.requests == []
 
 
-def test_job_run__invalid_job__rejected_locally(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
-    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "web -1")
+def test_job_run__invalid_job__rejected_locally(cli: SpecCli) -> None:
+    state = cli.state
+    code, _, err = cli.job("run", "web -1")
     assert code == 1
     assert len(err) == 1 and err[0].startswith("Error: job.groups[0].count")
     assert state.requests == []
@@ -582,46 +541,31 @@ def test_job_run__missing_file(fake: tuple[FakeDrover, str], capsys: pytest.Capt
     assert err == ["Error: /nonexistent/web.hcl: No such file or directory"]
 
 
-def test_job_run__invalid_argument_from_server__exit_1_one_line(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__invalid_argument_from_server__exit_1_one_line(cli: SpecCli) -> None:
+    state = cli.state
     state.outage["Jobs.Register"] = (
         grpc.StatusCode.INVALID_ARGUMENT,
         "job.groups[0].tasks[0].driver: unknown driver\n(second line)",
     )
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1")
+    code, out, err = cli.job("run", "web 1")
     assert code == 1
     assert err == ["Error: job.groups[0].tasks[0].driver: unknown driver (second line)"]
     assert out == ""
     assert len(state.calls("Jobs.Register")) == 1
 
 
-def test_job_run__write_not_retried_after_deadline_exceeded(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__write_not_retried_after_deadline_exceeded(cli: SpecCli) -> None:
+    state = cli.state
     state.faults["Jobs.Register"].append((grpc.StatusCode.DEADLINE_EXCEEDED, "commit timed out"))
-    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-detach")
+    code, _, err = cli.job("run", "web 1", "-detach")
     assert (code, err) == (1, ["Error: commit timed out"])
     assert len(state.calls("Jobs.Register")) == 1
 
 
-def test_job_run__write_retried_while_no_leader(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_run__write_retried_while_no_leader(cli: SpecCli) -> None:
+    state = cli.state
     state.faults["Jobs.Register"] += [(grpc.StatusCode.UNAVAILABLE, "no leader")] * 2
-    code, _, err = job_on_spec(capsys, addr, tmp_path, "run", "web 1", "-detach")
+    code, _, err = cli.job("run", "web 1", "-detach")
     assert (code, err) == (0, [])
     assert len(state.calls("Jobs.Register")) == 3
 
@@ -803,16 +747,11 @@ def plan_fixture(*, changed: bool = True, version: int = 3) -> api_pb2.JobPlanRe
     return plan
 
 
-def test_job_plan__table_of_buckets(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__table_of_buckets(cli: SpecCli) -> None:
+    state = cli.state
     state.jobs["web"] = structs_pb2.Job(id="web", version=3)
     state.plan_response = plan_fixture()
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "plan", "web 4")
+    code, out, err = cli.job("plan", "web 4")
     # Allocations would be created and updated: Nomad's exit status 1, no error line.
     assert (code, err) == (1, [])
     assert out.splitlines() == [
@@ -832,17 +771,12 @@ def test_job_plan__table_of_buckets(
     assert state.calls("Jobs.Register") == []
 
 
-def test_job_plan__new_job(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__new_job(cli: SpecCli) -> None:
+    state = cli.state
     plan = api_pb2.JobPlanResponse(job_changed=True)
     plan.groups["web"].buckets["place"] = 2
     state.plan_response = plan
-    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 2")
+    code, out, _ = cli.job("plan", "web 2")
     assert code == 1  # two allocations would be created
     lines = out.splitlines()
     assert lines[0] == 'Job: "web" (new)'
@@ -850,44 +784,29 @@ def test_job_plan__new_job(
     assert lines[-1] == "Scheduler dry-run: all allocations can be placed."
 
 
-def test_job_plan__no_changes__exit_0(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__no_changes__exit_0(cli: SpecCli) -> None:
+    state = cli.state
     state.jobs["web"] = structs_pb2.Job(id="web", version=2)
     plan = api_pb2.JobPlanResponse(current_version=2, job_changed=False)
     plan.groups["web"].buckets["ignore"] = 2
     state.plan_response = plan
-    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 2")
+    code, out, _ = cli.job("plan", "web 2")
     assert code == 0
     assert out.splitlines()[0] == 'Job: "web" (no changes)'
 
 
-def test_job_plan__group_without_buckets_gets_a_zero_row(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__group_without_buckets_gets_a_zero_row(cli: SpecCli) -> None:
+    state = cli.state
     state.plan_response = api_pb2.JobPlanResponse(job_changed=True)
-    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 0")
+    code, out, _ = cli.job("plan", "web 0")
     assert code == 0
     assert out.splitlines()[3].split() == ["web", "0", "0", "0", "0", "0", "0", "0"]
 
 
-def test_job_plan__json(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__json(cli: SpecCli) -> None:
+    state = cli.state
     state.plan_response = plan_fixture()
-    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "web 4", "-json")
+    code, out, _ = cli.job("plan", "web 4", "-json")
     assert code == 1  # the same exit status as without -json: allocations would change
     assert json.loads(out) == {
         "meta": {"index": 40, "known_leader": False, "served_by": ""},
@@ -913,15 +832,10 @@ def test_job_plan__json(
     assert state.calls("Jobs.Get") == []
 
 
-def test_job_plan__periodic_job(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__periodic_job(cli: SpecCli) -> None:
+    state = cli.state
     state.plan_response = api_pb2.JobPlanResponse(job_changed=True)
-    code, out, _ = job_on_spec(capsys, addr, tmp_path, "plan", "periodic", name="nightly")
+    code, out, _ = cli.job("plan", "periodic", name="nightly")
     assert code == 0
     assert out.splitlines() == [
         'Job: "nightly" (new)',
@@ -931,29 +845,19 @@ def test_job_plan__periodic_job(
     ]
 
 
-def test_job_plan__read_retried_after_deadline_exceeded(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__read_retried_after_deadline_exceeded(cli: SpecCli) -> None:
+    state = cli.state
     state.faults["Jobs.Plan"].append((grpc.StatusCode.DEADLINE_EXCEEDED, "slow"))
     state.faults["Jobs.Plan"].append((grpc.StatusCode.UNAVAILABLE, "no leader"))
-    code, _, err = job_on_spec(capsys, addr, tmp_path, "plan", "web 1")
+    code, _, err = cli.job("plan", "web 1")
     assert (code, err) == (0, [])
     assert len(state.calls("Jobs.Plan")) == 3
 
 
-def test_job_plan__invalid_argument__exit_1(
-    fake: tuple[FakeDrover, str],
-    fake_jobspec: types.ModuleType,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    state, addr = fake
+def test_job_plan__invalid_argument__exit_1(cli: SpecCli) -> None:
+    state = cli.state
     state.outage["Jobs.Plan"] = (grpc.StatusCode.INVALID_ARGUMENT, "job.type: can not change")
-    code, out, err = job_on_spec(capsys, addr, tmp_path, "plan", "web 1")
+    code, out, err = cli.job("plan", "web 1")
     assert (code, out, err) == (1, "", ["Error: job.type: can not change"])
 
 
