@@ -200,37 +200,21 @@ def test_script_check__missing_command__fails() -> None:
 # From the job to what runs
 
 
+def web_group(checks: list[structs_pb2.ServiceCheck], *tasks: structs_pb2.Task) -> structs_pb2.TaskGroup:
+    """Group "g" whose one group service, "web" on the port labelled "http", has ``checks``:
+    the check_specs tests differ in the checks and the tasks' own services, not in this."""
+    service = structs_pb2.Service(name="web", port="http", checks=checks)
+    return structs_pb2.TaskGroup(name="g", services=[service], tasks=tasks)
+
+
 def test_check_specs__ports_resolved_from_the_alloc_and_envs_by_task() -> None:
-    group = structs_pb2.TaskGroup(
-        name="g",
-        services=[
-            structs_pb2.Service(
-                name="web",
-                port="http",
-                checks=[
-                    structs_pb2.ServiceCheck(
-                        name="alive", type="http", path="/health", interval_ns=S, timeout_ns=S
-                    ),
-                    structs_pb2.ServiceCheck(
-                        type="script", command="check", task="server", interval_ns=S, timeout_ns=S
-                    ),
-                ],
-            )
-        ],
-        tasks=[
-            structs_pb2.Task(
-                name="server",
-                services=[
-                    structs_pb2.Service(
-                        checks=[
-                            structs_pb2.ServiceCheck(
-                                type="tcp", port="admin", interval_ns=2 * S, timeout_ns=S
-                            )
-                        ]
-                    )
-                ],
-            )
-        ],
+    alive = structs_pb2.ServiceCheck(name="alive", type="http", path="/health", interval_ns=S, timeout_ns=S)
+    script = structs_pb2.ServiceCheck(
+        type="script", command="check", task="server", interval_ns=S, timeout_ns=S
+    )
+    admin = structs_pb2.ServiceCheck(type="tcp", port="admin", interval_ns=2 * S, timeout_ns=S)
+    group = web_group(
+        [alive, script], structs_pb2.Task(name="server", services=[structs_pb2.Service(checks=[admin])])
     )
     j = structs_pb2.Job(id="web", groups=[group])
     a = structs_pb2.Allocation(
@@ -280,22 +264,13 @@ def test_check_specs__names_reported_and_the_task_a_check_restart_restarts() -> 
     check = structs_pb2.ServiceCheck(name="alive", type="tcp", task="server", interval_ns=S, timeout_ns=S)
     check.check_restart.limit = 3
     check.check_restart.grace_ns = 5 * S
-    group = structs_pb2.TaskGroup(
-        name="g",
-        services=[
-            structs_pb2.Service(
-                name="web",
-                port="http",
-                checks=[check, structs_pb2.ServiceCheck(type="tcp", interval_ns=S, timeout_ns=S)],
-            )
-        ],
-        tasks=[
-            structs_pb2.Task(
-                name="server",
-                services=[structs_pb2.Service(name="own", checks=[structs_pb2.ServiceCheck(type="tcp")])],
-            ),
-            structs_pb2.Task(name="sidecar"),
-        ],
+    group = web_group(
+        [check, structs_pb2.ServiceCheck(type="tcp", interval_ns=S, timeout_ns=S)],
+        structs_pb2.Task(
+            name="server",
+            services=[structs_pb2.Service(name="own", checks=[structs_pb2.ServiceCheck(type="tcp")])],
+        ),
+        structs_pb2.Task(name="sidecar"),
     )
     a = structs_pb2.Allocation(id="a1", task_group="g")
     alive, unnamed, own = check_specs(a, structs_pb2.Job(id="web", groups=[group]), {})
