@@ -112,6 +112,7 @@ def core() -> Any:
     _register(c, replace(mock.job(id="web"), groups=(replace(mock.job().groups[0], count=2),)))
     _seed(c, lambda txn: txn.mark_version_stable(("default", "web"), 0))
     v1 = _register(c, replace(mock.job(id="web"), groups=(replace(mock.job().groups[0], count=3),)))
+    assert v1.version == 1
     state = DeploymentState(auto_revert=True, progress_deadline_ns=10 * MIN, desired_total=3)
 
     def seed(txn: Txn) -> None:
@@ -120,17 +121,7 @@ def core() -> Any:
                 id="d0", job_id="web", job_version=0, status=DEPLOYMENT_STATUS_FAILED, create_index=txn.index
             )
         )
-        txn.put_deployment(
-            Deployment(
-                id="d1",
-                job_id="web",
-                job_version=1,
-                job_create_index=v1.create_index,
-                task_groups={"web": state},
-                status=DEPLOYMENT_STATUS_RUNNING,
-                create_index=txn.index + 1,
-            )
-        )
+        txn.put_deployment(mock.deployment(v1, state, create_index=txn.index + 1))
         txn.put_alloc(
             mock.alloc(
                 v1, mock.node(id="n1"), id="a1", deployment_id="d1", client_status=ALLOC_CLIENT_RUNNING

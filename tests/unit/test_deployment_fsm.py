@@ -127,15 +127,7 @@ def cluster() -> Cluster:
         placed_canaries=("c1",),
         placed_allocs=2,
     )
-    deployment = Deployment(
-        id="d1",
-        job_id="web",
-        job_version=1,
-        job_create_index=v1.create_index,
-        task_groups={"web": state},
-        status=DEPLOYMENT_STATUS_RUNNING,
-        status_description=DEPLOYMENT_DESC_NEEDS_PROMOTION,
-    )
+    deployment = mock.deployment(v1, state, status_description=DEPLOYMENT_DESC_NEEDS_PROMOTION)
     node = mock.node(id="n1")
     canary = mock.alloc(
         v1,
