@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
 
@@ -35,6 +36,27 @@ READ_DEADLINE_S: Final = 1.0
 # (32) and the write threads its registrations needed (at most 50 at once here), grpc's
 # own; a thread per watch would be a thousand more, and two per tunnel two thousand.
 MAX_SERVER_THREADS: Final = 200
+
+
+@asynccontextmanager
+async def _connections(address: str) -> AsyncIterator[list[grpc.aio.Channel]]:
+    """``CHANNELS`` channels to ``address``, each its own connection (one HTTP/2 connection
+    would carry every stream otherwise), closed on the way out."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(CHANNELS)]
+    try:
+        yield channels
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Ends the held streams before their channels close: each task is cancelled and
+    awaited, whatever it raised on the way out dropped."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _Fleet:
@@ -64,12 +86,7 @@ class _Fleet:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        # Separate connections: one HTTP/2 connection would carry every stream otherwise.
-        channels = [
-            grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(CHANNELS)
-        ]
-        try:
+        async with _connections(self.address) as channels:
             stubs = [api_pb2_grpc.NodesStub(c) for c in channels]
             gate = asyncio.Semaphore(50)
 
@@ -88,12 +105,7 @@ class _Fleet:
                 for i in range(WATCHES)
             ]
             await self._stop.wait()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            for channel in channels:
-                await channel.close()
+            await _cancel(tasks)
 
     async def _watch(self, stub: api_pb2_grpc.NodesStub, node_id: str) -> None:
         request = api_pb2.ClientAllocsRequest(node_id=node_id, secret_id=simulated_secret(node_id))
@@ -194,31 +206,24 @@ async def _hold_event_streams(
 ) -> None:
     """``EVENT_STREAMS`` open ``Events.Stream`` calls over separate connections; each counts
     its first (opening) message in ``opened`` and its first Job event in ``events``."""
-    channels = [
-        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(CHANNELS)
-    ]
+    async with _connections(address) as channels:
 
-    async def one(i: int) -> None:
-        stub = api_pb2_grpc.EventsStub(channels[i % CHANNELS])
-        request = api_pb2.EventStreamRequest(topics=[api_pb2.EventTopicFilter(topic="Job")])
-        seen_job = False
-        async for response in stub.Stream(request, timeout=600):
-            if not response.events and not seen_job and i not in opened:
-                opened.append(i)
-            if response.events and not seen_job:
-                seen_job = True
-                events.append(i)
+        async def one(i: int) -> None:
+            stub = api_pb2_grpc.EventsStub(channels[i % CHANNELS])
+            request = api_pb2.EventStreamRequest(topics=[api_pb2.EventTopicFilter(topic="Job")])
+            seen_job = False
+            async for response in stub.Stream(request, timeout=600):
+                if not response.events and not seen_job and i not in opened:
+                    opened.append(i)
+                if response.events and not seen_job:
+                    seen_job = True
+                    events.append(i)
 
-    tasks = [asyncio.create_task(one(i)) for i in range(EVENT_STREAMS)]
-    try:
-        await stop.wait()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for channel in channels:
-            await channel.close()
+        tasks = [asyncio.create_task(one(i)) for i in range(EVENT_STREAMS)]
+        try:
+            await stop.wait()
+        finally:
+            await _cancel(tasks)
 
 
 def test_api__event_streams_open__hold_no_thread_each__a_write_wakes_every_one(
