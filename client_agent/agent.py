@@ -3,8 +3,9 @@
 Theory of operation. Four threads, each with its own retry policy, share three flags:
 
 - heartbeat: ``Register`` while ``_need_register`` is set (at start, and after any
-  contact was lost or refused), else ``UpdateStatus(ready, secret)``, every TTL/2. A
-  failure clears ``_registered`` and sets ``_need_register``: a server that marked the
+  contact was lost or refused), else ``UpdateStatus(ready, secret)``, every TTL/2, each
+  waiting for its answer while the TTL leaves time for one more try
+  (``sync.heartbeat_timeout_s``). A failure clears ``_registered`` and sets ``_need_register``: a server that marked the
   node down refuses its updates until it registers again, so after a disconnect the first
   successful call is always a Register. Right after each Register every alloc's current
   status is queued again, so the servers learn everything that happened meanwhile.
@@ -63,7 +64,13 @@ from drover.client.rpc import NodesRpc, ServerPool
 from drover.client.runner import AllocRunner, job_key
 from drover.client.servicewatch import AllocServices, ServiceWatch
 from drover.client.state import AllocRecord, NodeIdentity, StateDB
-from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
+from drover.client.sync import (
+    Backoff,
+    PendingUpdates,
+    allocs_to_stop_after_disconnect,
+    heartbeat_interval_s,
+    heartbeat_timeout_s,
+)
 from drover.client.taskstate import AllocStatus
 from drover.client.tunnel import ClientTunnel, TunnelService, apply_meta_change, merge_meta
 from drover.common.logs import configure_logging
@@ -508,7 +515,8 @@ class ClientAgent:
                     assert node is not None
                     ttl_ns = self._rpc.register(node)
                 else:
-                    ttl_ns = self._rpc.heartbeat(node_id, secret)
+                    timeout_s = heartbeat_timeout_s(self._ttl_left_s(), t.rpc_timeout_s)
+                    ttl_ns = self._rpc.heartbeat(node_id, secret, timeout_s=timeout_s)
             except ServerUnreachable as exc:
                 self._lost_contact(str(exc))
                 delay = min(backoff.next(), heartbeat_interval_s(self.heartbeat_ttl_ns, t.default_ttl_ns))
@@ -536,6 +544,12 @@ class ClientAgent:
                     delay = 0.0
             if self._wake_heartbeat.wait(delay):
                 self._wake_heartbeat.clear()
+
+    def _ttl_left_s(self) -> float:
+        """How long until the TTL the servers granted with the last good heartbeat runs out."""
+        with self._state_lock:
+            left_ns = self._last_heartbeat_ok_ns + self._ttl_ns - self._clock.monotonic_ns()
+        return left_ns / 1e9
 
     def _heartbeat_overdue(self) -> bool:
         with self._state_lock:

@@ -192,10 +192,12 @@ class NodesRpc:
         resp = self.pool.call(lambda s: s.Register(req, timeout=self._timeout_s))
         return int(resp.heartbeat_ttl_ns)
 
-    def heartbeat(self, node_id: str, secret_id: str) -> int:
-        """UpdateStatus(ready): the heartbeat; the next TTL in ns."""
+    def heartbeat(self, node_id: str, secret_id: str, *, timeout_s: float | None = None) -> int:
+        """UpdateStatus(ready): the heartbeat; the next TTL in ns. ``timeout_s`` replaces
+        the RPC timeout (client_agent/sync.py ``heartbeat_timeout_s``)."""
         req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status="ready", secret_id=secret_id)
-        resp = self.pool.call(lambda s: s.UpdateStatus(req, timeout=self._timeout_s))
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        resp = self.pool.call(lambda s: s.UpdateStatus(req, timeout=timeout))
         return int(resp.heartbeat_ttl_ns)
 
     def get_allocs(

@@ -22,6 +22,7 @@ __all__ = [
     "PendingUpdates",
     "allocs_to_stop_after_disconnect",
     "heartbeat_interval_s",
+    "heartbeat_timeout_s",
 ]
 
 # Never heartbeat more often than this, whatever TTL a server sends.
@@ -71,6 +72,19 @@ def heartbeat_interval_s(ttl_ns: int, default_ttl_ns: int) -> float:
     """Heartbeat every half TTL: one lost heartbeat still leaves time for the next."""
     ttl = ttl_ns if ttl_ns > 0 else default_ttl_ns
     return max(MIN_HEARTBEAT_S, ttl / 2e9)
+
+
+def heartbeat_timeout_s(ttl_left_s: float, rpc_timeout_s: float) -> float:
+    """How long one heartbeat waits for its answer: the RPC timeout, or longer while the
+    TTL the servers last granted leaves room for one more attempt after it.
+
+    A heartbeat that times out is sent again as a new call, which joins the back of the
+    server's queue (or goes to another server, which forwards it to the same leader): on a
+    leader slow to take calls a short deadline turns every slow answer into a missed
+    heartbeat and a retry that adds to the queue, while waiting keeps the call's place and
+    the node alive. One RPC timeout of the TTL is kept for a try elsewhere, for a server
+    that does not answer at all."""
+    return max(rpc_timeout_s, ttl_left_s - rpc_timeout_s)
 
 
 def allocs_to_stop_after_disconnect(

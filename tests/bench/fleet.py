@@ -43,6 +43,7 @@ from typing import Any, Final
 import grpc
 
 from deploy.cluster import LocalCluster
+from drover.client.sync import heartbeat_timeout_s
 from drover.common.gc_pauses import GC_PAUSE_METRIC
 from drover.sdk import DroverClient, DroverError
 from drover.server.telemetry.loop_lag import API_LOOP_LAG_SECONDS
@@ -142,6 +143,7 @@ class _Client:
     slot: int
     ttl_s: float = MIN_TTL_S
     registered: bool = False
+    heard_at: float = 0.0  # monotonic time of the last answered Register or heartbeat
 
 
 class _Sim(NodeSim):
@@ -186,6 +188,7 @@ class _Sim(NodeSim):
                 response = await call()
         client.ttl_s = response.heartbeat_ttl_ns / 1e9 or client.ttl_s
         client.registered = True
+        client.heard_at = time.monotonic()
         self.registered.add(client.index)
 
     async def _heartbeats(self, client: _Client) -> None:
@@ -201,10 +204,14 @@ class _Sim(NodeSim):
                 if not client.registered:
                     await self._register(client)
                 else:
+                    # As the agent waits (client_agent/agent.py): while the TTL allows.
+                    ttl_left_s = client.heard_at + client.ttl_s - time.monotonic()
+                    timeout = heartbeat_timeout_s(ttl_left_s, HEARTBEAT_TIMEOUT_S)
                     response = await self._timed(
-                        KIND_HEARTBEAT, client, lambda s: s.UpdateStatus(beat, timeout=HEARTBEAT_TIMEOUT_S)
+                        KIND_HEARTBEAT, client, lambda s, t=timeout: s.UpdateStatus(beat, timeout=t)
                     )
                     client.ttl_s = response.heartbeat_ttl_ns / 1e9 or client.ttl_s
+                    client.heard_at = time.monotonic()
             except grpc.aio.AioRpcError as exc:
                 self._failed("register" if not client.registered else "heartbeat", client, exc)
                 failures += 1

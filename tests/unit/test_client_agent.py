@@ -8,6 +8,7 @@ re-register before resend, failover, stop_on_client_after); and agent restarts
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -161,6 +162,28 @@ def test_agent__heartbeats_every_half_ttl(tmp_path: Path) -> None:
         gaps = sorted(b - a for a, b in itertools.pairwise(times))
         median = gaps[len(gaps) // 2]
         assert 0.15 <= median <= 0.35, gaps
+
+
+def test_agent__a_slow_heartbeat_answer_is_waited_for_while_the_ttl_allows(tmp_path: Path) -> None:
+    # A 3 s TTL: a heartbeat every 1.5 s, sent with 1.5 s of TTL left, so it waits up to
+    # 1.5 - 0.5 = 1 s (client_agent/sync.py heartbeat_timeout_s) where the RPC timeout is
+    # 0.5 s. Answers held 0.8 s would time out at 0.5 s, count as lost contact and make the
+    # agent register again; waited for, they keep the node registered.
+    tuning = dataclasses.replace(FAST, rpc_timeout_s=0.5)
+    with fake_server(ttl_ns=3 * S) as server:
+        agent = ClientAgent(settings(tmp_path, server), tuning=tuning)
+        agent.start()
+        try:
+            agent.wait_registered(10)
+            registrations = server.nodes.methods().count("Register")
+            server.nodes.heartbeat_delay_s = 0.8
+            heard = len(server.nodes.heartbeat_times())
+            # A timed-out heartbeat would be followed by a Register before the next one.
+            wait_until(lambda: len(server.nodes.heartbeat_times()) >= heard + 3, 15, "three slow heartbeats")
+            assert server.nodes.methods().count("Register") == registrations
+            assert agent.registered
+        finally:
+            agent.stop(timeout_s=10)
 
 
 # --- allocs through the blocking query ------------------------------------------------------

@@ -15,7 +15,13 @@ from drover.client.errors import DriverConfigError, StateError
 from drover.client.fingerprint import HostFacts, build_node, fingerprint
 from drover.client.restarts import RestartPolicy, RestartWindow, decide_restart
 from drover.client.state import AllocRecord, StateDB, TaskRecord
-from drover.client.sync import Backoff, PendingUpdates, allocs_to_stop_after_disconnect, heartbeat_interval_s
+from drover.client.sync import (
+    Backoff,
+    PendingUpdates,
+    allocs_to_stop_after_disconnect,
+    heartbeat_interval_s,
+    heartbeat_timeout_s,
+)
 from drover.client.taskstate import AllocStatus, TaskEvent, TaskState, alloc_status
 from drover.v1 import structs_pb2
 
@@ -210,6 +216,14 @@ def test_heartbeat_interval__half_the_ttl() -> None:
     assert heartbeat_interval_s(10 * S, 10 * S) == 5.0
     assert heartbeat_interval_s(0, 4 * S) == 2.0
     assert heartbeat_interval_s(1, 4 * S) == 0.05
+
+
+def test_heartbeat_timeout__waits_while_the_ttl_leaves_a_retry() -> None:
+    # 12.5 s of TTL left with a 5 s RPC timeout: wait 7.5 s, keeping 5 s for a retry.
+    assert heartbeat_timeout_s(12.5, 5.0) == 7.5
+    # Never less than the RPC timeout: too little TTL left, or none (never heard yet).
+    assert heartbeat_timeout_s(6.0, 5.0) == 5.0
+    assert heartbeat_timeout_s(-3.0, 5.0) == 5.0
 
 
 def test_stop_after_disconnect__only_groups_with_the_setting_past_their_window() -> None:

@@ -118,6 +118,8 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
         self.cond = threading.Condition()
         self.ttl_ns = ttl_ns
         self.unavailable = False
+        # How long UpdateStatus holds each answer: a leader slow to take calls.
+        self.heartbeat_delay_s = 0.0
         self.nodes: dict[str, structs_pb2.Node] = {}
         self.status: dict[str, str] = {}
         self.registrations: list[structs_pb2.Node] = []
@@ -256,7 +258,10 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, "node is down: register again")
             self.heartbeats.append(Heartbeat(request.node_id, time.monotonic()))
             self.calls.append(("UpdateStatus", "OK"))
-            return api_pb2.NodeUpdateStatusResponse(heartbeat_ttl_ns=self.ttl_ns)
+            delay_s = self.heartbeat_delay_s
+        if delay_s:
+            time.sleep(delay_s)  # outside the fake's lock: only this call waits
+        return api_pb2.NodeUpdateStatusResponse(heartbeat_ttl_ns=self.ttl_ns)
 
     def _response(self, node_id: str) -> api_pb2.ClientAllocsResponse:
         resp = api_pb2.ClientAllocsResponse(meta=api_pb2.QueryMeta(index=self.node_index.get(node_id, 0)))
