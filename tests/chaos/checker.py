@@ -312,8 +312,10 @@ def check_stale_reads(history: History) -> CheckResult:
     to it.
 
     Per job (its writes are sequential, tests/chaos/history.py): the newest acknowledged
-    write completed before the read began must show. After a register, update, scale or
-    stop the job is there with ``modify_index`` at least the write's index; after a purge
+    write completed before the read began must show. After a register, update or scale
+    the job is there with ``modify_index`` at least the write's index; after a stop it is
+    there and stopped, at the stop's index or, when an earlier stop had already stopped it,
+    at least at the newest register, update or scale before the read; after a purge
     it is absent or re-registered later (a higher ``modify_index``). A job may be absent
     after a non-purge write only if a purge whose outcome is unknown or acknowledged was
     invoked before the read completed. Zero default reads judged is a failure: a check
@@ -351,6 +353,19 @@ def check_stale_reads(history: History) -> CheckResult:
                 problems.append(
                     f"read of {read.key!r} at t={read.t_invoke:.3f}s found no job, but {last.kind} was "
                     f"acknowledged at index {last.index} (t={last.t_complete:.3f}s) and no purge followed"
+                )
+        elif last.kind == "stop" and seen < last.index:
+            # Stopping a stopped job changes nothing (server/fsm.py apply_job_deregister):
+            # after a stop whose job an earlier stop had already stopped (one whose answer
+            # was lost, so the worker stopped it again) the job keeps that first stop's
+            # modify_index. It must show stopped, and not older than the newest write
+            # before the read that moves the index (a register, update or scale).
+            moved = [w.index for w in before if w.kind not in ("stop", "purge")]
+            if not read.result.get("stop") or seen < max(moved, default=0):
+                problems.append(
+                    f"read of {read.key!r} at t={read.t_invoke:.3f}s saw modify_index {seen} "
+                    f"(stop={bool(read.result.get('stop'))}), but a stop was acknowledged at index "
+                    f"{last.index} (t={last.t_complete:.3f}s)"
                 )
         elif seen < last.index:
             problems.append(

@@ -182,6 +182,28 @@ def test_checker__default_read_older_than_acknowledged_write__fails() -> None:
     assert "older than the update-inplace acknowledged at index 10" in result.details[0]
 
 
+def test_checker__stop_of_a_stopped_job__keeps_the_first_stops_index__passes() -> None:
+    # The first stop's answer was lost (applied at 12), so the worker stopped the job again:
+    # acknowledged at 20, it changed nothing, and reads see the job stopped at 12.
+    history = _history(
+        _op("register", "a", 1.0, index=10, seq=1),
+        _op("stop", "a", 1.5, outcome=INFO),
+        _op("stop", "a", 2.0, index=20),
+        _read("a", 2.5, modify_index=12, stop=True),
+    )
+    result = checker.check_stale_reads(history)
+    assert result.passed, result.details
+
+
+def test_checker__after_a_stop__a_running_job_or_one_older_than_its_register__fails() -> None:
+    base = (_op("register", "a", 1.0, index=10, seq=1), _op("stop", "a", 2.0, index=20))
+    running = _history(*base, _read("a", 2.5, modify_index=10, stop=False))
+    assert not checker.check_stale_reads(running).passed
+    older = _history(*base, _read("a", 2.5, modify_index=8, stop=True))
+    assert not checker.check_stale_reads(older).passed
+    assert "but a stop was acknowledged at index 20" in checker.check_stale_reads(older).details[0]
+
+
 def test_checker__default_read_sees_purged_job__fails() -> None:
     history = _history(_op("purge", "a", 1.0, index=10), _read("a", 1.5, modify_index=8))
     assert not checker.check_stale_reads(history).passed

@@ -238,7 +238,7 @@ def record_write(
 
 
 def record_read(history: History, caller: Caller, job_id: str, *, stale: bool) -> Op:
-    """One ``get_job``, recorded as kind ``read``: ``ok`` with ``modify_index`` (or
+    """One ``get_job``, recorded as kind ``read``: ``ok`` with ``modify_index`` and ``stop`` (or
     ``absent``: NOT_FOUND is an answer); ``info`` for any other error. Never an index: the
     index checks are about writes."""
     op = history.invoke("reads", READ_KIND, job_id, stale=stale)
@@ -250,7 +250,7 @@ def record_read(history: History, caller: Caller, job_id: str, *, stale: bool) -
         else:
             history.fail(op, f"{exc.code.name}: {exc.message}")
         return op
-    history.complete(op, modify_index=int(job.modify_index))
+    history.complete(op, modify_index=int(job.modify_index), stop=bool(job.stop))
     return op
 
 
