@@ -358,10 +358,17 @@ def check_stale_reads(history: History) -> CheckResult:
             # Stopping a stopped job changes nothing (server/fsm.py apply_job_deregister):
             # after a stop whose job an earlier stop had already stopped (one whose answer
             # was lost, so the worker stopped it again) the job keeps that first stop's
-            # modify_index. It must show stopped, and not older than the newest write
-            # before the read that moves the index (a register, update or scale).
-            moved = [w.index for w in before if w.kind not in ("stop", "purge")]
-            if not read.result.get("stop") or seen < max(moved, default=0):
+            # modify_index. Allowed only with such an earlier stop (not known to have
+            # failed, invoked since the last register, update or scale), the job shown
+            # stopped, and not older than that last register, update or scale.
+            moved = [w for w in before if w.kind not in ("stop", "purge")]
+            since = max((w.t_invoke for w in moved), default=0.0)
+            earlier_stop = any(
+                w.kind == "stop" and not w.failed and since <= w.t_invoke < last.t_invoke
+                for w in writes.get(read.key, [])
+            )
+            floor = max((w.index for w in moved), default=0)
+            if not (earlier_stop and read.result.get("stop") and seen >= floor):
                 problems.append(
                     f"read of {read.key!r} at t={read.t_invoke:.3f}s saw modify_index {seen} "
                     f"(stop={bool(read.result.get('stop'))}), but a stop was acknowledged at index "

@@ -202,6 +202,9 @@ def test_checker__after_a_stop__a_running_job_or_one_older_than_its_register__fa
     older = _history(*base, _read("a", 2.5, modify_index=8, stop=True))
     assert not checker.check_stale_reads(older).passed
     assert "but a stop was acknowledged at index 20" in checker.check_stale_reads(older).details[0]
+    # Stopped at an index below the stop's, with no earlier stop that could have done it.
+    no_earlier_stop = _history(*base, _read("a", 2.5, modify_index=12, stop=True))
+    assert not checker.check_stale_reads(no_earlier_stop).passed
 
 
 def test_checker__default_read_sees_purged_job__fails() -> None:
