@@ -5,9 +5,9 @@ Theory of operation. Four threads, each with its own retry policy, share three f
 - heartbeat: ``Register`` while ``_need_register`` is set (at start, and after any
   contact was lost or refused), else ``UpdateStatus(ready, secret)``, every TTL/2, each
   waiting for its answer while the TTL leaves time for one more try
-  (``sync.heartbeat_timeout_s``). A failure clears ``_registered`` and sets ``_need_register``: a server that marked the
-  node down refuses its updates until it registers again, so after a disconnect the first
-  successful call is always a Register. Right after each Register every alloc's current
+  (``sync.heartbeat_timeout_s``). A failure clears ``_registered`` and sets
+  ``_need_register``: a server that marked the node down refuses its updates until it
+  registers again, so after a disconnect the first successful call is always a Register. Right after each Register every alloc's current
   status is queued again, so the servers learn everything that happened meanwhile.
 - watch: a blocking ``GetClientAllocs(min_index=last index)`` loop while registered;
   each answer goes through ``allocdiff.diff_allocs`` and the runners are started,
@@ -545,17 +545,18 @@ class ClientAgent:
             if self._wake_heartbeat.wait(delay):
                 self._wake_heartbeat.clear()
 
+    def _ttl_left_locked_ns(self) -> int:
+        """How long until the TTL the servers granted with the last good heartbeat runs out
+        (negative once it has); the caller holds ``_state_lock``."""
+        return self._last_heartbeat_ok_ns + self._ttl_ns - self._clock.monotonic_ns()
+
     def _ttl_left_s(self) -> float:
-        """How long until the TTL the servers granted with the last good heartbeat runs out."""
         with self._state_lock:
-            left_ns = self._last_heartbeat_ok_ns + self._ttl_ns - self._clock.monotonic_ns()
-        return left_ns / 1e9
+            return self._ttl_left_locked_ns() / 1e9
 
     def _heartbeat_overdue(self) -> bool:
         with self._state_lock:
-            if self._registrations == 0:
-                return False
-            return self._clock.monotonic_ns() - self._last_heartbeat_ok_ns > self._ttl_ns
+            return self._registrations > 0 and self._ttl_left_locked_ns() < 0
 
     def _heartbeat_ok(self, ttl_ns: int, *, registered_now: bool) -> None:
         with self._state_lock:

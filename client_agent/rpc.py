@@ -180,7 +180,8 @@ def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Alloc
 
 
 class NodesRpc:
-    """The four calls a client makes, each with a deadline."""
+    """The four calls a client makes, each with a deadline (the RPC timeout, the heartbeat's
+    its own)."""
 
     def __init__(self, pool: ServerPool, *, timeout_s: float = 5.0) -> None:
         self.pool = pool
@@ -192,12 +193,12 @@ class NodesRpc:
         resp = self.pool.call(lambda s: s.Register(req, timeout=self._timeout_s))
         return int(resp.heartbeat_ttl_ns)
 
-    def heartbeat(self, node_id: str, secret_id: str, *, timeout_s: float | None = None) -> int:
-        """UpdateStatus(ready): the heartbeat; the next TTL in ns. ``timeout_s`` replaces
-        the RPC timeout (client_agent/sync.py ``heartbeat_timeout_s``)."""
+    def heartbeat(self, node_id: str, secret_id: str, *, timeout_s: float) -> int:
+        """UpdateStatus(ready): the heartbeat; the next TTL in ns. Its own deadline, not the
+        RPC timeout: it may wait while the TTL allows (client_agent/sync.py
+        ``heartbeat_timeout_s``)."""
         req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status="ready", secret_id=secret_id)
-        timeout = self._timeout_s if timeout_s is None else timeout_s
-        resp = self.pool.call(lambda s: s.UpdateStatus(req, timeout=timeout))
+        resp = self.pool.call(lambda s: s.UpdateStatus(req, timeout=timeout_s))
         return int(resp.heartbeat_ttl_ns)
 
     def get_allocs(

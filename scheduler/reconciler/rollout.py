@@ -13,9 +13,9 @@ of ``docs/deployments.md``:
   its verdict separately, and an eval between the two must not free the slot); an
   unhealthy alloc in the deployment stops the rollout (budget 0) until it is replaced
   (then its replacement counts as not known yet): a version that fails at start never
-  runs wider than ``max_parallel`` while the watcher fails it. So
-  the next batch waits for health, not just placement: the health verdict's eval (written
-  with the verdict) runs the next batch.
+  runs wider than ``max_parallel`` while the watcher fails it. So the next batch waits
+  for health, not just placement: the health verdict's eval (written with the verdict)
+  runs the next batch.
 * Canaries: a group with ``canary = N`` and destructive work to do, not yet promoted, gets
   N new-version allocs beside the old ones before anything old is replaced.
 """

@@ -5,6 +5,7 @@ with the leader and health (``http``).
 
 Counters and histograms are module-level (one ``observe`` per event on the hot path); the
 gauges are read from the server's own objects when Prometheus scrapes (``ServerCollector``),
-so nothing polls but the loop-lag probe, whose timer is what it measures. Every name starts ``drover_``; labels are bounded sets (method, entry
+so nothing polls but the loop-lag probe, whose timer is what it measures. Every name
+starts ``drover_``; labels are bounded sets (method, entry
 type, scheduler type, outcome, peer name), never an ID.
 """

@@ -92,10 +92,10 @@ LAG_PROBE_S: Final = 0.05
 # handler), and its full collections' pauses (which stop every thread).
 LEADER_HISTOGRAMS: Final[dict[str, tuple[str, dict[str, str]]]] = {
     "leader_heartbeat_served_ms": (
-        RPC_SECONDS._name,
+        RPC_SECONDS.describe()[0].name,
         {"method": method_label("/drover.v1.Nodes/UpdateStatus")},
     ),
-    "leader_api_loop_lag_ms": (API_LOOP_LAG_SECONDS._name, {}),
+    "leader_api_loop_lag_ms": (API_LOOP_LAG_SECONDS.describe()[0].name, {}),
     "leader_gc_gen2_pause_ms": (GC_PAUSE_METRIC, {"generation": "2"}),
 }
 

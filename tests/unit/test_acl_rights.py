@@ -74,6 +74,18 @@ def _carries_a_node_secret(rpc: str) -> bool:
 
 def test_rights__token_exempt_rpcs__are_the_client_agents_node_rpcs_and_bootstrap() -> None:
     exempt = sorted(rpc for rpc, need in RIGHTS.items() if need.scope is Scope.OPEN)
+    # Pinned: widening what a node's secret opens without an ACL token is a security
+    # decision, so it takes an edit here, not only in server/acl/rights.py.
+    assert {
+        "Nodes.Register",
+        "Nodes.UpdateStatus",
+        "Nodes.GetClientAllocs",
+        "Nodes.WatchClientAllocs",
+        "Nodes.UpdateAllocs",
+        "Nodes.Connect",
+        "Services.ClientInfo",
+    } == NODE_SECRET_RPCS
+    # And derived: every RPC whose request carries a node secret is in the set, no other.
     assert {rpc for rpc in PROTO_RPCS if _carries_a_node_secret(rpc)} == NODE_SECRET_RPCS
     assert exempt == sorted({*NODE_SECRET_RPCS, "ACL.Bootstrap"})
     assert all(RIGHTS[rpc].why for rpc in exempt), "every exemption says why"

@@ -63,8 +63,8 @@ def settings(data_dir: Path, *servers: FakeServer) -> EmbeddedSettings:
 
 
 @contextmanager
-def running_agent(data_dir: Path, *servers: FakeServer) -> Iterator[ClientAgent]:
-    agent = ClientAgent(settings(data_dir, *servers), tuning=FAST)
+def running_agent(data_dir: Path, *servers: FakeServer, tuning: AgentTuning = FAST) -> Iterator[ClientAgent]:
+    agent = ClientAgent(settings(data_dir, *servers), tuning=tuning)
     agent.start()
     try:
         yield agent
@@ -170,20 +170,15 @@ def test_agent__a_slow_heartbeat_answer_is_waited_for_while_the_ttl_allows(tmp_p
     # 0.5 s. Answers held 0.8 s would time out at 0.5 s, count as lost contact and make the
     # agent register again; waited for, they keep the node registered.
     tuning = dataclasses.replace(FAST, rpc_timeout_s=0.5)
-    with fake_server(ttl_ns=3 * S) as server:
-        agent = ClientAgent(settings(tmp_path, server), tuning=tuning)
-        agent.start()
-        try:
-            agent.wait_registered(10)
-            registrations = server.nodes.methods().count("Register")
-            server.nodes.heartbeat_delay_s = 0.8
-            heard = len(server.nodes.heartbeat_times())
-            # A timed-out heartbeat would be followed by a Register before the next one.
-            wait_until(lambda: len(server.nodes.heartbeat_times()) >= heard + 3, 15, "three slow heartbeats")
-            assert server.nodes.methods().count("Register") == registrations
-            assert agent.registered
-        finally:
-            agent.stop(timeout_s=10)
+    with fake_server(ttl_ns=3 * S) as server, running_agent(tmp_path, server, tuning=tuning) as agent:
+        agent.wait_registered(10)
+        registrations = server.nodes.methods().count("Register")
+        server.nodes.heartbeat_delay_s = 0.8
+        heard = len(server.nodes.heartbeat_times())
+        # A timed-out heartbeat would be followed by a Register before the next one.
+        wait_until(lambda: len(server.nodes.heartbeat_times()) >= heard + 3, 15, "three slow heartbeats")
+        assert server.nodes.methods().count("Register") == registrations
+        assert agent.registered
 
 
 # --- allocs through the blocking query ------------------------------------------------------
