@@ -29,7 +29,13 @@ from dataclasses import replace
 from typing import Final
 
 from drover.scheduler import deployments
-from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State, completed_pass
+from drover.scheduler.interfaces import (
+    SchedulerContext,
+    SchedulerResult,
+    State,
+    blocked_follow_up,
+    completed_pass,
+)
 from drover.scheduler.placement import (
     PlanBuilder,
     feasible_nodes,
@@ -49,12 +55,10 @@ from drover.scheduler.reconciler.generic import (
 from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, tainted_situation
 from drover.scheduler.structs import (
     ALLOC_CLIENT_UNKNOWN,
-    EVAL_STATUS_BLOCKED,
     EVAL_STATUS_FAILED,
     JOB_TYPE_BATCH,
     JOB_TYPE_SERVICE,
     TRIGGER_NODE_DRAIN,
-    TRIGGER_QUEUED_ALLOCS,
     TRIGGER_RETRY_FAILED_ALLOC,
     Allocation,
     AllocMetric,
@@ -339,14 +343,8 @@ def compute_generic(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sche
     queued = {g.name: unplaced.get(g.name, 0) for g in target.groups}
     blocked_id = ""
     if unplaced:
-        blocked = replace(
-            follow_up_eval(
-                ev, ctx.new_id(), TRIGGER_QUEUED_ALLOCS, ctx.now_ns, job=target, status=EVAL_STATUS_BLOCKED
-            ),
-            snapshot_index=state.index,
-            queued_allocations=dict(queued),
-            failed_tg_allocs=dict(failed_tg),
-            failed_tg_metrics=dict(failed_metrics),
+        blocked = blocked_follow_up(
+            ev, state, ctx, target, queued=queued, failed_tg=failed_tg, failed_metrics=failed_metrics
         )
         blocked_id = blocked.id
         created.append(blocked)

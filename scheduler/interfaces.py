@@ -14,7 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from drover.scheduler.structs import (
+    EVAL_STATUS_BLOCKED,
     EVAL_STATUS_COMPLETE,
+    TRIGGER_QUEUED_ALLOCS,
     Allocation,
     AllocMetric,
     Deployment,
@@ -23,12 +25,21 @@ from drover.scheduler.structs import (
     Node,
     Plan,
     SchedulerConfig,
+    follow_up_eval,
 )
 
 if TYPE_CHECKING:
     import random
 
-__all__ = ["Scheduler", "SchedulerContext", "SchedulerResult", "State", "completed_pass", "seed_from"]
+__all__ = [
+    "Scheduler",
+    "SchedulerContext",
+    "SchedulerResult",
+    "State",
+    "blocked_follow_up",
+    "completed_pass",
+    "seed_from",
+]
 
 
 class State(Protocol):
@@ -91,6 +102,31 @@ class SchedulerResult:
     queued: Mapping[str, int] = field(default_factory=dict)
     # Named bucket counts per group, for logs, `drover job plan` and tests.
     annotations: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def blocked_follow_up(
+    ev: Evaluation,
+    state: State,
+    ctx: SchedulerContext,
+    job: Job,
+    *,
+    queued: Mapping[str, int],
+    failed_tg: Mapping[str, str],
+    failed_metrics: Mapping[str, AllocMetric],
+) -> Evaluation:
+    """The blocked eval a pass leaves for what it could not place, whatever the job type:
+    the blocked tracker (server/blocked.py) releases it when capacity changes after the
+    snapshot it was decided on, and ``drover eval status`` explains it from its counts, so
+    every scheduler must fill the same fields."""
+    return replace(
+        follow_up_eval(
+            ev, ctx.new_id(), TRIGGER_QUEUED_ALLOCS, ctx.now_ns, job=job, status=EVAL_STATUS_BLOCKED
+        ),
+        snapshot_index=state.index,
+        queued_allocations=dict(queued),
+        failed_tg_allocs=dict(failed_tg),
+        failed_tg_metrics=dict(failed_metrics),
+    )
 
 
 def completed_pass(

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from drover.scheduler import deployments
-from drover.scheduler.interfaces import SchedulerContext, SchedulerResult, State, completed_pass
+from drover.scheduler.interfaces import (
+    SchedulerContext,
+    SchedulerResult,
+    State,
+    blocked_follow_up,
+    completed_pass,
+)
 from drover.scheduler.placement import (
     PlanBuilder,
     feasible_nodes,
@@ -47,11 +53,9 @@ from drover.scheduler.reconciler.vocabulary import DESC_UNKNOWN, stagger_ns
 from drover.scheduler.structs import (
     ALLOC_CLIENT_LOST,
     ALLOC_CLIENT_UNKNOWN,
-    EVAL_STATUS_BLOCKED,
     EVAL_STATUS_FAILED,
     JOB_TYPE_SYSBATCH,
     JOB_TYPE_SYSTEM,
-    TRIGGER_QUEUED_ALLOCS,
     TRIGGER_ROLLING_UPDATE,
     Allocation,
     AllocMetric,
@@ -180,14 +184,8 @@ def compute_system(ev: Evaluation, state: State, ctx: SchedulerContext) -> Sched
     created: list[Evaluation] = []
     blocked_id = next_id = ""
     if failed_tg and job is not None:
-        blocked = follow_up_eval(
-            ev, ctx.new_id(), TRIGGER_QUEUED_ALLOCS, ctx.now_ns, job=job, status=EVAL_STATUS_BLOCKED
-        )
-        blocked = replace(
-            blocked,
-            queued_allocations=queued,
-            failed_tg_allocs=failed_tg,
-            failed_tg_metrics=dict(outcome.failed_metrics),
+        blocked = blocked_follow_up(
+            ev, state, ctx, job, queued=queued, failed_tg=failed_tg, failed_metrics=outcome.failed_metrics
         )
         created.append(blocked)
         blocked_id = blocked.id
