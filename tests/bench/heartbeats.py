@@ -54,6 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Protocol, Self
 
@@ -776,20 +777,35 @@ def _false_downs(run: _Run, poller: StatusPoller, partitioned: set[str]) -> dict
 
 
 def false_downs(
-    cluster: LocalCluster, api: DroverClient, poller: StatusPoller, watched: set[str]
+    cluster: LocalCluster,
+    api: DroverClient,
+    poller: StatusPoller,
+    watched: set[str],
+    phases: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """How many of the ``watched`` nodes (ones that never stopped heartbeating) were taken
     for down, seen any of three ways: a server logged a missed heartbeat for it, the node
     has a "heartbeat missed" event, or the status poll caught it not ready. The heartbeat
-    and fleet benches both hold their "no false down" target to this one count."""
+    and fleet benches both hold their "no false down" target to this one count.
+
+    ``phases`` (name -> wall-clock start, in order) says when: each logged miss is counted
+    under the last phase begun before its timestamp, and under the server that logged it,
+    because a count alone does not tell a registration burst from a failover."""
     by_log: set[str] = set()
-    for i in range(len(cluster.server_names)):
+    by_phase: Counter[str] = Counter()
+    by_server: Counter[str] = Counter()
+    starts = sorted((phases or {}).items(), key=lambda kv: kv[1])
+    for i, server in enumerate(cluster.server_names):
         for line in cluster.log(i).splitlines():
             if "heartbeat_missed" not in line:
                 continue
-            for word in line.split():
-                if word.startswith("node_id=") and word[len("node_id=") :] in watched:
-                    by_log.add(word[len("node_id=") :])
+            missed = [w[len("node_id=") :] for w in line.split() if w.startswith("node_id=")]
+            if not missed or missed[0] not in watched:
+                continue
+            by_log.add(missed[0])
+            by_server[server] += 1
+            if starts:
+                by_phase[_phase_of(_log_time(line), starts)] += 1
     by_event = {
         n.id
         for n in api.list_nodes().nodes
@@ -797,13 +813,38 @@ def false_downs(
     }
     by_poll = {nid for nid in poller.non_ready_seen if nid in watched}
     union = by_log | by_event | by_poll
-    return {
+    out: dict[str, Any] = {
         "count": len(union),
         "by_leader_log": len(by_log),
         "by_node_event": len(by_event),
         "by_status_poll": len(by_poll),
         "examples": sorted(union)[:10],
+        "logged_by_server": dict(by_server),
     }
+    if starts:
+        out["logged_by_phase"] = {name: by_phase.get(name, 0) for name, _ in starts} | dict(by_phase)
+    return out
+
+
+def _log_time(line: str) -> float | None:
+    """A log line's wall-clock time: drover's key=value lines begin with an ISO timestamp
+    (drover.common.logs)."""
+    first = line.split(maxsplit=1)[0] if line.strip() else ""
+    try:
+        return datetime.fromisoformat(first).timestamp()
+    except ValueError:
+        return None
+
+
+def _phase_of(t: float | None, starts: Sequence[tuple[str, float]]) -> str:
+    if t is None:
+        return "unknown"
+    name = "before_" + starts[0][0]
+    for phase, start in starts:
+        if t < start:
+            break
+        name = phase
+    return name
 
 
 def _measure(run: _Run) -> dict[str, Any]:
