@@ -286,6 +286,7 @@ class ClientAgent:
         self._flush_final()
         if self._tunnel is not None:
             self._tunnel.stop()
+        self._rpc.close()
         self._pool.close()
         if not self._service_watch.join(self._tuning.rpc_timeout_s + 1.0):
             self._log.warning("client.thread_did_not_stop", thread="services-watch")

@@ -6,7 +6,8 @@ and raises ``ServerUnreachable``; the caller's loop waits its backoff and tries 
 every loop owns its own retry policy. Every other status is a ``RequestRejected`` (or
 ``NotFound``, ``Refused``), and the pick stays.
 
-Every call has a deadline: a paused or partitioned server cannot hang a loop.
+Every call has a deadline: a paused or partitioned server cannot hang a loop. The
+heartbeat is a message on one stream held open (``HeartbeatStream``), each with its own.
 
 With ``tls`` every channel is TLS (``drover.common.tls``): the servers' certificates are
 checked against the CA and the server name, and this node presents its own certificate
@@ -15,6 +16,7 @@ when it has one.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, TypeVar
@@ -27,7 +29,7 @@ from drover.common.grpc_options import MESSAGE_SIZE_OPTIONS, fast_reconnect_opti
 from drover.common.tls import TLSMaterial, open_channel
 from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 
-__all__ = ["NodesRpc", "ServerPool", "TunnelStream", "alloc_update_message"]
+__all__ = ["HeartbeatStream", "NodesRpc", "ServerPool", "TunnelStream", "alloc_update_message"]
 
 _UNREACHABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # Statuses that mean "this node must register (again) before it is heard".
@@ -179,6 +181,100 @@ def alloc_update_message(node_id: str, status: AllocStatus) -> structs_pb2.Alloc
     return alloc
 
 
+class _OpenHeartbeats:
+    """One open ``Nodes.Heartbeat`` stream: beats go up ``requests``; a reader thread puts
+    each answer, the error that ended the stream, or ``None`` for an end without one, on
+    ``answers``."""
+
+    def __init__(self, address: str, stub: api_pb2_grpc.NodesStub) -> None:
+        self.address = address
+        self.requests: queue.SimpleQueue[api_pb2.NodeUpdateStatusRequest | None] = queue.SimpleQueue()
+        self.answers: queue.SimpleQueue[api_pb2.NodeUpdateStatusResponse | grpc.RpcError | None] = (
+            queue.SimpleQueue()
+        )
+        self._call = stub.Heartbeat(iter(self.requests.get, None))
+        threading.Thread(target=self._read, name="client-heartbeat-stream", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for answer in self._call:
+                self.answers.put(answer)
+            self.answers.put(None)
+        except grpc.RpcError as exc:
+            self.answers.put(exc)
+
+    def close(self) -> None:
+        self.requests.put(None)  # ends grpc's thread that sends the requests
+        cancel = getattr(self._call, "cancel", None)
+        if cancel is not None:
+            cancel()
+
+
+class HeartbeatStream:
+    """The heartbeat as messages on one ``Nodes.Heartbeat`` stream to the current server,
+    opened on the first beat and again after anything goes wrong.
+
+    Why a stream: the server accepts new calls one at a time (grpc.aio), and with a fleet
+    of clients each heartbeat call waited its turn there, seconds under load, where a message
+    on a stream already open is read with every other. Each beat still has its own deadline:
+    one unanswered in time closes the stream (a late answer is never taken for the next
+    beat's) and fails over as an unanswered call does; an error ends the stream with the
+    status its UpdateStatus call would have had, and is translated the same way."""
+
+    def __init__(self, pool: ServerPool) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._open: _OpenHeartbeats | None = None
+        self._closed = False
+
+    def beat(
+        self, request: api_pb2.NodeUpdateStatusRequest, timeout_s: float
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        address = self._pool.current()
+        stream = self._stream_to(address)
+        stream.requests.put(request)
+        try:
+            answer = stream.answers.get(timeout=timeout_s)
+        except queue.Empty:
+            self._drop(stream)
+            self._pool.failed(address)
+            raise ServerUnreachable(
+                address, "DEADLINE_EXCEEDED", f"no heartbeat answer in {timeout_s:.1f}s"
+            ) from None
+        if isinstance(answer, api_pb2.NodeUpdateStatusResponse):
+            return answer
+        self._drop(stream)
+        if answer is None:
+            self._pool.failed(address)
+            raise ServerUnreachable(address, "UNAVAILABLE", "the server ended the heartbeat stream")
+        raise self._pool._translate(address, answer) from answer
+
+    def _stream_to(self, address: str) -> _OpenHeartbeats:
+        with self._lock:
+            if self._closed:
+                raise ServerUnreachable(address, "CANCELLED", "the agent is shutting down")
+            stream = self._open
+            if stream is not None and stream.address != address:
+                stream.close()  # the pool moved on (failover): beat to the new server
+                stream = None
+            if stream is None:
+                stream = self._open = _OpenHeartbeats(address, self._pool.stub(address))
+            return stream
+
+    def _drop(self, stream: _OpenHeartbeats) -> None:
+        with self._lock:
+            if self._open is stream:
+                self._open = None
+        stream.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            stream, self._open = self._open, None
+        if stream is not None:
+            stream.close()
+
+
 class NodesRpc:
     """The four calls a client makes, each with a deadline (the RPC timeout, the heartbeat's
     its own)."""
@@ -186,6 +282,11 @@ class NodesRpc:
     def __init__(self, pool: ServerPool, *, timeout_s: float = 5.0) -> None:
         self.pool = pool
         self._timeout_s = timeout_s
+        self._heartbeats = HeartbeatStream(pool)
+
+    def close(self) -> None:
+        """End the heartbeat stream; before ``pool.close()``, so its threads end with it."""
+        self._heartbeats.close()
 
     def register(self, node: structs_pb2.Node) -> int:
         """Register (or re-register) the node; the heartbeat TTL in ns."""
@@ -194,12 +295,11 @@ class NodesRpc:
         return int(resp.heartbeat_ttl_ns)
 
     def heartbeat(self, node_id: str, secret_id: str, *, timeout_s: float) -> int:
-        """UpdateStatus(ready): the heartbeat; the next TTL in ns. Its own deadline, not the
-        RPC timeout: it may wait while the TTL allows (client_agent/sync.py
+        """UpdateStatus(ready), on the heartbeat stream: the next TTL in ns. Its own deadline,
+        not the RPC timeout: it may wait while the TTL allows (client_agent/sync.py
         ``heartbeat_timeout_s``)."""
         req = api_pb2.NodeUpdateStatusRequest(node_id=node_id, status="ready", secret_id=secret_id)
-        resp = self.pool.call(lambda s: s.UpdateStatus(req, timeout=timeout_s))
-        return int(resp.heartbeat_ttl_ns)
+        return int(self._heartbeats.beat(req, timeout_s).heartbeat_ttl_ns)
 
     def get_allocs(
         self, node_id: str, secret_id: str, *, min_index: int, wait_s: float

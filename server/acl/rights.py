@@ -161,6 +161,8 @@ NODE_SECRET_RPCS: Final = frozenset(
     {
         "Nodes.Register",
         "Nodes.UpdateStatus",
+        # UpdateStatus as a stream: each request on it is checked as one UpdateStatus.
+        "Nodes.Heartbeat",
         "Nodes.GetClientAllocs",
         "Nodes.WatchClientAllocs",
         "Nodes.UpdateAllocs",

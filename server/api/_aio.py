@@ -20,6 +20,9 @@ cheap on the loop instead:
   ``Nodes.Connect``, ``Events.Stream``, the latter through ``rpc``'s async-stream wrapper
   in server/api/_base.py) run on the loop as they are: what every node holds open costs
   no thread;
+* a stream of unary calls (``Nodes.Heartbeat``, declared with ``each_request_as``,
+  server/api/_park.py) serves each request as its unary method's handler above, in turn,
+  on the loop: a caller that would call again and again keeps one stream instead;
 * sync streaming handlers (followed logs, health watches) each get a thread of their own
   for as long as they stream, never one of the pool's: a stream that waits can not starve
   the unary calls.
@@ -38,7 +41,7 @@ import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import grpc
 import structlog
@@ -54,11 +57,13 @@ from drover.server.api._park import (
     Parking,
     ParkRequest,
     parking_scope,
+    rpc_each,
     rpc_inline,
     rpc_kind,
 )
 from drover.server.errors import DroverError
 from drover.server.inline import run_inline
+from drover.server.telemetry.rpc import method_label, observe_call
 
 if TYPE_CHECKING:
     from drover.common.tls import TLSMaterial
@@ -255,6 +260,12 @@ class SyncBridge(HandlerRewriter):
         def bridged(kind: Kind, behaviour: Callable[..., Any]) -> Callable[..., Any]:
             if _is_async(behaviour):
                 return behaviour
+            unary_name = rpc_each(behaviour)
+            if kind == "stream_stream" and unary_name:
+                servicer: Any = cast(Any, behaviour).__self__  # a bound method of the servicer
+                unary = getattr(servicer, unary_name)
+                label = method_label(f"{method.rsplit('/', 1)[0]}/{unary_name}")
+                return self._each(label, self._unary(unary))
             if kind == "unary_unary":
                 return self._unary(behaviour)
             if kind == "stream_unary":
@@ -302,6 +313,38 @@ class SyncBridge(HandlerRewriter):
                 sync.end()
 
         return handle
+
+    # -- a stream of unary calls (server/api/_park.py each_request_as) ----------------------
+
+    @staticmethod
+    def _each(
+        label: str, serve: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+    ) -> Callable[..., AsyncIterator[Any]]:
+        """Each request served by ``serve`` (the unary method's bridged handler) in turn, and
+        counted and timed as one call of ``label``: the stream's own count says only that it
+        was open, and an operator reads the unary call's latency (deploy/RUNBOOK.md)."""
+
+        async def stream(
+            request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            async for request in request_iterator:
+                started = time.perf_counter()
+                code = "UNKNOWN"
+                try:
+                    response = await serve(request, context)
+                    code = "OK"
+                except asyncio.CancelledError:
+                    code = "CANCELLED"  # the caller went away
+                    raise
+                except BaseException:
+                    ended = context.code()  # the abort's, when it was one
+                    code = ended.name if isinstance(ended, grpc.StatusCode) else code
+                    raise
+                finally:
+                    observe_call(label, code, time.perf_counter() - started)
+                yield response
+
+        return stream
 
     async def _forward(self, forward: ForwardRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         channel = self._channels.get(forward.address)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +35,10 @@ __all__ = [
     "ParkRequest",
     "Parking",
     "current_parking",
+    "each_request_as",
     "node_caller",
     "parking_scope",
+    "rpc_each",
     "rpc_inline",
 ]
 
@@ -134,6 +136,35 @@ def mark_rpc_kind(handler: Callable[..., Any], kind: str, *, inline: bool = Fals
     (server/inline.py), otherwise in a pool (writes wait for a commit in theirs)."""
     setattr(handler, _RPC_KIND_ATTR, kind)
     setattr(handler, _RPC_INLINE_ATTR, inline)
+
+
+_RPC_EACH_ATTR = "drover_rpc_each"
+
+
+def each_request_as(unary_name: str) -> Callable[..., Iterator[Any]]:
+    """A stream-stream servicer method that serves every request on it as one call of the
+    servicer's unary method ``unary_name``, answered in order; the first error ends the
+    stream with that call's status.
+
+    A caller that would make the same call again and again (a heartbeat) keeps one stream
+    open instead: grpc.aio's server accepts new calls one at a time, each a hand-off between
+    its poller thread and the loop, and under load a fleet's calls waited there for seconds,
+    where the messages of open streams are read together. The bridge (server/api/_aio.py)
+    runs each request exactly as that unary call runs (limits, ACL or node secret, inline
+    write, forwarding to the leader); the body here is what a sync grpc server runs."""
+
+    def stream(self: Any, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
+        unary = getattr(self, unary_name)
+        for request in request_iterator:
+            yield unary(request, context)
+
+    setattr(stream, _RPC_EACH_ATTR, unary_name)
+    return stream
+
+
+def rpc_each(handler: Callable[..., Any]) -> str:
+    """The unary method ``each_request_as`` serves ``handler``'s requests as, or ""."""
+    return str(getattr(handler, _RPC_EACH_ATTR, ""))
 
 
 def rpc_inline(handler: Callable[..., Any]) -> bool:

@@ -1,10 +1,11 @@
 """Nodes service: registration, status, drain and eligibility, and the client's alloc feed.
 
-Node identity. The calls a client agent makes (Register, UpdateStatus, GetClientAllocs,
-WatchClientAllocs, UpdateAllocs) authenticate with the node's own secret, not with an ACL
-token: Register is trust-on-first-use, every later call needs the secret whose hash the
-node was registered with, and a node reads and reports only its own allocs
-(``Endpoints.authenticate_node``). No read answer carries a node's secret or its hash.
+Node identity. The calls a client agent makes (Register, UpdateStatus and its stream
+Heartbeat, GetClientAllocs, WatchClientAllocs, UpdateAllocs) authenticate with the node's
+own secret, not with an ACL token: Register is trust-on-first-use, every later call needs
+the secret whose hash the node was registered with, and a node reads and reports only its
+own allocs (``Endpoints.authenticate_node``). No read answer carries a node's secret or
+its hash.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from drover.scheduler.structs import Node
 from drover.server.api._base import DEFAULT_WAIT_S, MAX_WAIT_S, get_by_id, meta_for, query, rpc, write_meta
 from drover.server.api._limits import CALLER_CHECK_S, caller_limits, caller_waiting
 from drover.server.api._notify import notifier_for
-from drover.server.api._park import ParkRequest, current_parking, node_caller
+from drover.server.api._park import ParkRequest, current_parking, each_request_as, node_caller
 from drover.server.api.tunnel import NodeTunnelMixin
 from drover.server.codec import from_proto, to_proto
 from drover.server.endpoints import decode_drain
@@ -111,6 +112,10 @@ class NodesServicer(NodeTunnelMixin, api_pb2_grpc.NodesServicer):
         return api_pb2.NodeUpdateStatusResponse(
             meta=write_meta(index), heartbeat_ttl_ns=ttl, eval_ids=eval_ids
         )
+
+    # The client agent's heartbeat (client_agent/rpc.py): UpdateStatus, a message at a time
+    # on one open stream; each is checked, forwarded and answered as an UpdateStatus call.
+    Heartbeat = each_request_as("UpdateStatus")
 
     @rpc(S, "read")
     def List(

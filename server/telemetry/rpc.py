@@ -23,7 +23,7 @@ import grpc
 from drover.common.grpc_handlers import HandlerRewriter, rebuild_handler
 from drover.server.telemetry.metrics import RPC_REQUESTS, RPC_SECONDS
 
-__all__ = ["AioRpcMetrics", "method_label"]
+__all__ = ["AioRpcMetrics", "method_label", "observe_call"]
 
 
 def method_label(full_method: str) -> str:
@@ -47,6 +47,12 @@ def _aio_code_of(context: grpc.aio.ServicerContext[Any, Any], ended: str) -> str
     return ended
 
 
+def observe_call(label: str, code: str, seconds: float) -> None:
+    """Count and time one call of ``label`` (``Nodes.UpdateStatus``) that ended with ``code``."""
+    RPC_REQUESTS.labels(label, code).inc()
+    RPC_SECONDS.labels(label, code).observe(seconds)
+
+
 class AioRpcMetrics(HandlerRewriter):
     def rewrite(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
@@ -54,9 +60,7 @@ class AioRpcMetrics(HandlerRewriter):
         label = method_label(method)
 
         def observe(context: grpc.aio.ServicerContext[Any, Any], started: float, ended: str) -> None:
-            code = _aio_code_of(context, ended)
-            RPC_REQUESTS.labels(label, code).inc()
-            RPC_SECONDS.labels(label, code).observe(time.perf_counter() - started)
+            observe_call(label, _aio_code_of(context, ended), time.perf_counter() - started)
 
         def timed(behavior: Callable[..., Any]) -> Callable[..., Any]:
             if inspect.isasyncgenfunction(behavior):

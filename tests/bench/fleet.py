@@ -7,7 +7,8 @@ coroutine pair per client):
 
 * ``Nodes.Register`` with the node's secret; again after a failed heartbeat or a refused
   report (the agent's rule; a failed watch only backs off);
-* ``Nodes.UpdateStatus(ready)`` every half of the TTL the leader returned;
+* ``UpdateStatus(ready)`` every half of the TTL the leader returned, as a message on its
+  ``Nodes.Heartbeat`` stream, as the agent beats (client_agent/rpc.py);
 * its alloc watch: a blocking ``Nodes.GetClientAllocs(min_index=last index)`` held open
   (at most ``WATCH_WAIT_S``), forwarded to the leader by a follower as for real clients;
 * ``Nodes.UpdateAllocs``: every alloc placed on it reported ``running``, as its runner would;
@@ -38,7 +39,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import grpc
 
@@ -137,6 +138,42 @@ class FleetConfig:
 # --- the simulator (a child process) ----------------------------------------------------------
 
 
+class _BeatStream:
+    """One client's open ``Nodes.Heartbeat`` stream, as the agent's HeartbeatStream holds
+    it (client_agent/rpc.py): a beat is a message up and its answer down, each with its own
+    deadline; anything that goes wrong closes the stream, and the next beat opens another."""
+
+    def __init__(self, stub: api_pb2_grpc.NodesStub, slot: int) -> None:
+        self.slot = slot
+        self._up: asyncio.Queue[api_pb2.NodeUpdateStatusRequest | None] = asyncio.Queue()
+        self._call = stub.Heartbeat(self._requests())
+
+    async def _requests(self) -> AsyncIterator[api_pb2.NodeUpdateStatusRequest]:
+        while (request := await self._up.get()) is not None:
+            yield request
+
+    async def beat(
+        self, request: api_pb2.NodeUpdateStatusRequest, timeout_s: float
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        await self._up.put(request)
+        try:
+            answer = await asyncio.wait_for(self._call.read(), timeout_s)
+        except TimeoutError:
+            raise _status_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no heartbeat answer in time") from None
+        if answer is grpc.aio.EOF:
+            raise _status_error(grpc.StatusCode.UNAVAILABLE, "the server ended the heartbeat stream")
+        return cast(api_pb2.NodeUpdateStatusResponse, answer)
+
+    def close(self) -> None:
+        self._up.put_nowait(None)
+        self._call.cancel()
+
+
+def _status_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """A failure seen by the simulator itself, counted as the call's would be."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
 @dataclass(slots=True)
 class _Client:
     index: int
@@ -144,6 +181,7 @@ class _Client:
     ttl_s: float = MIN_TTL_S
     registered: bool = False
     heard_at: float = 0.0  # monotonic time of the last answered Register or heartbeat
+    beats: _BeatStream | None = None
 
 
 class _Sim(NodeSim):
@@ -208,7 +246,7 @@ class _Sim(NodeSim):
                     ttl_left_s = client.heard_at + client.ttl_s - time.monotonic()
                     timeout = heartbeat_timeout_s(ttl_left_s, HEARTBEAT_TIMEOUT_S)
                     response = await self._timed(
-                        KIND_HEARTBEAT, client, lambda s, t=timeout: s.UpdateStatus(beat, timeout=t)
+                        KIND_HEARTBEAT, client, lambda s, t=timeout: self._beat(client, s, beat, t)
                     )
                     client.ttl_s = response.heartbeat_ttl_ns / 1e9 or client.ttl_s
                     client.heard_at = time.monotonic()
@@ -223,6 +261,27 @@ class _Sim(NodeSim):
                 await self._sleep(self.rng.uniform(0, client.ttl_s / 2))
             else:
                 await self._sleep(client.ttl_s / 2)
+
+    async def _beat(
+        self,
+        client: _Client,
+        stub: api_pb2_grpc.NodesStub,
+        beat: api_pb2.NodeUpdateStatusRequest,
+        timeout_s: float,
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        """A beat on the client's stream to its current server (opened here when there is
+        none, or it is to another server); a failed beat closes it."""
+        if client.beats is not None and client.beats.slot != client.slot:
+            client.beats.close()
+            client.beats = None
+        if client.beats is None:
+            client.beats = _BeatStream(stub, client.slot)
+        try:
+            return await client.beats.beat(beat, timeout_s)
+        except BaseException:
+            client.beats.close()
+            client.beats = None
+            raise
 
     async def _watch(self, client: _Client) -> None:
         """The alloc watch, and the runner's reports of what it is given."""
@@ -488,12 +547,14 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     cfg, cluster = fleet.cfg, fleet.cluster
     out: dict[str, Any] = {}
     started = time.monotonic()
+    phases = {"registration": time.time()}
     fleet.spawn()
     _procs.wait_until(
         lambda: fleet.status("registered") >= cfg.clients, cfg.registration_timeout_s, "every client registered",
         fleet.children, interval=0.5,
     )  # fmt: skip
     out["registration_s"] = round(time.monotonic() - started, 2)
+    phases["placement"] = time.time()
     api.register_job(job_proto(cfg.job_count))
     placed = time.monotonic()
     _procs.wait_until(
@@ -514,14 +575,14 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     with StatusPoller(cluster.grpc_addresses[poll_at]) as poller, _Reader(cluster.grpc_addresses) as reader:
         leader_before = _scrape_leader(leader_http)
         cpu.start(time.monotonic())
-        window_start = time.time()
+        window_start = phases["window"] = time.time()
         _procs.wait_until(
             lambda: time.time() >= window_start + cfg.failover_at_s, cfg.failover_at_s + 5, "the failover moment",
             fleet.children, interval=0.2,
         )  # fmt: skip
         leader_at_kill = _scrape_leader(leader_http)
         cpu_before_failover = cpu.stop(time.monotonic())
-        killed_at = time.time()
+        killed_at = phases["after_failover"] = time.time()
         cluster.kill(leader)
         new_leader = cluster.wait_for_leader(CLUSTER_WAIT_S)
         out["failover"] = {
@@ -557,7 +618,7 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
         "failover_ttl_s": FAILOVER_TTL_S,
     }
     out["false_downs"] = false_downs(
-        cluster, api, poller, {node_id(fleet.nonce, i) for i in range(cfg.clients)}
+        cluster, api, poller, {node_id(fleet.nonce, i) for i in range(cfg.clients)}, phases
     )
     out["non_ready_at_end"] = len(non_ready)
     out["client_errors"] = collected.errors

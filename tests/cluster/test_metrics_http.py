@@ -132,6 +132,15 @@ def test_metrics_http__values_move_when_a_job_runs(one_of_each: LocalCluster) ->
     # The API loop's lag probe runs in a real server (server/telemetry/loop_lag.py).
     assert value(after, "drover_api_loop_lag_seconds_count") > 0
 
+    # The real client beats on its Nodes.Heartbeat stream (client_agent/rpc.py), and the
+    # server counts and times each beat as the UpdateStatus call it is served as.
+    def beats_counted() -> float:
+        return value(
+            scrape(server), "drover_rpc_request_seconds_count", method="Nodes.UpdateStatus", code="OK"
+        )
+
+    wait_for(beats_counted, WAIT_S, 0.5, "a heartbeat counted as a Nodes.UpdateStatus call")
+
     def client_running() -> list[Sample] | None:
         now = scrape(client_agent)
         return now if value(now, "drover_client_allocs", client_status="running") == 2 else None

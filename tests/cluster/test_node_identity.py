@@ -20,7 +20,7 @@ import pytest
 from deploy.cluster import LocalCluster, wait_for
 from drover.common.secrets import hash_secret
 from drover.sdk import DroverClient, DroverError
-from drover.v1 import structs_pb2
+from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node, simulated_secret
@@ -140,6 +140,26 @@ def test_other_nodes_secret__can_not_touch_an_alloc(rig: Rig) -> None:
     rig.refused(lambda: rig.api.get_client_allocs("n1", n2))
     rig.refused(lambda: rig.api.update_node_status("n1", "down", secret_id=n2))
     assert rig.api.get_alloc(alloc.id).alloc.client_status != "failed"
+
+
+def test_heartbeat_stream__every_beat_needs_the_nodes_own_secret(rig: Rig) -> None:
+    """``Nodes.Heartbeat``, the stream the client agent beats on, serves each message as an
+    UpdateStatus call: n1's beats with its own secret are answered in turn, and a beat for
+    n1 with n2's secret ends the stream PERMISSION_DENIED and changes nothing."""
+    own = api_pb2.NodeUpdateStatusRequest(node_id="n1", status="ready", secret_id=simulated_secret("n1"))
+    forged = api_pb2.NodeUpdateStatusRequest(node_id="n1", status="down", secret_id=simulated_secret("n2"))
+    with grpc.insecure_channel(rig.cluster.grpc_addresses[0]) as channel:
+        stub = api_pb2_grpc.NodesStub(channel)
+        answers = list(stub.Heartbeat(iter([own, own, own]), timeout=30))
+        assert len(answers) == 3 and all(a.heartbeat_ttl_ns > 0 for a in answers)
+        before = rig.digest()
+        after_forged: list[api_pb2.NodeUpdateStatusResponse] = []
+        with pytest.raises(grpc.RpcError) as refused:
+            after_forged.extend(stub.Heartbeat(iter([own, forged, own]), timeout=30))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
+    assert len(after_forged) == 1, "answered up to the forged beat, and nothing after it"
+    assert rig.digest() == before
+    assert rig.api.get_node("n1").node.status == "ready"
 
 
 def test_own_secret__reads_and_reports_its_own_allocs(rig: Rig) -> None:

@@ -79,6 +79,7 @@ def test_rights__token_exempt_rpcs__are_the_client_agents_node_rpcs_and_bootstra
     assert {
         "Nodes.Register",
         "Nodes.UpdateStatus",
+        "Nodes.Heartbeat",
         "Nodes.GetClientAllocs",
         "Nodes.WatchClientAllocs",
         "Nodes.UpdateAllocs",

@@ -1,8 +1,9 @@
 """An in-process fake of the servers' Nodes service, for the client agent's tests.
 
 ``FakeNodes`` is a real gRPC server on a loopback port 0 with just enough of the Nodes
-service for a client: Register, UpdateStatus (heartbeat), GetClientAllocs (a real blocking
-query on a per-node index), and UpdateAllocs. Tests drive it like the leader would:
+service for a client: Register, UpdateStatus (the heartbeat, also as messages on the
+Heartbeat stream the agent keeps open), GetClientAllocs (a real blocking query on a
+per-node index), and UpdateAllocs. Tests drive it like the leader would:
 ``place`` an alloc, ``set_desired`` it to stop, ``remove`` it (garbage collection),
 ``mark_down`` the node (after which it refuses the node's updates with FAILED_PRECONDITION
 until it registers again, as the real servers must), or make every RPC fail with
@@ -124,6 +125,7 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
         self.status: dict[str, str] = {}
         self.registrations: list[structs_pb2.Node] = []
         self.heartbeats: list[Heartbeat] = []
+        self.heartbeat_streams = 0  # Nodes.Heartbeat streams opened
         self.allocs: dict[str, structs_pb2.Allocation] = {}
         self.jobs: dict[str, structs_pb2.Job] = {}
         self.update_requests: list[api_pb2.AllocUpdateRequest] = []
@@ -262,6 +264,16 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
         if delay_s:
             time.sleep(delay_s)  # outside the fake's lock: only this call waits
         return api_pb2.NodeUpdateStatusResponse(heartbeat_ttl_ns=self.ttl_ns)
+
+    def Heartbeat(
+        self, request_iterator: Iterator[api_pb2.NodeUpdateStatusRequest], context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.NodeUpdateStatusResponse]:
+        """UpdateStatus, a message at a time, as the servers serve ``Nodes.Heartbeat``: the
+        first refusal ends the stream with its status."""
+        with self.cond:
+            self.heartbeat_streams += 1
+        for request in request_iterator:
+            yield self.UpdateStatus(request, context)
 
     def _response(self, node_id: str) -> api_pb2.ClientAllocsResponse:
         resp = api_pb2.ClientAllocsResponse(meta=api_pb2.QueryMeta(index=self.node_index.get(node_id, 0)))

@@ -596,6 +596,11 @@ class NodesStub:
                 request_serializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusRequest.SerializeToString,
                 response_deserializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusResponse.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.stream_stream(
+                '/drover.v1.Nodes/Heartbeat',
+                request_serializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusRequest.SerializeToString,
+                response_deserializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusResponse.FromString,
+                _registered_method=True)
         self.List = channel.unary_unary(
                 '/drover.v1.Nodes/List',
                 request_serializer=drover_dot_v1_dot_api__pb2.NodeListRequest.SerializeToString,
@@ -659,6 +664,17 @@ class NodesServicer:
 
     def UpdateStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request_iterator, context):
+        """The client agent's heartbeat: UpdateStatus as messages on one stream it keeps open to
+        its server. Each request is served as one UpdateStatus call (the same node-secret
+        check, the same forwarding to the leader) and answered in order; an error ends the
+        stream with that call's status. One stream, not a call per beat: the server accepts
+        new calls one at a time, and under load a fleet's heartbeats queued there for seconds.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -744,6 +760,11 @@ def add_NodesServicer_to_server(servicer, server):
             ),
             'UpdateStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateStatus,
+                    request_deserializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusRequest.FromString,
+                    response_serializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.stream_stream_rpc_method_handler(
+                    servicer.Heartbeat,
                     request_deserializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusRequest.FromString,
                     response_serializer=drover_dot_v1_dot_api__pb2.NodeUpdateStatusResponse.SerializeToString,
             ),
@@ -850,6 +871,33 @@ class Nodes:
             request,
             target,
             '/drover.v1.Nodes/UpdateStatus',
+            drover_dot_v1_dot_api__pb2.NodeUpdateStatusRequest.SerializeToString,
+            drover_dot_v1_dot_api__pb2.NodeUpdateStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/drover.v1.Nodes/Heartbeat',
             drover_dot_v1_dot_api__pb2.NodeUpdateStatusRequest.SerializeToString,
             drover_dot_v1_dot_api__pb2.NodeUpdateStatusResponse.FromString,
             options,

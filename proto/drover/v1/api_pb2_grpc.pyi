@@ -182,6 +182,13 @@ class NodesStub:
     def __new__(cls, channel: _aio.Channel) -> NodesAsyncStub: ...
     Register: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeRegisterRequest, _api_pb2.NodeRegisterResponse]
     UpdateStatus: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeUpdateStatusRequest, _api_pb2.NodeUpdateStatusResponse]
+    Heartbeat: _grpc.StreamStreamMultiCallable[_api_pb2.NodeUpdateStatusRequest, _api_pb2.NodeUpdateStatusResponse]
+    """The client agent's heartbeat: UpdateStatus as messages on one stream it keeps open to
+    its server. Each request is served as one UpdateStatus call (the same node-secret
+    check, the same forwarding to the leader) and answered in order; an error ends the
+    stream with that call's status. One stream, not a call per beat: the server accepts
+    new calls one at a time, and under load a fleet's heartbeats queued there for seconds.
+    """
     List: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeListRequest, _api_pb2.NodeListResponse]
     Get: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeGetRequest, _api_pb2.NodeGetResponse]
     UpdateDrain: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeUpdateDrainRequest, _api_pb2.NodeUpdateDrainResponse]
@@ -213,6 +220,13 @@ class NodesAsyncStub(NodesStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Register: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeRegisterRequest, _api_pb2.NodeRegisterResponse]  # type: ignore[assignment]
     UpdateStatus: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeUpdateStatusRequest, _api_pb2.NodeUpdateStatusResponse]  # type: ignore[assignment]
+    Heartbeat: _aio.StreamStreamMultiCallable[_api_pb2.NodeUpdateStatusRequest, _api_pb2.NodeUpdateStatusResponse]  # type: ignore[assignment]
+    """The client agent's heartbeat: UpdateStatus as messages on one stream it keeps open to
+    its server. Each request is served as one UpdateStatus call (the same node-secret
+    check, the same forwarding to the leader) and answered in order; an error ends the
+    stream with that call's status. One stream, not a call per beat: the server accepts
+    new calls one at a time, and under load a fleet's heartbeats queued there for seconds.
+    """
     List: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeListRequest, _api_pb2.NodeListResponse]  # type: ignore[assignment]
     Get: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeGetRequest, _api_pb2.NodeGetResponse]  # type: ignore[assignment]
     UpdateDrain: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeUpdateDrainRequest, _api_pb2.NodeUpdateDrainResponse]  # type: ignore[assignment]
@@ -253,6 +267,19 @@ class NodesServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.NodeUpdateStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.NodeUpdateStatusResponse, _abc.Awaitable[_api_pb2.NodeUpdateStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Heartbeat(
+        self,
+        request_iterator: _MaybeAsyncIterator[_api_pb2.NodeUpdateStatusRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_api_pb2.NodeUpdateStatusResponse], _abc.AsyncIterator[_api_pb2.NodeUpdateStatusResponse]]:
+        """The client agent's heartbeat: UpdateStatus as messages on one stream it keeps open to
+        its server. Each request is served as one UpdateStatus call (the same node-secret
+        check, the same forwarding to the leader) and answered in order; an error ends the
+        stream with that call's status. One stream, not a call per beat: the server accepts
+        new calls one at a time, and under load a fleet's heartbeats queued there for seconds.
+        """
 
     @_abc_1.abstractmethod
     def List(
