@@ -226,6 +226,58 @@ def _in_thread(name: str, fn: Callable[[], Any]) -> concurrent.futures.Future[An
     return done
 
 
+class _Relay:
+    """The requests of one caller's stream of unary calls that this server forwards, sent to
+    the leader as messages on one stream of the same method (opened at the first, and again
+    when the leader moves), answered in order as the leader serves them. The leader's
+    stream ends at its first error, so the caller's ends with the same status: the stream
+    relayed is the caller's own, never shared with another caller's requests."""
+
+    def __init__(self, channel_to: Callable[[str], grpc.aio.Channel], method: str) -> None:
+        self._channel_to = channel_to
+        self._method = method
+        self._address = ""
+        self._up: asyncio.Queue[Any] = asyncio.Queue()
+        self._call: grpc.aio.StreamStreamCall[Any, Any] | None = None
+
+    async def forward(self, forward: ForwardRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if self._call is None or self._address != forward.address:
+            self.close()
+            self._up = asyncio.Queue()
+            self._address = forward.address
+            self._call = self._channel_to(forward.address).stream_stream(
+                self._method,
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=forward.response_cls.FromString,
+            )(_drained(self._up), metadata=forward.metadata)
+        call = self._call
+        await self._up.put(forward.request)
+        try:
+            answer = await asyncio.wait_for(call.read(), forward.timeout)
+        except TimeoutError:
+            self.close()
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the leader did not answer in time")
+        except grpc.aio.AioRpcError as exc:
+            self.close()
+            await context.abort(exc.code(), exc.details() or "forwarded call failed")
+        if answer is grpc.aio.EOF:
+            self.close()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the leader ended the forwarded stream")
+        return answer
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._up.put_nowait(None)
+            self._call.cancel()
+            self._call = None
+
+
+async def _drained(queue: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+    """What is put on ``queue``, until a None."""
+    while (item := await queue.get()) is not None:
+        yield item
+
+
 class SyncBridge(HandlerRewriter):
     """The innermost interceptor: every sync handler becomes a coroutine (see above)."""
 
@@ -265,7 +317,7 @@ class SyncBridge(HandlerRewriter):
                 servicer: Any = cast(Any, behaviour).__self__  # a bound method of the servicer
                 unary = getattr(servicer, unary_name)
                 label = method_label(f"{method.rsplit('/', 1)[0]}/{unary_name}")
-                return self._each(label, self._unary(unary))
+                return self._each(method, label, self._unary(unary))
             if kind == "unary_unary":
                 return self._unary(behaviour)
             if kind == "stream_unary":
@@ -280,7 +332,11 @@ class SyncBridge(HandlerRewriter):
         pool = self._write_pool if rpc_kind(behaviour) == "write" else self._pool
         inline = rpc_inline(behaviour)
 
-        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def handle(
+            request: Any,
+            context: grpc.aio.ServicerContext[Any, Any],
+            relay: _Relay | None = None,
+        ) -> Any:
             loop = asyncio.get_running_loop()
             sync = SyncContext(context, loop)
             parking = Parking()
@@ -302,6 +358,8 @@ class SyncBridge(HandlerRewriter):
                         await confirm.confirm()
                         parking.confirmed = True
                     except ForwardRequest as forward:
+                        if relay is not None:
+                            return await relay.forward(forward, context)
                         return await self._forward(forward, context)
             except Aborted as aborted:
                 await context.abort(aborted.code, aborted.details)
@@ -316,49 +374,68 @@ class SyncBridge(HandlerRewriter):
 
     # -- a stream of unary calls (server/api/_park.py each_request_as) ----------------------
 
-    @staticmethod
     def _each(
-        label: str, serve: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+        self, method: str, label: str, serve: Callable[..., Awaitable[Any]]
     ) -> Callable[..., AsyncIterator[Any]]:
         """Each request served by ``serve`` (the unary method's bridged handler) in turn, and
         counted and timed as one call of ``label``: the stream's own count says only that it
-        was open, and an operator reads the unary call's latency (deploy/RUNBOOK.md)."""
+        was open, and an operator reads the unary call's latency (deploy/RUNBOOK.md). A
+        request this server would forward goes to the leader on one stream of the same
+        method (``_Relay``), not as a call each: the leader accepts calls one at a time too."""
 
         async def stream(
             request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            async for request in request_iterator:
-                started = time.perf_counter()
-                code = "UNKNOWN"
-                try:
-                    response = await serve(request, context)
-                    code = "OK"
-                except asyncio.CancelledError:
-                    code = "CANCELLED"  # the caller went away
-                    raise
-                except BaseException:
-                    ended = context.code()  # the abort's, when it was one
-                    code = ended.name if isinstance(ended, grpc.StatusCode) else code
-                    raise
-                finally:
-                    observe_call(label, code, time.perf_counter() - started)
-                yield response
+            relay = _Relay(self._channel, method)
+            try:
+                async for request in request_iterator:
+                    yield await self._each_one(label, serve, request, context, relay)
+            finally:
+                relay.close()
 
         return stream
 
-    async def _forward(self, forward: ForwardRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        channel = self._channels.get(forward.address)
+    @staticmethod
+    async def _each_one(
+        label: str,
+        serve: Callable[..., Awaitable[Any]],
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        relay: _Relay,
+    ) -> Any:
+        started = time.perf_counter()
+        code = "UNKNOWN"
+        try:
+            response = await serve(request, context, relay)
+            code = "OK"
+        except asyncio.CancelledError:
+            code = "CANCELLED"  # the caller went away
+            raise
+        except BaseException:
+            ended = context.code()  # the abort's, when it was one
+            code = ended.name if isinstance(ended, grpc.StatusCode) else code
+            raise
+        finally:
+            observe_call(label, code, time.perf_counter() - started)
+        return response
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        """The aio channel this server forwards to ``address`` on (one per address)."""
+        channel = self._channels.get(address)
         if channel is None:
             if self._tls is None:
-                channel = grpc.aio.insecure_channel(forward.address, options=list(MESSAGE_SIZE_OPTIONS))
+                channel = grpc.aio.insecure_channel(address, options=list(MESSAGE_SIZE_OPTIONS))
             else:
                 channel = grpc.aio.secure_channel(
-                    forward.address,
+                    address,
                     self._tls.channel_credentials(),
                     options=[*MESSAGE_SIZE_OPTIONS, *channel_options(self._tls)],
                 )
-            self._channels[forward.address] = channel
-        call: grpc.aio.UnaryUnaryMultiCallable[Any, Any] = channel.unary_unary(
+            self._channels[address] = channel
+        return channel
+
+    async def _forward(self, forward: ForwardRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        call: grpc.aio.UnaryUnaryMultiCallable[Any, Any] = self._channel(forward.address).unary_unary(
             forward.path,
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=forward.response_cls.FromString,

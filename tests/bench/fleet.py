@@ -57,6 +57,7 @@ from tests.bench.heartbeats import (
     CLUSTER_WAIT_S,
     CONTROL_POLL_S,
     HEARTBEAT_TIMEOUT_S,
+    JOB_ID,
     KIND_HEARTBEAT,
     KIND_REGISTER,
     MIN_TTL_S,
@@ -520,7 +521,7 @@ class _Fleet:
             )
             out.loop_lag.extend((float(t), float(lag)) for t, lag in doc["loop_lag"])
             out.errors.update(doc["errors"])
-            out.error_samples.extend(doc["error_samples"][:3])
+            out.error_samples.extend(doc["error_samples"])
         return out
 
 
@@ -543,6 +544,16 @@ class _Collected:
     error_samples: list[str] = field(default_factory=list)
 
 
+def _placement_state(fleet: _Fleet, api: DroverClient) -> str:
+    """Where the job's placement stands, for a wait that timed out: its allocs by desired
+    and client status, its evals by status, and what the simulators counted."""
+    allocs = Counter(f"{a.desired_status}/{a.client_status}" for a in api.list_allocs(job_id=JOB_ID).allocs)
+    evals = Counter(e.status for e in api.list_evals(job_id=JOB_ID).evals)
+    nodes = Counter(n.status for n in api.list_nodes().nodes)
+    sims = {key: fleet.status(key) for key in ("registered", "reported", "tunnels")}
+    return f"allocs {dict(allocs)}; evals {dict(evals)}; nodes {dict(nodes)}; simulators {sims}"
+
+
 def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     cfg, cluster = fleet.cfg, fleet.cluster
     out: dict[str, Any] = {}
@@ -557,10 +568,13 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     phases["placement"] = time.time()
     api.register_job(job_proto(cfg.job_count))
     placed = time.monotonic()
-    _procs.wait_until(
-        lambda: fleet.status("reported") >= cfg.job_count, 180.0, f"{cfg.job_count} allocs reported running",
-        fleet.children, interval=0.5,
-    )  # fmt: skip
+    try:
+        _procs.wait_until(
+            lambda: fleet.status("reported") >= cfg.job_count, 180.0, f"{cfg.job_count} allocs reported running",
+            fleet.children, interval=0.5,
+        )  # fmt: skip
+    except _procs.BenchError as exc:
+        raise _procs.BenchError(f"{exc}\n{_placement_state(fleet, api)}") from exc
     out["job_placed_and_running_s"] = round(time.monotonic() - placed, 2)
     _procs.wait_until(
         lambda: fleet.status("tunnels") >= cfg.clients, 60.0, "every client's tunnel open",

@@ -111,7 +111,7 @@ REPORT_INTERVAL_S: Final = 0.5
 REPORTER_THREADS: Final = 8
 STATUS_POLL_S: Final = 1.0
 SIM_OUT_WAIT_S: Final = 30.0
-MAX_ERROR_SAMPLES: Final = 8
+MAX_ERROR_SAMPLES: Final = 12
 
 # Record kinds in the simulators' output.
 KIND_HEARTBEAT: Final = 0
@@ -236,8 +236,9 @@ class NodeSim:
     """What every simulator child of the heartbeat and fleet benches keeps: its share of the
     fleet (``first``, ``count``, under the run's ``nonce``), the control file it obeys and the
     output it writes, one server address per channel, every call's record and every error
-    (the first MAX_ERROR_SAMPLES in words), and the stop event. Each bench's sim adds the
-    calls its nodes make; both count and sample errors and sleep the same way."""
+    (the first of each kind and code in words, MAX_ERROR_SAMPLES at most), and the stop
+    event. Each bench's sim adds the calls its nodes make; both count and sample errors and
+    sleep the same way."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.nonce: str = args.nonce
@@ -260,7 +261,8 @@ class NodeSim:
     def _note_error(self, kind: str, exc: grpc.aio.AioRpcError) -> str:
         code = exc.code().name
         self.errors[f"{kind}:{code}"] += 1
-        if len(self.error_samples) < MAX_ERROR_SAMPLES:
+        # The first of each kind and code: the commonest error must not hide a rare one.
+        if self.errors[f"{kind}:{code}"] == 1 and len(self.error_samples) < MAX_ERROR_SAMPLES:
             self.error_samples.append(f"{kind} {code}: {exc.details()}")
         return code
 

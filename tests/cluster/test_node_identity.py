@@ -24,6 +24,7 @@ from drover.v1 import api_pb2, api_pb2_grpc, structs_pb2
 from tests.cluster.conftest import wait_settled
 from tests.cluster.jobs import service_job
 from tests.cluster.nodes import simulated_node, simulated_secret
+from tests.cluster.test_metrics_http import scrape, value
 
 
 def pinned_job(job_id: str, node_id: str) -> structs_pb2.Job:
@@ -209,3 +210,38 @@ def test_raft_state_and_logs__hold_no_node_secret(tmp_path: Path) -> None:
             assert '"n1"' in result.stdout
             assert simulated_secret("n1") not in result.stdout, command
             assert hash_secret(simulated_secret("n1")) in result.stdout or command[-1] == "logs"
+
+
+def test_heartbeat_stream__on_a_follower__relayed_to_the_leader_on_one_stream(tmp_path: Path) -> None:
+    """A follower relays a caller's heartbeat stream to the leader as one stream of its own
+    (server/api/_aio.py ``_Relay``), not a forwarded call a beat: the beats are answered,
+    the leader counts them as UpdateStatus calls and the relay, once the caller's stream
+    has ended, as one Heartbeat stream; a forged beat ends the caller's stream with the
+    leader's PERMISSION_DENIED."""
+    with LocalCluster(tmp_path / "c", servers=3) as cluster:
+        wait_settled(cluster)
+        with DroverClient(cluster.grpc_addresses, retry_deadline=30) as api:
+            api.register_node(simulated_node("n1"))
+        leader = cluster.leader_index()
+        follower = next(i for i in range(3) if i != leader)
+        own = api_pb2.NodeUpdateStatusRequest(node_id="n1", status="ready", secret_id=simulated_secret("n1"))
+        forged = api_pb2.NodeUpdateStatusRequest(node_id="n1", status="down", secret_id="not-n1s-secret")
+        with grpc.insecure_channel(cluster.grpc_addresses[follower]) as channel:
+            stub = api_pb2_grpc.NodesStub(channel)
+            answers = list(stub.Heartbeat(iter([own, own, own]), timeout=30))
+            assert len(answers) == 3 and all(a.heartbeat_ttl_ns > 0 for a in answers)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.Heartbeat(iter([own, forged, own]), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
+
+        def relayed() -> tuple[float, float] | None:
+            samples = scrape(cluster.http_address(leader))
+            beats = value(samples, "drover_rpc_requests_total", method="Nodes.UpdateStatus", code="OK")
+            streams = value(samples, "drover_rpc_requests_total", method="Nodes.Heartbeat")
+            return (beats, streams) if beats >= 4 and streams >= 2 else None
+
+        beats, streams = wait_for(relayed, 30, 0.2, "the leader to count the relayed beats and streams")
+        assert streams == 2, "one relay stream per caller stream, not one call per beat"
+        assert beats == 4
+        with DroverClient(cluster.grpc_addresses, retry_deadline=30) as api:
+            assert api.get_node("n1").node.status == "ready"
