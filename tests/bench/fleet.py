@@ -616,6 +616,8 @@ def _measure(fleet: _Fleet, api: DroverClient) -> dict[str, Any]:
     reads = [(t, lat, ok) for t, lat, ok in reader.samples if window_start <= t < window_end]
     out["window_s"] = round(window_end - window_start, 1)
     out["heartbeats"] = {
+        # While the fleet registers: the burst of writes every node's first beats meet.
+        "during_registration": _stats(records, KIND_HEARTBEAT, phases["registration"], phases["placement"]),
         "all": _stats(records, KIND_HEARTBEAT, window_start, window_end),
         "before_failover": _stats(records, KIND_HEARTBEAT, window_start, killed_at),
         "after_failover": _stats(records, KIND_HEARTBEAT, killed_at, window_end),
