@@ -254,8 +254,11 @@ class HeartbeatStream:
             if self._closed:
                 raise ServerUnreachable(address, "CANCELLED", "the agent is shutting down")
             stream = self._open
-            if stream is not None and stream.address != address:
-                stream.close()  # the pool moved on (failover): beat to the new server
+            # Beats wait for their answers one at a time, so anything already on ``answers``
+            # is the stream's end, come while it was idle (its server restarted): a beat
+            # sent on it would fail at once without reaching a server.
+            if stream is not None and (stream.address != address or not stream.answers.empty()):
+                stream.close()  # ended, or the pool moved on (failover): a new stream
                 stream = None
             if stream is None:
                 stream = self._open = _OpenHeartbeats(address, self._pool.stub(address))

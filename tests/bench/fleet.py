@@ -165,6 +165,10 @@ class _BeatStream:
             raise _status_error(grpc.StatusCode.UNAVAILABLE, "the server ended the heartbeat stream")
         return cast(api_pb2.NodeUpdateStatusResponse, answer)
 
+    def ended(self) -> bool:
+        """The server ended it while it was idle (the agent opens another then too)."""
+        return self._call.done()
+
     def close(self) -> None:
         self._up.put_nowait(None)
         self._call.cancel()
@@ -272,7 +276,7 @@ class _Sim(NodeSim):
     ) -> api_pb2.NodeUpdateStatusResponse:
         """A beat on the client's stream to its current server (opened here when there is
         none, or it is to another server); a failed beat closes it."""
-        if client.beats is not None and client.beats.slot != client.slot:
+        if client.beats is not None and (client.beats.slot != client.slot or client.beats.ended()):
             client.beats.close()
             client.beats = None
         if client.beats is None:

@@ -795,6 +795,9 @@ def false_downs(
     because a count alone does not tell a registration burst from a failover."""
     by_log: set[str] = set()
     by_phase: Counter[str] = Counter()
+    # Seconds into its phase of each phase's first and last logged miss: a burst at its start
+    # (TTLs granted to a small cluster) reads differently from one all through it.
+    spans: dict[str, list[float]] = {}
     by_server: Counter[str] = Counter()
     starts = sorted((phases or {}).items(), key=lambda kv: kv[1])
     for i, server in enumerate(cluster.server_names):
@@ -807,7 +810,13 @@ def false_downs(
             by_log.add(missed[0])
             by_server[server] += 1
             if starts:
-                by_phase[_phase_of(_log_time(line), starts)] += 1
+                at = _log_time(line)
+                phase = _phase_of(at, starts)
+                by_phase[phase] += 1
+                if at is not None and phase in dict(starts):
+                    into = round(at - dict(starts)[phase], 1)
+                    span = spans.setdefault(phase, [into, into])
+                    span[0], span[1] = min(span[0], into), max(span[1], into)
     by_event = {
         n.id
         for n in api.list_nodes().nodes
@@ -825,6 +834,7 @@ def false_downs(
     }
     if starts:
         out["logged_by_phase"] = {name: by_phase.get(name, 0) for name, _ in starts} | dict(by_phase)
+        out["logged_seconds_into_phase"] = spans
     return out
 
 

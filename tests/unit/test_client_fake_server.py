@@ -126,6 +126,7 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
         self.registrations: list[structs_pb2.Node] = []
         self.heartbeats: list[Heartbeat] = []
         self.heartbeat_streams = 0  # Nodes.Heartbeat streams opened
+        self.beats_per_stream = 0  # > 0: a Heartbeat stream ends after answering that many
         self.allocs: dict[str, structs_pb2.Allocation] = {}
         self.jobs: dict[str, structs_pb2.Job] = {}
         self.update_requests: list[api_pb2.AllocUpdateRequest] = []
@@ -272,8 +273,10 @@ class FakeNodes(api_pb2_grpc.NodesServicer):
         first refusal ends the stream with its status."""
         with self.cond:
             self.heartbeat_streams += 1
-        for request in request_iterator:
+        for answered, request in enumerate(request_iterator, start=1):
             yield self.UpdateStatus(request, context)
+            if answered == self.beats_per_stream:
+                return  # as a server that restarts ends its streams
 
     def _response(self, node_id: str) -> api_pb2.ClientAllocsResponse:
         resp = api_pb2.ClientAllocsResponse(meta=api_pb2.QueryMeta(index=self.node_index.get(node_id, 0)))

@@ -59,6 +59,18 @@ def test_heartbeat__wrong_secret__refused_and_the_next_beat_opens_a_new_stream()
         ]
 
 
+def test_heartbeat__stream_ended_while_idle__the_next_beat_goes_on_a_new_one() -> None:
+    with _registered() as (server, rpc, _pool):
+        server.nodes.beats_per_stream = 1
+        for _ in range(3):
+            assert rpc.heartbeat("n1", "s", timeout_s=5.0) == server.nodes.ttl_ns
+            # White-box: beats come seconds apart, so the end has arrived before the next;
+            # here the next would race it, so wait until the agent's reader has it.
+            wait_until(lambda: _open_stream_has_ended(rpc), 5.0, "the stream's end seen by the agent")
+        assert server.nodes.heartbeat_streams == 3
+        assert [c for c in server.nodes.calls if c[0] == "UpdateStatus"] == [("UpdateStatus", "OK")] * 3
+
+
 def test_heartbeat__unknown_node__not_found() -> None:
     with _registered() as (_server, rpc, _pool), pytest.raises(NotFound):
         rpc.heartbeat("n9", "s", timeout_s=5.0)
@@ -108,3 +120,8 @@ def _beats(rpc: NodesRpc) -> bool:
     except ServerUnreachable:
         return False
     return True
+
+
+def _open_stream_has_ended(rpc: NodesRpc) -> bool:
+    stream = rpc._heartbeats._open
+    return stream is not None and not stream.answers.empty()
