@@ -24,7 +24,7 @@ from prometheus_client.samples import Sample
 from deploy.cluster import LocalCluster, pick_free_ports, wait_for
 from drover.sdk import DroverClient
 from tests.cluster.cli import drover_cli, one_error_line
-from tests.cluster.conftest import DevAgentFactory, ready_cluster
+from tests.cluster.conftest import DevAgentFactory, ready_cluster, wait_settled
 from tests.cluster.jobs import running_allocs, service_job
 
 WAIT_S = 60.0
@@ -175,9 +175,11 @@ NAMESPACE_READ = 'namespace "default" { policy = "read" }'
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[LocalCluster]:
-    """One server with ACLs and mTLS (it verifies callers' certificates), bootstrapped."""
+    """One server with ACLs and mTLS (it verifies callers' certificates), bootstrapped, and
+    its gRPC address announced: ``/v1/status/leader`` answers from the servers table, and a
+    leader read before its own announcement committed answered "" (CI of ced5af4)."""
     with LocalCluster(tmp_path / "cluster", servers=1, acl=True, tls=True) as cluster:
-        cluster.wait_for_leader(WAIT_S)
+        wait_settled(cluster, WAIT_S)
         yield cluster
 
 
