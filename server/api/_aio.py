@@ -239,6 +239,10 @@ class _Relay:
         self._address = ""
         self._up: asyncio.Queue[Any] = asyncio.Queue()
         self._call: grpc.aio.StreamStreamCall[Any, Any] | None = None
+        # Whether the request being served went to the leader (``forward``) or was served
+        # here: once this server serves them itself (it became the leader), a relay left
+        # open would hold an idle stream on the old leader for as long as the caller's.
+        self.forwarded = False
 
     async def forward(self, forward: ForwardRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if self._call is None or self._address != forward.address:
@@ -250,6 +254,7 @@ class _Relay:
                 request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=forward.response_cls.FromString,
             )(_drained(self._up), metadata=forward.metadata)
+        self.forwarded = True
         call = self._call
         await self._up.put(forward.request)
         try:
@@ -405,8 +410,11 @@ class SyncBridge(HandlerRewriter):
     ) -> Any:
         started = time.perf_counter()
         code = "UNKNOWN"
+        relay.forwarded = False
         try:
             response = await serve(request, context, relay)
+            if not relay.forwarded:
+                relay.close()
             code = "OK"
         except asyncio.CancelledError:
             code = "CANCELLED"  # the caller went away

@@ -9,6 +9,7 @@ and no read API, snapshot or ``operator raft state`` dump holds a secret.
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -245,3 +246,23 @@ def test_heartbeat_stream__on_a_follower__relayed_to_the_leader_on_one_stream(tm
         assert beats == 4
         with DroverClient(cluster.grpc_addresses, retry_deadline=30) as api:
             assert api.get_node("n1").node.status == "ready"
+
+            # The follower becomes the leader while a caller's stream is relayed: the next
+            # beat is served there, and the relay to the old leader is closed at once, not
+            # held idle for as long as the caller's stream lives.
+            requests: queue.SimpleQueue[api_pb2.NodeUpdateStatusRequest | None] = queue.SimpleQueue()
+            with grpc.insecure_channel(cluster.grpc_addresses[follower]) as channel:
+                answers = api_pb2_grpc.NodesStub(channel).Heartbeat(iter(requests.get, None), timeout=60)
+                requests.put(own)
+                assert next(answers).heartbeat_ttl_ns > 0
+                api.raft_transfer_leadership(name=cluster.server_names[follower])
+                assert cluster.wait_for_leader() == cluster.server_names[follower]
+                requests.put(own)
+                assert next(answers).heartbeat_ttl_ns > 0
+
+                def relay_closed() -> bool:
+                    samples = scrape(cluster.http_address(leader))
+                    return value(samples, "drover_rpc_requests_total", method="Nodes.Heartbeat") >= 3
+
+                wait_for(relay_closed, 30, 0.2, "the relay to the old leader closed")
+                requests.put(None)
