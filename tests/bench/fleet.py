@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import grpc
 
@@ -62,6 +62,7 @@ from tests.bench.heartbeats import (
     KIND_REGISTER,
     MIN_TTL_S,
     RPC_TIMEOUT_S,
+    Beats,
     EveryInterval,
     NodeSim,
     Record,
@@ -139,46 +140,6 @@ class FleetConfig:
 # --- the simulator (a child process) ----------------------------------------------------------
 
 
-class _BeatStream:
-    """One client's open ``Nodes.Heartbeat`` stream, as the agent's HeartbeatStream holds
-    it (client_agent/rpc.py): a beat is a message up and its answer down, each with its own
-    deadline; anything that goes wrong closes the stream, and the next beat opens another."""
-
-    def __init__(self, stub: api_pb2_grpc.NodesStub, slot: int) -> None:
-        self.slot = slot
-        self._up: asyncio.Queue[api_pb2.NodeUpdateStatusRequest | None] = asyncio.Queue()
-        self._call = stub.Heartbeat(self._requests())
-
-    async def _requests(self) -> AsyncIterator[api_pb2.NodeUpdateStatusRequest]:
-        while (request := await self._up.get()) is not None:
-            yield request
-
-    async def beat(
-        self, request: api_pb2.NodeUpdateStatusRequest, timeout_s: float
-    ) -> api_pb2.NodeUpdateStatusResponse:
-        await self._up.put(request)
-        try:
-            answer = await asyncio.wait_for(self._call.read(), timeout_s)
-        except TimeoutError:
-            raise _status_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no heartbeat answer in time") from None
-        if answer is grpc.aio.EOF:
-            raise _status_error(grpc.StatusCode.UNAVAILABLE, "the server ended the heartbeat stream")
-        return cast(api_pb2.NodeUpdateStatusResponse, answer)
-
-    def ended(self) -> bool:
-        """The server ended it while it was idle (the agent opens another then too)."""
-        return self._call.done()
-
-    def close(self) -> None:
-        self._up.put_nowait(None)
-        self._call.cancel()
-
-
-def _status_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """A failure seen by the simulator itself, counted as the call's would be."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-
 @dataclass(slots=True)
 class _Client:
     index: int
@@ -186,7 +147,7 @@ class _Client:
     ttl_s: float = MIN_TTL_S
     registered: bool = False
     heard_at: float = 0.0  # monotonic time of the last answered Register or heartbeat
-    beats: _BeatStream | None = None
+    beats: Beats = field(default_factory=Beats)
 
 
 class _Sim(NodeSim):
@@ -251,7 +212,9 @@ class _Sim(NodeSim):
                     ttl_left_s = client.heard_at + client.ttl_s - time.monotonic()
                     timeout = heartbeat_timeout_s(ttl_left_s, HEARTBEAT_TIMEOUT_S)
                     response = await self._timed(
-                        KIND_HEARTBEAT, client, lambda s, t=timeout: self._beat(client, s, beat, t)
+                        KIND_HEARTBEAT,
+                        client,
+                        lambda s, t=timeout: client.beats.beat(s, client.slot, beat, t),
                     )
                     client.ttl_s = response.heartbeat_ttl_ns / 1e9 or client.ttl_s
                     client.heard_at = time.monotonic()
@@ -266,27 +229,6 @@ class _Sim(NodeSim):
                 await self._sleep(self.rng.uniform(0, client.ttl_s / 2))
             else:
                 await self._sleep(client.ttl_s / 2)
-
-    async def _beat(
-        self,
-        client: _Client,
-        stub: api_pb2_grpc.NodesStub,
-        beat: api_pb2.NodeUpdateStatusRequest,
-        timeout_s: float,
-    ) -> api_pb2.NodeUpdateStatusResponse:
-        """A beat on the client's stream to its current server (opened here when there is
-        none, or it is to another server); a failed beat closes it."""
-        if client.beats is not None and (client.beats.slot != client.slot or client.beats.ended()):
-            client.beats.close()
-            client.beats = None
-        if client.beats is None:
-            client.beats = _BeatStream(stub, client.slot)
-        try:
-            return await client.beats.beat(beat, timeout_s)
-        except BaseException:
-            client.beats.close()
-            client.beats = None
-            raise
 
     async def _watch(self, client: _Client) -> None:
         """The alloc watch, and the runner's reports of what it is given."""

@@ -8,8 +8,9 @@ The clients are simulated, lightweight: ``processes`` child processes
 (``python -m tests.bench.heartbeats sim ...``), each an asyncio loop with one coroutine
 per node over a few ``grpc.aio`` channels spread over the three servers. Each node does
 what the client agent does: ``Register`` (again after any failure or pause), then
-``UpdateStatus(ready)`` every half of the TTL the server returned. A follower forwards
-both to the leader, as for real clients. The benchmark process itself plays the nodes'
+``UpdateStatus(ready)`` every half of the TTL the server returned, as a message on its
+``Nodes.Heartbeat`` stream (``Beats``, as the agent beats). A follower forwards both to
+the leader, as for real clients. The benchmark process itself plays the nodes'
 alloc runners (``FleetReporter``): it reports every alloc the servers place as
 ``running``, every alloc they stop as ``complete``, and, for a node back from a
 partition, its allocs' current states (what the agent resends after re-registering).
@@ -51,12 +52,12 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final, Protocol, Self
+from typing import Any, Final, Protocol, Self, cast
 
 import grpc
 
@@ -232,6 +233,75 @@ job "{JOB_ID}" {{
 # --- the simulator (a child process) ----------------------------------------------------------
 
 
+class _BeatStream:
+    """One open ``Nodes.Heartbeat`` stream, as the agent's HeartbeatStream holds it
+    (client_agent/rpc.py): a beat is a message up and its answer down, each with its own
+    deadline."""
+
+    def __init__(self, stub: api_pb2_grpc.NodesStub, slot: int) -> None:
+        self.slot = slot
+        self._up: asyncio.Queue[api_pb2.NodeUpdateStatusRequest | None] = asyncio.Queue()
+        self._call = stub.Heartbeat(self._requests())
+
+    async def _requests(self) -> AsyncIterator[api_pb2.NodeUpdateStatusRequest]:
+        while (request := await self._up.get()) is not None:
+            yield request
+
+    async def beat(
+        self, request: api_pb2.NodeUpdateStatusRequest, timeout_s: float
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        await self._up.put(request)
+        try:
+            answer = await asyncio.wait_for(self._call.read(), timeout_s)
+        except TimeoutError:
+            raise _status_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no heartbeat answer in time") from None
+        if answer is grpc.aio.EOF:
+            raise _status_error(grpc.StatusCode.UNAVAILABLE, "the server ended the heartbeat stream")
+        return cast(api_pb2.NodeUpdateStatusResponse, answer)
+
+    def ended(self) -> bool:
+        """The server ended it while it was idle (the agent opens another then too)."""
+        return self._call.done()
+
+    def close(self) -> None:
+        self._up.put_nowait(None)
+        self._call.cancel()
+
+
+def _status_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """A failure seen by the simulator itself, counted as the call's would be."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class Beats:
+    """A simulated node's heartbeats, on one stream to its current server, as the agent
+    beats: opened at the first beat, again when the node moves to another server or the
+    server ended it, and closed by any beat that fails. Both benches' simulators beat so."""
+
+    def __init__(self) -> None:
+        self._stream: _BeatStream | None = None
+
+    async def beat(
+        self,
+        stub: api_pb2_grpc.NodesStub,
+        slot: int,
+        request: api_pb2.NodeUpdateStatusRequest,
+        timeout_s: float,
+    ) -> api_pb2.NodeUpdateStatusResponse:
+        stream = self._stream
+        if stream is not None and (stream.slot != slot or stream.ended()):
+            stream.close()
+            stream = None
+        if stream is None:
+            stream = self._stream = _BeatStream(stub, slot)
+        try:
+            return await stream.beat(request, timeout_s)
+        except BaseException:
+            stream.close()
+            self._stream = None
+            raise
+
+
 class NodeSim:
     """What every simulator child of the heartbeat and fleet benches keeps: its share of the
     fleet (``first``, ``count``, under the run's ``nonce``), the control file it obeys and the
@@ -304,6 +374,7 @@ class _Sim(NodeSim):
         need_register = True
         was_paused = False
         failures = 0
+        beats = Beats()
         beat = api_pb2.NodeUpdateStatusRequest(node_id=node_id(self.nonce, i), status="ready")
         beat.secret_id = node_secret(self.nonce, i)
         first = True
@@ -322,7 +393,7 @@ class _Sim(NodeSim):
                     resp = await self._call(
                         slot,
                         KIND_HEARTBEAT,
-                        lambda s: s.UpdateStatus(beat, timeout=HEARTBEAT_TIMEOUT_S),
+                        lambda s, on=slot: beats.beat(s, on, beat, HEARTBEAT_TIMEOUT_S),
                     )
                     ttl_s = float(resp.heartbeat_ttl_ns) / 1e9 or ttl_s
             except grpc.aio.AioRpcError as exc:
