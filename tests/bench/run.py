@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
-from tests.bench import c1m, fleet, foundation, heartbeats, scheduling, state_load
+from tests.bench import c1m, fleet, foundation, grpc_accept, heartbeats, scheduling, state_load
 from tests.bench._machine import machine_info
 from tests.bench._procs import REPO_ROOT
 
@@ -82,6 +82,10 @@ def _heartbeats_config(opts: Options) -> heartbeats.HeartbeatsConfig:
     return cfg if opts.duration is None else dataclasses.replace(cfg, window_s=opts.duration)
 
 
+def _accept_config(opts: Options) -> grpc_accept.AcceptConfig:
+    return grpc_accept.AcceptConfig.make(quick=opts.quick, duration=opts.duration)
+
+
 def _state_load_config(opts: Options) -> state_load.StateLoadConfig:
     return state_load.StateLoadConfig.make(quick=opts.quick)
 
@@ -111,6 +115,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     fleet.NAME: benchmark(_fleet_config, fleet.run_fleet, fleet.summary_lines),
     c1m.NAME: benchmark(_c1m_config, c1m.run_c1m, c1m.summary_lines),
     state_load.NAME: benchmark(_state_load_config, state_load.run_state_load, state_load.summary_lines),
+    grpc_accept.NAME: benchmark(_accept_config, grpc_accept.run_accept, grpc_accept.summary_lines),
 }
 
 
