@@ -39,7 +39,8 @@ random key of its own).
 
 Ports are picked at random below the kernel's ephemeral range and checked by binding them,
 all held open together so they are distinct (``pick_free_ports``): no outgoing connection
-takes its local port from there. Another process can still bind one between the pick and
+takes its local port from there. A cluster never picks a port it has already handed to one
+of its agents, bound yet or not. Another process can still bind one between the pick and
 the agent's bind; the agent then exits on its own and the next wait fails fast with its log.
 """
 
@@ -61,7 +62,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
@@ -162,13 +163,19 @@ def _ephemeral_low() -> int:
         return _DEFAULT_EPHEMERAL_LOW
 
 
-def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+def pick_free_ports(count: int, host: str = LOOPBACK, *, exclude: Collection[int] = ()) -> list[int]:
     """``count`` distinct ports that were free on ``host`` a moment ago, chosen at random
     between ``PICK_PORT_FLOOR`` and the ephemeral range, each checked by binding it (all held
     open together, so they are distinct). Falls back to port 0 when that block is too small
-    or taken, as a machine whose ephemeral range starts low would make it."""
+    or taken, as a machine whose ephemeral range starts low would make it.
+
+    ``exclude`` are ports already handed to agents that may not have bound them yet (just
+    spawned, or stopped for a restart): free now, but not for long, so never picked again.
+    Without it a client picked after its cluster's servers once drew a server's HTTP port
+    and bound it first, and that server exited with "Address already in use"."""
     socks: list[socket.socket] = []
-    candidates = list(range(PICK_PORT_FLOOR, _ephemeral_low()))
+    excluded = frozenset(exclude)
+    candidates = [port for port in range(PICK_PORT_FLOOR, _ephemeral_low()) if port not in excluded]
     random.SystemRandom().shuffle(candidates)
     try:
         for port in candidates:
@@ -213,8 +220,10 @@ class ServerSpec:
         return f"{self.host}:{self.http_port}"
 
 
-def make_server_specs(count: int, host: str = LOOPBACK) -> tuple[ServerSpec, ...]:
-    ports = pick_free_ports(3 * count, host)
+def make_server_specs(
+    count: int, host: str = LOOPBACK, *, exclude: Collection[int] = ()
+) -> tuple[ServerSpec, ...]:
+    ports = pick_free_ports(3 * count, host, exclude=exclude)
     return tuple(
         ServerSpec(f"s{i + 1}", ports[3 * i], ports[3 * i + 1], host, http_port=ports[3 * i + 2])
         for i in range(count)
@@ -775,7 +784,7 @@ class LocalCluster:
             self._servers.append(
                 _Member(spec.name, argv, data_dir, self.base_dir / f"{spec.name}.log", spec, spec.http_port)
             )
-        client_http_ports = pick_free_ports(self._n_clients)
+        client_http_ports = pick_free_ports(self._n_clients, exclude=self._assigned_ports())
         for j in range(self._n_clients):
             name = f"c{j + 1}"
             data_dir = self.base_dir / name
@@ -890,7 +899,7 @@ class LocalCluster:
         if name in self.server_names or name in self.client_names:
             raise ClusterError(f"an agent named {name!r} already exists")
         data_dir = self.base_dir / name
-        (http_port,) = pick_free_ports(1)
+        (http_port,) = pick_free_ports(1, exclude=self._assigned_ports())
         argv = client_argv(
             name, data_dir, servers, [*self._client_extra_args, *extra_args], http_port=http_port
         )
@@ -907,7 +916,7 @@ class LocalCluster:
             raise ClusterError("cluster not started")
         if name in self.server_names or name in self.client_names:
             raise ClusterError(f"an agent named {name!r} already exists")
-        grpc_port, raft_port, http_port = pick_free_ports(3)
+        grpc_port, raft_port, http_port = pick_free_ports(3, exclude=self._assigned_ports())
         spec = ServerSpec(name, grpc_port, raft_port, LOOPBACK, http_port=http_port)
         data_dir = self.base_dir / name
         join = ["-join", ",".join(self.grpc_addresses), *self._extra_args, *extra_args]
@@ -1072,6 +1081,14 @@ class LocalCluster:
         if not self._started:
             raise ClusterError("cluster not started")
         return self._clients[j]
+
+    def _assigned_ports(self) -> set[int]:
+        """Every port this cluster has handed to an agent, bound yet or not."""
+        ports = {member.http_port for member in self._members()}
+        for member in self._servers:
+            if member.spec is not None:
+                ports |= {member.spec.grpc_port, member.spec.raft_port, member.spec.http_port}
+        return ports - {0}
 
     def _spec(self, i: int) -> ServerSpec:
         spec = self._server(i).spec

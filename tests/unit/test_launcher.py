@@ -65,6 +65,16 @@ def test_pick_free_ports__below_the_ephemeral_range_so_no_outgoing_connection_ta
         assert cluster_mod.PICK_PORT_FLOOR <= port < low
 
 
+def test_pick_free_ports__never_a_port_already_handed_out() -> None:
+    """A cluster passes the ports its agents hold or are about to bind; all but ten of the
+    block are excluded here, so ignoring ``exclude`` would almost surely pick one of them."""
+    low = cluster_mod._ephemeral_low()
+    excluded = set(range(cluster_mod.PICK_PORT_FLOOR, low - 10))
+    ports = pick_free_ports(8, exclude=excluded)
+    assert len(set(ports)) == 8
+    assert not excluded & set(ports)
+
+
 def test_pick_free_ports__falls_back_to_the_kernel_when_the_block_is_empty(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
