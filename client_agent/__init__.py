@@ -4,9 +4,9 @@ Layout (one concept per module; only ``rpc`` talks gRPC):
 
 - ``fingerprint``: what this host offers (resources, attributes), as a ``Node`` message.
 - ``state``: local persistent state in ``data_dir`` (node identity, one record per alloc).
-- ``taskstate`` / ``restarts`` / ``allocdiff`` / ``sync``: the pure decisions (task state
-  transitions and the alloc status, the restart policy, what to do with the server's alloc
-  list, which updates to send).
+- ``taskstate`` / ``restarts`` / ``allocdiff`` / ``sync``: the pure decisions (the alloc
+  status from its task states, whose record is ``drover.common.taskstate``; the restart
+  policy; what to do with the server's alloc list; which updates to send).
 - ``drivers``: ``mock`` (a timer) and ``raw_exec`` (a real process group); ``taskenv``:
   the ``DROVER_*``/``NOMAD_*`` variables a task starts with; ``interpolate``: the
   ``${node.*}``/``${attr.*}``/``${meta.*}`` names resolved on the node as a task starts.

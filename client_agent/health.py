@@ -44,8 +44,8 @@ import structlog
 
 from drover.client.checks import CHECK_PASSING, CheckOutcome, CheckSpec, CheckStatus, run_check
 from drover.client.clock import Clock
-from drover.client.taskstate import TASK_RUNNING, TaskState
 from drover.client.threads import join_thread
+from drover.common.taskstate import TASK_RUNNING, TaskState
 from drover.v1 import structs_pb2
 
 __all__ = [

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from drover.client.taskstate import TASK_DEAD, TaskState
+from drover.common.taskstate import TASK_DEAD, TaskState
 from drover.v1 import structs_pb2
 
 __all__ = [

@@ -61,18 +61,16 @@ from drover.client.servicewatch import AllocServices
 from drover.client.state import AllocRecord, StateDB, TaskRecord
 from drover.client.taskenv import dir_env, node_values, task_env
 from drover.client.taskrunner import TaskRunner
-from drover.client.taskstate import (
-    CLIENT_FAILED,
+from drover.client.taskstate import CLIENT_FAILED, AllocStatus, alloc_status
+from drover.client.templates import TaskFiles, change_action, splay_delay_ns
+from drover.common.taskstate import (
     EVENT_RECEIVED,
     EVENT_RECONNECTED,
     EVENT_RESTART_SIGNALED,
     TASK_RUNNING,
-    AllocStatus,
     TaskEvent,
     TaskState,
-    alloc_status,
 )
-from drover.client.templates import TaskFiles, change_action, splay_delay_ns
 from drover.v1 import structs_pb2
 
 __all__ = ["AllocRunner", "job_key", "restart_policy_of"]

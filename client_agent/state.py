@@ -32,7 +32,7 @@ from google.protobuf import json_format
 
 from drover.client.errors import StateError
 from drover.client.restarts import RestartWindow
-from drover.client.taskstate import TaskState
+from drover.common.taskstate import TaskState
 from drover.v1 import structs_pb2
 
 __all__ = ["AllocRecord", "NodeIdentity", "StateDB", "TaskRecord", "atomic_write_json"]

@@ -44,7 +44,8 @@ from drover.client.errors import DriverConfigError, TaskStartError
 from drover.client.metrics import DRIVER_START_SECONDS, TASK_RESTARTS
 from drover.client.restarts import RestartPolicy, RestartWindow, decide_restart
 from drover.client.state import TaskRecord
-from drover.client.taskstate import (
+from drover.client.threads import join_thread
+from drover.common.taskstate import (
     EVENT_DRIVER_FAILURE,
     EVENT_KILLED,
     EVENT_KILLING,
@@ -55,7 +56,6 @@ from drover.client.taskstate import (
     TaskEvent,
     TaskState,
 )
-from drover.client.threads import join_thread
 
 __all__ = ["TaskRunner"]
 

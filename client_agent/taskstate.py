@@ -1,8 +1,7 @@
-"""Task states and the alloc client status derived from them: plain values, pure functions.
+"""The alloc client status derived from its task states: plain values, pure functions.
 
-A task is ``pending`` until its driver started it, ``running`` while it runs, and ``dead``
-for good once it will not be started again (``failed`` says whether that is a failure).
-Between a restartable exit and the restart it is ``pending`` again.
+The task state and its events live in ``drover.common.taskstate``, the one record the
+servers store too; this module holds only what the client derives from them.
 
 The alloc's client status is a function of all its task states together (Nomad's
 ``getClientStatus``): any failed task fails the alloc; otherwise any running task makes
@@ -14,8 +13,10 @@ incrementally, so a report never mixes two moments.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from drover.common.taskstate import TASK_PENDING, TASK_RUNNING, TaskState
 
 if TYPE_CHECKING:
     from drover.client.checks import CheckStatus
@@ -26,49 +27,10 @@ __all__ = [
     "CLIENT_FAILED",
     "CLIENT_PENDING",
     "CLIENT_RUNNING",
-    "EVENT_DRIVER_FAILURE",
-    "EVENT_KILLED",
-    "EVENT_KILLING",
-    "EVENT_NOT_RESTARTING",
-    "EVENT_RECEIVED",
-    "EVENT_RECONNECTED",
-    "EVENT_RESTARTING",
-    "EVENT_RESTART_SIGNALED",
-    "EVENT_SIGNALING",
-    "EVENT_STARTED",
-    "EVENT_TERMINATED",
-    "MAX_EVENTS",
-    "TASK_DEAD",
-    "TASK_PENDING",
-    "TASK_RUNNING",
     "AllocStatus",
-    "TaskEvent",
-    "TaskState",
     "alloc_status",
     "is_terminal_client_status",
 ]
-
-TASK_PENDING: Final = "pending"
-TASK_RUNNING: Final = "running"
-TASK_DEAD: Final = "dead"
-
-# Event types, spelled as Nomad's task events.
-EVENT_RECEIVED: Final = "Received"
-EVENT_STARTED: Final = "Started"
-EVENT_TERMINATED: Final = "Terminated"
-EVENT_KILLING: Final = "Killing"
-EVENT_KILLED: Final = "Killed"
-EVENT_RESTARTING: Final = "Restarting"
-EVENT_NOT_RESTARTING: Final = "Not Restarting"
-EVENT_DRIVER_FAILURE: Final = "Driver Failure"
-# An operator's `alloc restart` / `alloc signal` (Nomad's TaskRestartSignal, TaskSignaling).
-EVENT_RESTART_SIGNALED: Final = "Restart Signaled"
-EVENT_SIGNALING: Final = "Signaling"
-EVENT_RECONNECTED: Final = "Reconnected"
-
-# Nomad keeps the last 10 events per task: enough to explain the current state, small
-# enough that every status update can carry them all.
-MAX_EVENTS: Final = 10
 
 CLIENT_PENDING: Final = "pending"
 CLIENT_RUNNING: Final = "running"
@@ -79,88 +41,6 @@ _TERMINAL_CLIENT: Final = frozenset({CLIENT_COMPLETE, CLIENT_FAILED, "lost"})
 
 def is_terminal_client_status(status: str) -> bool:
     return status in _TERMINAL_CLIENT
-
-
-@dataclass(frozen=True, slots=True)
-class TaskEvent:
-    type: str
-    message: str = ""
-    time_ns: int = 0
-    exit_code: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "message": self.message,
-            "time_ns": self.time_ns,
-            "exit_code": self.exit_code,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TaskEvent:
-        return cls(
-            type=str(data["type"]),
-            message=str(data.get("message", "")),
-            time_ns=int(data.get("time_ns", 0)),
-            exit_code=int(data.get("exit_code", 0)),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TaskState:
-    state: str = TASK_PENDING
-    failed: bool = False
-    restarts: int = 0
-    started_at_ns: int = 0
-    finished_at_ns: int = 0
-    events: tuple[TaskEvent, ...] = ()
-    pid: int = 0
-
-    def with_event(self, event: TaskEvent) -> TaskState:
-        return replace(self, events=(*self.events, event)[-MAX_EVENTS:])
-
-    def started(self, now_ns: int, pid: int, message: str = "Task started by client") -> TaskState:
-        return replace(
-            self.with_event(TaskEvent(EVENT_STARTED, message, now_ns)),
-            state=TASK_RUNNING,
-            started_at_ns=now_ns,
-            finished_at_ns=0,
-            pid=pid,
-        )
-
-    def dead(self, now_ns: int, *, failed: bool) -> TaskState:
-        return replace(self, state=TASK_DEAD, failed=failed, finished_at_ns=now_ns, pid=0)
-
-    def restarting(self, now_ns: int, delay_ns: int, reason: str) -> TaskState:
-        event = TaskEvent(EVENT_RESTARTING, f"{reason}; restarting in {delay_ns / 1e9:g}s", now_ns)
-        return replace(self.with_event(event), state=TASK_PENDING, pid=0, restarts=self.restarts + 1)
-
-    @property
-    def is_dead(self) -> bool:
-        return self.state == TASK_DEAD
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "failed": self.failed,
-            "restarts": self.restarts,
-            "started_at_ns": self.started_at_ns,
-            "finished_at_ns": self.finished_at_ns,
-            "events": [e.to_dict() for e in self.events],
-            "pid": self.pid,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TaskState:
-        return cls(
-            state=str(data.get("state", TASK_PENDING)),
-            failed=bool(data.get("failed", False)),
-            restarts=int(data.get("restarts", 0)),
-            started_at_ns=int(data.get("started_at_ns", 0)),
-            finished_at_ns=int(data.get("finished_at_ns", 0)),
-            events=tuple(TaskEvent.from_dict(e) for e in data.get("events", ())),
-            pid=int(data.get("pid", 0)),
-        )
 
 
 @dataclass(frozen=True, slots=True)

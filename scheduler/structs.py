@@ -13,6 +13,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+# The task state is the one record the client agent reports and the servers keep, defined
+# once for both in a pure module the scheduler may import (tests/unit/test_purity.py).
+from drover.common.taskstate import TaskEvent as TaskEvent
+from drover.common.taskstate import TaskState as TaskState
+
 # ---------------------------------------------------------------------------------------
 # Vocabulary. Strings, as in Nomad's API, so logs and JSON read the same everywhere.
 
@@ -711,25 +716,6 @@ class AllocatedResources:
     memory_mb: int = 0
     disk_mb: int = 0
     ports: tuple[AllocatedPort, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class TaskEvent:
-    type: str = ""
-    message: str = ""
-    time_ns: int = 0
-    exit_code: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TaskState:
-    state: str = "pending"
-    failed: bool = False
-    restarts: int = 0
-    started_at_ns: int = 0
-    finished_at_ns: int = 0
-    events: tuple[TaskEvent, ...] = ()
-    pid: int = 0
 
 
 @dataclass(frozen=True, slots=True)

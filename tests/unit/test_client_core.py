@@ -22,7 +22,8 @@ from drover.client.sync import (
     heartbeat_interval_s,
     heartbeat_timeout_s,
 )
-from drover.client.taskstate import AllocStatus, TaskEvent, TaskState, alloc_status
+from drover.client.taskstate import AllocStatus, alloc_status
+from drover.common.taskstate import TaskEvent, TaskState
 from drover.v1 import structs_pb2
 
 S = 1_000_000_000

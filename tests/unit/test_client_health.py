@@ -24,7 +24,8 @@ from drover.client.health import (
     streaks_of,
 )
 from drover.client.rpc import alloc_update_message
-from drover.client.taskstate import TASK_DEAD, TASK_PENDING, TASK_RUNNING, AllocStatus, TaskState
+from drover.client.taskstate import AllocStatus
+from drover.common.taskstate import TASK_DEAD, TASK_PENDING, TASK_RUNNING, TaskState
 from drover.v1 import structs_pb2
 from tests.fixtures.clock import ManualClock
 from tests.unit.test_client_agent import FAST, settings

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drover.common import taskstate
 from drover.scheduler import structs
 from drover.scheduler.structs import TaskGroupSummary
 from drover.server import codec
@@ -35,11 +36,15 @@ NOT_ON_THE_WIRE = {"Plan", "PlanResult"}
 ELSEWHERE: dict[str, type[Message]] = {"AllocStop": raft_pb2.AllocStop}
 
 
+# structs re-exports the task records it shares with the client agent; they are its own too.
+STRUCTS_MODULES = {structs.__name__, taskstate.__name__}
+
+
 def _dataclasses() -> dict[str, type]:
     return {
         name: obj
         for name, obj in vars(structs).items()
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == structs.__name__
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ in STRUCTS_MODULES
     }
 
 

@@ -12,7 +12,7 @@ from drover.client.lifecycle import (
     roles_of,
     stop_wave,
 )
-from drover.client.taskstate import TaskState
+from drover.common.taskstate import TaskState
 from drover.v1 import structs_pb2
 
 PENDING = TaskState()

@@ -46,13 +46,19 @@ FORBIDDEN_IN_SCHEDULER = frozenset(
     }
 )
 
-# The one package of ours that scheduler/ may import: itself, under its installed name
+# What of ours scheduler/ may import: itself, under its installed name, and the task-state
+# record it shares with the client agent, a module held to the scheduler's own rules below
 # (every other drover.* is forbidden through "drover" above).
-PURE_PACKAGE = "drover.scheduler"
+PURE_PACKAGES = ("drover.scheduler", "drover.common.taskstate")
+SHARED_PURE_MODULES = [REPO / "proto/drover/common/taskstate.py"]
 
 
 def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
+
+
+def _pure(name: str) -> bool:
+    return any(_within(name, package) for package in PURE_PACKAGES)
 
 
 # Modules whose every call is a source of non-determinism, and single functions that are.
@@ -123,7 +129,7 @@ def forbidden_imports(source: str, path: str, forbidden: frozenset[str]) -> list
             ):
                 names = [node.args[0].value]
         for name in names:
-            if name.split(".")[0] in forbidden and not _within(name, PURE_PACKAGE):
+            if name.split(".")[0] in forbidden and not _pure(name):
                 findings.append(Finding(path, getattr(node, "lineno", 0), f"imports {name}"))
     return findings
 
@@ -238,6 +244,16 @@ def test_purity__scheduler_module__imports_nothing_impure(path: Path) -> None:
     assert findings == [], "scheduler/ is the pure core:\n" + "\n".join(map(str, findings))
 
 
+@pytest.mark.parametrize("path", SHARED_PURE_MODULES, ids=[_rel(p) for p in SHARED_PURE_MODULES])
+def test_purity__shared_module_the_scheduler_imports__is_as_pure_as_the_scheduler(path: Path) -> None:
+    source = path.read_text()
+
+    findings = forbidden_imports(source, _rel(path), FORBIDDEN_IN_SCHEDULER)
+    findings += nondeterministic_calls(source, _rel(path))
+
+    assert findings == [], "the scheduler imports this module:\n" + "\n".join(map(str, findings))
+
+
 # ---------------------------------------------------------------------------------------
 # (b) the FSM's apply path
 
@@ -328,6 +344,8 @@ def test_purity__pysyncobj__walker_finds_an_import_outside_the_adapter() -> None
         "import drover.v1.structs_pb2",
         "from drover import sdk",
         "import drover.scheduler_extra",
+        "from drover.common.tls import TLSFiles",
+        "import drover.common.taskstate_extra",
         "import random as r",
         "def f():\n    import uuid",
         "mod = __import__('socket')",
@@ -342,6 +360,8 @@ def test_purity__pysyncobj__walker_finds_an_import_outside_the_adapter() -> None
         "generated",
         "namespace-root",
         "look-alike",
+        "common-but-not-shared",
+        "shared-look-alike",
         "alias",
         "nested",
         "dunder",
@@ -360,8 +380,9 @@ def test_purity__import_walker__finds_forbidden_import(source: str) -> None:
         "import typing\nif typing.TYPE_CHECKING:\n    from drover.server.state_store import Txn",
         "from drover.scheduler.structs import Job\nfrom . import structs\nimport hashlib",
         "import timeit\nimport osmosis",
+        "from drover.common.taskstate import TaskState",
     ],
-    ids=["type-checking", "typing-dot-type-checking", "ours-and-stdlib", "similar-names"],
+    ids=["type-checking", "typing-dot-type-checking", "ours-and-stdlib", "similar-names", "shared-record"],
 )
 def test_purity__import_walker__allows_annotations_and_pure_modules(source: str) -> None:
     assert forbidden_imports(source, "x.py", FORBIDDEN_IN_SCHEDULER) == []

@@ -10,6 +10,9 @@ Layout:
 - ``tls``: TLS on every gRPC connection, from PEM files (the server's port, its forwarding
   channel, client agents, the SDK, the CLI); ``certs``: the CA and certificates that
   ``drover tls`` writes.
+- ``taskstate``: a task's state and events, the one record the client agent reports and the
+  servers keep inside each alloc; pure, so the scheduler may import it (and no other module
+  here).
 - ``http_endpoint``: the agents' HTTP port (metrics, leader, health), GET routes on a
   standard-library server; ``prometheus``: an agent's own metrics registry and the scrape.
 
